@@ -1,0 +1,8 @@
+//! couch-replicator: Apache CouchDB's replicator and its `couch_jobs` background-jobs
+//! framework, re-implemented in Rust on OTP-style supervised actors.
+//!
+//! Layers (dependencies point downwards only, see DESIGN.md section 2):
+//! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
+//!   engines.
+
+pub mod store;

@@ -1,0 +1,1 @@
+//! OTP supervision behaviours on ractor.
