@@ -46,7 +46,7 @@ pub fn trim_victims<Id: Clone>(
         .iter()
         .filter(|j| j.continuous && j.ran_for >= min_run_time)
         .collect();
-    candidates.sort_by(|a, b| b.ran_for.cmp(&a.ran_for));
+    candidates.sort_by_key(|j| std::cmp::Reverse(j.ran_for));
     candidates
         .into_iter()
         .take(excess)
