@@ -5,3 +5,4 @@
 pub mod aimd;
 pub mod backoff;
 pub mod churn;
+pub mod settings;
