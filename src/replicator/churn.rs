@@ -1,0 +1,127 @@
+//! The job server's rotation arithmetic (digest C.4), kept free of actors and clocks so every
+//! edge is unit-tested: how many idle acceptors to keep, which running jobs to trim, and how
+//! many extra acceptors to start when work is pending.
+//!
+//! A node runs about `max_jobs` jobs, with spikes up to `max_jobs + max_churn`: extra
+//! acceptors start pending jobs, and the next cycle trims the longest-running continuous jobs
+//! back to `max_jobs`. One-shot jobs are never trimmed (they would lose their snapshot
+//! semantics), nor jobs younger than `min_run_time`.
+
+use std::time::Duration;
+
+/// One running job as the job server sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningJob<Id> {
+    pub id: Id,
+    pub continuous: bool,
+    /// How long it has been running.
+    pub ran_for: Duration,
+}
+
+/// Idle acceptors to add so that up to `max_acceptors` wait while there is room below
+/// `max_jobs`.
+pub fn acceptors_to_add(
+    acceptors: usize,
+    workers: usize,
+    max_jobs: usize,
+    max_acceptors: usize,
+) -> usize {
+    let room = max_jobs.saturating_sub(acceptors + workers);
+    max_acceptors.saturating_sub(acceptors).min(room)
+}
+
+/// The jobs to stop this cycle: the longest-running continuous jobs that ran at least
+/// `min_run_time`, at most `workers - max_jobs` of them. Returns the victims; the caller adds
+/// the excess (not the victim count) to its churn, as CouchDB does.
+pub fn trim_victims<Id: Clone>(
+    running: &[RunningJob<Id>],
+    max_jobs: usize,
+    min_run_time: Duration,
+) -> Vec<Id> {
+    let excess = running.len().saturating_sub(max_jobs);
+    if excess == 0 {
+        return Vec::new();
+    }
+    let mut candidates: Vec<&RunningJob<Id>> = running
+        .iter()
+        .filter(|j| j.continuous && j.ran_for >= min_run_time)
+        .collect();
+    candidates.sort_by_key(|j| std::cmp::Reverse(j.ran_for));
+    candidates
+        .into_iter()
+        .take(excess)
+        .map(|j| j.id.clone())
+        .collect()
+}
+
+/// The most extra acceptors worth starting: bounded by the churn left this cycle and by the
+/// slots up to `max_jobs + max_churn`. Zero means "do not even ask how many are pending".
+pub fn extra_acceptor_budget(
+    acceptors: usize,
+    workers: usize,
+    max_jobs: usize,
+    max_churn: usize,
+    churn: usize,
+) -> usize {
+    let churn_left = max_churn.saturating_sub(churn);
+    let slots = (max_jobs + max_churn).saturating_sub(acceptors + workers);
+    churn_left.min(slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: u32, continuous: bool, secs: u64) -> RunningJob<u32> {
+        RunningJob {
+            id,
+            continuous,
+            ran_for: Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn acceptors_fill_up_to_the_maximum_while_there_is_room() {
+        assert_eq!(acceptors_to_add(0, 0, 500, 2), 2);
+        assert_eq!(acceptors_to_add(1, 10, 500, 2), 1);
+        assert_eq!(acceptors_to_add(2, 10, 500, 2), 0);
+        assert_eq!(acceptors_to_add(0, 499, 500, 2), 1, "only one slot left");
+        assert_eq!(acceptors_to_add(0, 500, 500, 2), 0);
+        assert_eq!(acceptors_to_add(0, 520, 500, 2), 0, "over max_jobs");
+    }
+
+    #[test]
+    fn trim_takes_the_oldest_continuous_jobs_only() {
+        let running = vec![
+            job(1, true, 300),
+            job(2, false, 900), // one-shot: never trimmed
+            job(3, true, 30),   // too young
+            job(4, true, 600),
+            job(5, true, 120),
+        ];
+        assert_eq!(
+            trim_victims(&running, 2, Duration::from_secs(60)),
+            vec![4, 1, 5]
+        );
+        assert_eq!(trim_victims(&running, 4, Duration::from_secs(60)), vec![4]);
+        assert!(trim_victims(&running, 5, Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn trim_may_stop_fewer_than_the_excess() {
+        let running = vec![job(1, false, 900), job(2, true, 10), job(3, false, 5)];
+        assert!(trim_victims(&running, 0, Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn extra_acceptors_are_bounded_by_churn_and_slots() {
+        // 100 running of max 100, churn 20 unused: 20 extras allowed.
+        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 0), 20);
+        // Already churned 15 this cycle: 5 left.
+        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 15), 5);
+        // Spike already at max_jobs + max_churn: none.
+        assert_eq!(extra_acceptor_budget(2, 118, 100, 20, 0), 0);
+        // Churn exhausted.
+        assert_eq!(extra_acceptor_budget(0, 10, 100, 20, 20), 0);
+    }
+}

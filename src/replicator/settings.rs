@@ -1,0 +1,169 @@
+//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (digest C.8,
+//! B.2), in one place. Deserialised from the config file's `[replicator]` table; every field
+//! has its default so a partial file works.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What a node does (CouchDB 4.x node types): `api_frontend` creates jobs (HTTP API,
+/// `_replicator` docs), `replication` runs them. A node may be both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeType {
+    ApiFrontend,
+    Replication,
+}
+
+/// The scheduler and job settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicatorSettings {
+    /// Jobs running on this node at most (outside churn spikes).
+    pub max_jobs: usize,
+    /// The job server's cycle, seconds.
+    pub interval_sec: u64,
+    /// Extra job starts per cycle when work is pending.
+    pub max_churn: usize,
+    /// Idle acceptors kept waiting for work.
+    pub max_acceptors: usize,
+    /// Continuous jobs younger than this are never trimmed, seconds.
+    pub min_run_time_sec: u64,
+    /// Finished transient jobs are removed after this, seconds.
+    pub transient_job_max_age_sec: u64,
+    /// An idle acceptor sleeps up to this before asking again, milliseconds.
+    pub startup_jitter: u64,
+    /// A job running this long without error has its error count reset, seconds.
+    pub health_threshold_sec: u64,
+    pub min_backoff_penalty_sec: u64,
+    pub max_backoff_penalty_sec: u64,
+    /// Events kept in a job's history.
+    pub max_history: usize,
+    /// How often a running job refreshes its stats in the job store, seconds.
+    pub stats_update_interval_sec: u64,
+    /// couch_jobs activity timeout of replication jobs, seconds (CouchDB: 61).
+    pub job_timeout_sec: u64,
+    /// Membership must be unchanged this long before the cluster is `stable`, seconds.
+    pub cluster_quiet_period: u64,
+    /// The same window right after boot, seconds.
+    pub cluster_start_period: u64,
+    /// Idle pooled connections are closed after this, milliseconds.
+    pub connection_close_interval: u64,
+    /// What this node runs.
+    pub node_types: Vec<NodeType>,
+}
+
+impl Default for ReplicatorSettings {
+    fn default() -> Self {
+        Self {
+            max_jobs: 500,
+            interval_sec: 15,
+            max_churn: 100,
+            max_acceptors: 2,
+            min_run_time_sec: 60,
+            transient_job_max_age_sec: 86_400,
+            startup_jitter: 5_000,
+            health_threshold_sec: 120,
+            min_backoff_penalty_sec: 32,
+            max_backoff_penalty_sec: 172_800,
+            max_history: 10,
+            stats_update_interval_sec: 10,
+            job_timeout_sec: 61,
+            cluster_quiet_period: 60,
+            cluster_start_period: 5,
+            connection_close_interval: 90_000,
+            node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
+        }
+    }
+}
+
+impl ReplicatorSettings {
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs(self.interval_sec)
+    }
+
+    pub fn min_run_time(&self) -> Duration {
+        Duration::from_secs(self.min_run_time_sec)
+    }
+
+    pub fn health_threshold(&self) -> Duration {
+        Duration::from_secs(self.health_threshold_sec)
+    }
+
+    pub fn min_backoff_penalty(&self) -> Duration {
+        Duration::from_secs(self.min_backoff_penalty_sec)
+    }
+
+    pub fn max_backoff_penalty(&self) -> Duration {
+        Duration::from_secs(self.max_backoff_penalty_sec)
+    }
+
+    pub fn connection_close_interval(&self) -> Duration {
+        Duration::from_millis(self.connection_close_interval)
+    }
+
+    pub fn runs(&self, node_type: NodeType) -> bool {
+        self.node_types.contains(&node_type)
+    }
+
+    /// Rejects settings that would stall the scheduler, with the setting's CouchDB name.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_jobs", self.max_jobs as u64),
+            ("interval_sec", self.interval_sec),
+            ("max_acceptors", self.max_acceptors as u64),
+            ("job_timeout_sec", self.job_timeout_sec),
+            ("stats_update_interval_sec", self.stats_update_interval_sec),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("[replicator] {name} must be greater than 0"));
+        }
+        if self.node_types.is_empty() {
+            return Err(
+                "[replicator] node_types must name at least one of api_frontend, replication"
+                    .into(),
+            );
+        }
+        if self.min_backoff_penalty_sec > self.max_backoff_penalty_sec {
+            return Err(
+                "[replicator] min_backoff_penalty_sec must not exceed max_backoff_penalty_sec"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_json_keeps_the_other_defaults() {
+        let s: ReplicatorSettings =
+            serde_json::from_str(r#"{"max_jobs": 100, "node_types": ["replication"]}"#).unwrap();
+        assert_eq!(s.max_jobs, 100);
+        assert_eq!(s.interval_sec, 15);
+        assert!(s.runs(NodeType::Replication));
+        assert!(!s.runs(NodeType::ApiFrontend));
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_and_zero_settings_are_rejected_by_name() {
+        assert!(serde_json::from_str::<ReplicatorSettings>(r#"{"max_jobz": 1}"#).is_err());
+        let s = ReplicatorSettings {
+            max_jobs: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err(),
+            "[replicator] max_jobs must be greater than 0"
+        );
+        let s = ReplicatorSettings {
+            node_types: vec![],
+            ..Default::default()
+        };
+        assert!(s.validate().unwrap_err().contains("node_types"));
+    }
+}
