@@ -301,7 +301,7 @@ mod cases {
             };
             let t1 = db.begin().await.unwrap();
             assert_eq!(
-                t1.get_range(&h.key("a"), &h.key("z"), opts)
+                t1.get_range(&h.key("a"), &h.key("n"), opts)
                     .await
                     .unwrap()
                     .len(),
@@ -315,7 +315,7 @@ mod cases {
 
             let t3 = db.begin().await.unwrap();
             assert_eq!(
-                t3.get_range(&h.key("a"), &h.key("z"), opts)
+                t3.get_range(&h.key("a"), &h.key("n"), opts)
                     .await
                     .unwrap()
                     .len(),
