@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, Table};
 use tokio::sync::oneshot;
@@ -24,6 +24,10 @@ use crate::store::{CommitStamp, StoreError, apply_atomic_add, commit_stamp, fill
 
 /// Most requests in one batch (the batch order is 2 bytes).
 const MAX_BATCH: usize = 4096;
+/// A batch closes when no request arrived for this long...
+const ARRIVAL_GAP: Duration = Duration::from_micros(50);
+/// ...or when its first request waited this long.
+const MAX_LINGER: Duration = Duration::from_micros(500);
 
 pub(crate) type CommitVerdict = Result<Option<CommitStamp>, StoreError>;
 
@@ -78,11 +82,28 @@ impl Committer {
                 Request::Commit(r) => batch.push(r),
                 Request::Close(done) => close = Some(done),
             }
+            // Keep collecting while requests keep arriving: the writers acknowledged by the
+            // previous batch are usually about to send their next commit, and one fsync for
+            // all of them beats two half-full batches.
+            let deadline = Instant::now() + MAX_LINGER;
             while close.is_none() && batch.len() < MAX_BATCH {
-                match requests.try_recv() {
-                    Ok(Request::Commit(r)) => batch.push(r),
-                    Ok(Request::Close(done)) => close = Some(done),
-                    Err(_) => break,
+                let next = match requests.try_recv() {
+                    Ok(r) => r,
+                    Err(mpsc::TryRecvError::Disconnected) => break,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        match requests.recv_timeout(ARRIVAL_GAP.min(deadline - now)) {
+                            Ok(r) => r,
+                            Err(_) => break,
+                        }
+                    }
+                };
+                match next {
+                    Request::Commit(r) => batch.push(r),
+                    Request::Close(done) => close = Some(done),
                 }
             }
             if !batch.is_empty() {
