@@ -29,6 +29,9 @@ struct State {
     watches: Vec<(Vec<u8>, oneshot::Sender<WatchSignal>)>,
 }
 
+/// A snapshot row: key and value.
+type Row = (Vec<u8>, Vec<u8>);
+
 pub(crate) struct EmbeddedTx {
     shared: Arc<Shared>,
     read_version: u64,
@@ -110,7 +113,7 @@ impl EmbeddedTx {
             } else {
                 Box::new(range)
             };
-            let mut next_base = || -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError> {
+            let mut next_base = || -> Result<Option<Row>, StoreError> {
                 match base.next() {
                     None => Ok(None),
                     Some(Err(e)) => Err(engine_err(e)),

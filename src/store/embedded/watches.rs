@@ -111,7 +111,7 @@ impl Registry {
             }
         }
         self.batches += 1;
-        if self.batches % 1024 == 0 {
+        if self.batches.is_multiple_of(1024) {
             self.keys.retain(|_, ws| {
                 ws.retain(|w| !w.fire.is_closed());
                 !ws.is_empty()
