@@ -1,0 +1,119 @@
+//! Engines under test for the store suites: each gives a fresh, private key space and, where
+//! the engine is durable, a way to close and reopen it.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_replicator::store::embedded::EmbeddedStore;
+use couch_replicator::store::memory::MemoryStore;
+use couch_replicator::store::{Db, split_versionstamp_operand, tuple};
+
+/// Every test gets this long before it fails instead of hanging CI.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// One engine instance with a private key space.
+pub trait Harness: Send + 'static {
+    fn db(&self) -> Db;
+    /// Prefix of this test's keys (empty for private engines).
+    fn prefix(&self) -> &[u8];
+    /// Closes and reopens a durable engine.
+    fn reopen(&mut self) -> impl Future<Output = ()> + Send;
+    /// Releases the key space (FoundationDB) or the store.
+    fn finish(self) -> impl Future<Output = ()> + Send;
+
+    fn key(&self, k: &str) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(k.as_bytes());
+        out
+    }
+
+    /// The end of this test's key space.
+    fn end(&self) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.push(0xFF);
+        out
+    }
+
+    /// A versionstamped-key operand: prefix ‖ tuple(name, incomplete stamp) ‖ offset.
+    fn vs_key(&self, name: &str) -> Vec<u8> {
+        let packed = tuple::pack_with_versionstamp(&(name, tuple::Versionstamp::incomplete(0)));
+        let (bytes, offset) = split_versionstamp_operand(&packed).expect("valid operand");
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(&((offset + self.prefix().len()) as u32).to_le_bytes());
+        out
+    }
+}
+
+/// Runs `body` under the deadline.
+pub async fn deadline<F: Future<Output = ()>>(body: F) {
+    tokio::time::timeout(DEADLINE, body)
+        .await
+        .expect("test exceeded its deadline");
+}
+
+pub struct Embedded {
+    pub dir: tempfile::TempDir,
+    pub store: EmbeddedStore,
+}
+
+impl Embedded {
+    pub fn path(dir: &tempfile::TempDir) -> std::path::PathBuf {
+        dir.path().join("store.redb")
+    }
+
+    pub async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(Self::path(&dir)).expect("open store");
+        Self { dir, store }
+    }
+}
+
+impl Harness for Embedded {
+    fn db(&self) -> Db {
+        Db::new(Arc::new(self.store.clone()))
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        self.store.close().await.expect("close");
+        self.store = EmbeddedStore::open(Self::path(&self.dir)).expect("reopen store");
+    }
+
+    async fn finish(self) {
+        self.store.close().await.expect("close");
+    }
+}
+
+pub struct Memory {
+    pub store: MemoryStore,
+}
+
+impl Memory {
+    pub async fn new() -> Self {
+        Self {
+            store: MemoryStore::new(),
+        }
+    }
+}
+
+impl Harness for Memory {
+    fn db(&self) -> Db {
+        Db::new(Arc::new(self.store.clone()))
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        panic!("the memory engine is not durable");
+    }
+
+    async fn finish(self) {}
+}
