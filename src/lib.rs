@@ -4,6 +4,8 @@
 //! Layers (dependencies point downwards only, see DESIGN.md section 2):
 //! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
 //!   engines.
+//! - [`jobs`]: couch_jobs, the background-jobs framework on the store.
 
+pub mod jobs;
 pub mod replicator;
 pub mod store;
