@@ -15,6 +15,7 @@
 //! placeholder, which is what [`tuple::pack_with_versionstamp`] produces. The engine replaces
 //! the placeholder with the commit's versionstamp and drops the offset.
 
+pub mod embedded;
 pub mod memory;
 
 use std::future::Future;

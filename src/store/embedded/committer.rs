@@ -1,0 +1,370 @@
+//! The committer: one thread that owns the redb file and turns batches of commit requests
+//! into durable commits (group commit).
+//!
+//! Takes [`Request::Commit`] from transactions and [`Request::Close`] from the store. For each
+//! batch it (1) rejects requests whose read-conflict ranges meet writes committed after their
+//! read version, including writes of earlier requests accepted into the same batch, (2)
+//! applies the accepted ones in order in ONE redb write transaction with immediate durability
+//! (one fsync per batch), (3) publishes the new snapshot and version, acknowledges with
+//! versionstamps (commit version ‖ order in batch), then fires watches. Nothing is
+//! acknowledged before its batch is durable.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Weak, mpsc};
+use std::time::Instant;
+
+use redb::{ReadableTable, Table};
+use tokio::sync::oneshot;
+
+use super::conflicts::{History, KeyRange, Written, intersects};
+use super::watches::{NewWatch, Registry, Seen};
+use super::writes::Mutation;
+use super::{DATA, META, Shared, VERSION_KEY, engine_err, open_snapshot};
+use crate::store::{CommitStamp, StoreError, apply_atomic_add, commit_stamp, fill_versionstamp};
+
+/// Most requests in one batch (the batch order is 2 bytes).
+const MAX_BATCH: usize = 4096;
+
+pub(crate) type CommitVerdict = Result<Option<CommitStamp>, StoreError>;
+
+pub(crate) struct CommitRequest {
+    pub read_version: u64,
+    pub reads: Vec<KeyRange>,
+    pub ops: Vec<Mutation>,
+    pub watches: Vec<NewWatch>,
+    pub reply: oneshot::Sender<CommitVerdict>,
+}
+
+pub(crate) enum Request {
+    Commit(CommitRequest),
+    Close(oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// A request that passed the conflict check, with what it writes.
+struct Accepted {
+    request: CommitRequest,
+    stamp: Option<CommitStamp>,
+    /// Versionstamped keys, filled in order of appearance in `ops`.
+    filled_keys: Vec<Vec<u8>>,
+    seen: Vec<Option<Vec<u8>>>,
+}
+
+pub(crate) struct Committer {
+    db: Option<redb::Database>,
+    version: u64,
+    history: History,
+    watches: Registry,
+    shared: Weak<Shared>,
+}
+
+type DataTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
+
+impl Committer {
+    pub(crate) fn new(db: redb::Database, version: u64, shared: Weak<Shared>) -> Self {
+        Self {
+            db: Some(db),
+            version,
+            history: History::new(version),
+            watches: Registry::default(),
+            shared,
+        }
+    }
+
+    pub(crate) fn run(mut self, requests: mpsc::Receiver<Request>) {
+        while let Ok(first) = requests.recv() {
+            let mut batch = Vec::new();
+            let mut close = None;
+            match first {
+                Request::Commit(r) => batch.push(r),
+                Request::Close(done) => close = Some(done),
+            }
+            while close.is_none() && batch.len() < MAX_BATCH {
+                match requests.try_recv() {
+                    Ok(Request::Commit(r)) => batch.push(r),
+                    Ok(Request::Close(done)) => close = Some(done),
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.process(batch);
+            }
+            if let Some(done) = close {
+                // Requests that raced with the close were never accepted.
+                while let Ok(request) = requests.try_recv() {
+                    match request {
+                        Request::Commit(r) => {
+                            let _ = r.reply.send(Err(StoreError::Closed));
+                        }
+                        Request::Close(other) => {
+                            let _ = other.send(Ok(()));
+                        }
+                    }
+                }
+                self.shutdown();
+                let _ = done.send(Ok(()));
+                return;
+            }
+        }
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.watches.close();
+        if let Some(shared) = self.shared.upgrade() {
+            shared.publish(None);
+        }
+        self.db = None;
+    }
+
+    fn process(&mut self, batch: Vec<CommitRequest>) {
+        let now = Instant::now();
+        self.history.trim(now);
+        let version = self.version + 1;
+        let mut batch_writes: Vec<Written> = Vec::new();
+        let mut accepted: Vec<Accepted> = Vec::with_capacity(batch.len());
+        let mut order: u16 = 0;
+        for request in batch {
+            let verdict = self
+                .history
+                .check(request.read_version, &request.reads)
+                .and_then(|()| {
+                    if intersects(&request.reads, &batch_writes) {
+                        Err(StoreError::Conflict)
+                    } else {
+                        Ok(())
+                    }
+                });
+            if let Err(e) = verdict {
+                let _ = request.reply.send(Err(e));
+                continue;
+            }
+            if request.ops.is_empty() {
+                accepted.push(Accepted {
+                    request,
+                    stamp: None,
+                    filled_keys: Vec::new(),
+                    seen: Vec::new(),
+                });
+                continue;
+            }
+            let stamp = commit_stamp(version, order);
+            match writes_of(&request.ops, &stamp) {
+                Ok((writes, filled_keys)) => {
+                    order += 1;
+                    batch_writes.extend(writes);
+                    accepted.push(Accepted {
+                        request,
+                        stamp: Some(stamp),
+                        filled_keys,
+                        seen: Vec::new(),
+                    });
+                }
+                Err(e) => {
+                    let _ = request.reply.send(Err(e));
+                }
+            }
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        let wrote = order > 0;
+        let current = if wrote {
+            match self.write_batch(version, &mut accepted, &batch_writes) {
+                Ok(current) => current,
+                Err(e) => {
+                    tracing::error!(error = %e, "embedded store: commit batch failed");
+                    for a in accepted {
+                        let _ = a.request.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+            }
+        } else {
+            match self.read_latest(&mut accepted) {
+                Ok(current) => current,
+                Err(e) => {
+                    for a in accepted {
+                        let _ = a.request.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+            }
+        };
+        if wrote {
+            self.version = version;
+            self.history.push(version, now, batch_writes);
+            if let (Some(db), Some(shared)) = (&self.db, self.shared.upgrade()) {
+                match open_snapshot(db, version) {
+                    Ok(snapshot) => shared.publish(Some(Arc::new(snapshot))),
+                    // Readers keep the previous snapshot: still consistent, since conflicts
+                    // are checked against their (older) read version.
+                    Err(e) => tracing::error!(error = %e, "embedded store: no new snapshot"),
+                }
+            }
+        }
+        for a in accepted {
+            let Accepted {
+                request,
+                stamp,
+                seen,
+                ..
+            } = a;
+            for (watch, seen) in request.watches.into_iter().zip(seen) {
+                self.watches.add(watch.key, seen, watch.fire);
+            }
+            let _ = request.reply.send(Ok(stamp));
+        }
+        self.watches.settle(current);
+    }
+
+    /// Applies the accepted requests in one durable write transaction. Returns the committed
+    /// values of the watched keys the batch may have changed.
+    #[allow(clippy::type_complexity)]
+    fn write_batch(
+        &mut self,
+        version: u64,
+        accepted: &mut [Accepted],
+        batch_writes: &[Written],
+    ) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+        let db = self.db.as_ref().ok_or(StoreError::Closed)?;
+        let write = db.begin_write().map_err(engine_err)?;
+        let current = {
+            let mut table = write.open_table(DATA).map_err(engine_err)?;
+            for a in accepted.iter_mut() {
+                if let Some(stamp) = &a.stamp {
+                    apply(&mut table, &a.request.ops, &a.filled_keys, stamp)?;
+                }
+                a.seen = seen_values(&table, &a.request.watches)?;
+            }
+            let mut keys = BTreeSet::new();
+            self.watches.touched(batch_writes.iter(), &mut keys);
+            for a in accepted.iter() {
+                keys.extend(a.request.watches.iter().map(|w| w.key.clone()));
+            }
+            let mut current = Vec::with_capacity(keys.len());
+            for key in keys {
+                let value = get(&table, &key)?;
+                current.push((key, value));
+            }
+            let mut meta = write.open_table(META).map_err(engine_err)?;
+            meta.insert(VERSION_KEY, version.to_be_bytes().as_slice())
+                .map_err(engine_err)?;
+            current
+        };
+        write.commit().map_err(engine_err)?;
+        Ok(current)
+    }
+
+    /// For a batch without writes: the values its watches compare against.
+    #[allow(clippy::type_complexity)]
+    fn read_latest(
+        &self,
+        accepted: &mut [Accepted],
+    ) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+        let shared = self.shared.upgrade().ok_or(StoreError::Closed)?;
+        let snapshot = shared.snapshot()?;
+        let mut current = Vec::new();
+        for a in accepted.iter_mut() {
+            a.seen = seen_values(&snapshot.table, &a.request.watches)?;
+            for w in &a.request.watches {
+                current.push((w.key.clone(), get(&snapshot.table, &w.key)?));
+            }
+        }
+        Ok(current)
+    }
+}
+
+fn get(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(table
+        .get(key)
+        .map_err(engine_err)?
+        .map(|v| v.value().to_vec()))
+}
+
+/// The value each watch saw: its own write as now committed, or what it read.
+fn seen_values(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    watches: &[NewWatch],
+) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    watches
+        .iter()
+        .map(|w| match &w.seen {
+            Seen::Value(v) => Ok(v.clone()),
+            Seen::OwnWrite => get(table, &w.key),
+        })
+        .collect()
+}
+
+/// What `ops` write, for conflict checks, and the filled versionstamped keys.
+fn writes_of(
+    ops: &[Mutation],
+    stamp: &CommitStamp,
+) -> Result<(Vec<Written>, Vec<Vec<u8>>), StoreError> {
+    let mut writes = Vec::with_capacity(ops.len());
+    let mut filled = Vec::new();
+    for op in ops {
+        writes.push(match op {
+            Mutation::Set(k, _)
+            | Mutation::Clear(k)
+            | Mutation::Add(k, _)
+            | Mutation::VersionstampedValue(k, _) => Written::Key(k.clone()),
+            Mutation::ClearRange(b, e) => Written::Range(b.clone(), e.clone()),
+            Mutation::VersionstampedKey(operand, _) => {
+                let key = fill_versionstamp(operand, stamp)?;
+                filled.push(key.clone());
+                Written::Key(key)
+            }
+        });
+    }
+    Ok((writes, filled))
+}
+
+fn apply(
+    table: &mut DataTable<'_>,
+    ops: &[Mutation],
+    filled_keys: &[Vec<u8>],
+    stamp: &CommitStamp,
+) -> Result<(), StoreError> {
+    let mut filled = filled_keys.iter();
+    for op in ops {
+        match op {
+            Mutation::Set(k, v) => {
+                table
+                    .insert(k.as_slice(), v.as_slice())
+                    .map_err(engine_err)?;
+            }
+            Mutation::Clear(k) => {
+                table.remove(k.as_slice()).map_err(engine_err)?;
+            }
+            Mutation::ClearRange(b, e) => {
+                table
+                    .retain_in::<&[u8], _>(b.as_slice()..e.as_slice(), |_, _| false)
+                    .map_err(engine_err)?;
+            }
+            Mutation::Add(k, delta) => {
+                let next = apply_atomic_add(get(table, k)?.as_deref(), *delta);
+                table
+                    .insert(k.as_slice(), next.as_slice())
+                    .map_err(engine_err)?;
+            }
+            Mutation::VersionstampedKey(_, v) => {
+                let key = filled
+                    .next()
+                    .ok_or_else(|| StoreError::Engine("versionstamped key not filled".into()))?;
+                table
+                    .insert(key.as_slice(), v.as_slice())
+                    .map_err(engine_err)?;
+            }
+            Mutation::VersionstampedValue(k, operand) => {
+                let value = fill_versionstamp(operand, stamp)?;
+                table
+                    .insert(k.as_slice(), value.as_slice())
+                    .map_err(engine_err)?;
+            }
+        }
+    }
+    Ok(())
+}

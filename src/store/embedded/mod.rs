@@ -1,0 +1,178 @@
+//! The embedded engine: FoundationDB's transaction semantics in one process, durable on disk
+//! with `redb` (DESIGN.md section 3).
+//!
+//! - [`EmbeddedStore`] (this file) opens the file, hands out transactions that read from the
+//!   latest committed snapshot, and owns the committer thread.
+//! - [`transaction`] runs one optimistic transaction: snapshot reads, read-your-writes,
+//!   read-conflict ranges, buffered writes.
+//! - [`committer`] batches commit requests, checks conflicts ([`conflicts`]), applies a batch
+//!   in one durable redb transaction (group commit), assigns versionstamps and fires
+//!   watches ([`watches`]).
+//! - [`writes`] is a transaction's write buffer.
+//!
+//! Versions: the committed version is a counter persisted with the data, bumped once per
+//! batch that writes; a transaction's read version is the committed version of the snapshot
+//! it reads, taken together with that snapshot under one lock.
+
+mod committer;
+mod conflicts;
+mod transaction;
+mod watches;
+mod writes;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use redb::{ReadOnlyTable, ReadableDatabase, TableDefinition};
+use tokio::sync::oneshot;
+
+use super::{Store, StoreError, Transaction};
+use committer::{Committer, Request};
+use transaction::EmbeddedTx;
+
+/// Every user key and value.
+pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
+/// Engine metadata: `version` = the committed version, 8 bytes big-endian.
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub(crate) const VERSION_KEY: &str = "version";
+
+/// A committed state: its version and a read-only view of it.
+pub(crate) struct Snapshot {
+    pub version: u64,
+    pub table: ReadOnlyTable<&'static [u8], &'static [u8]>,
+}
+
+/// What transactions and the store handle share.
+pub(crate) struct Shared {
+    /// The latest committed snapshot; `None` once the store is closed.
+    current: Mutex<Option<Arc<Snapshot>>>,
+    requests: Mutex<Option<mpsc::Sender<Request>>>,
+}
+
+impl Shared {
+    fn current(&self) -> MutexGuard<'_, Option<Arc<Snapshot>>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn snapshot(&self) -> Result<Arc<Snapshot>, StoreError> {
+        self.current().clone().ok_or(StoreError::Closed)
+    }
+
+    pub(crate) fn publish(&self, snapshot: Option<Arc<Snapshot>>) {
+        *self.current() = snapshot;
+    }
+
+    pub(crate) fn send(&self, request: Request) -> Result<(), StoreError> {
+        let requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        match requests.as_ref() {
+            Some(tx) => tx.send(request).map_err(|_| StoreError::Closed),
+            None => Err(StoreError::Closed),
+        }
+    }
+}
+
+/// The embedded engine. Cheap to clone; clones share the open file and the committer.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn engine_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Engine(e.to_string())
+}
+
+impl EmbeddedStore {
+    /// Opens the store at `path`, creating the file if it does not exist. Blocks while redb
+    /// opens (and, after a crash, repairs) the file: call it from `spawn_blocking` if that
+    /// matters to the caller.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let db = redb::Database::create(path.as_ref()).map_err(engine_err)?;
+        let version = {
+            let w = db.begin_write().map_err(engine_err)?;
+            let version = {
+                w.open_table(DATA).map_err(engine_err)?;
+                let meta = w.open_table(META).map_err(engine_err)?;
+                read_version(&meta)?
+            };
+            w.commit().map_err(engine_err)?;
+            version
+        };
+        let snapshot = open_snapshot(&db, version)?;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            current: Mutex::new(Some(Arc::new(snapshot))),
+            requests: Mutex::new(Some(tx)),
+        });
+        let committer = Committer::new(db, version, Arc::downgrade(&shared));
+        std::thread::Builder::new()
+            .name("store-committer".into())
+            .spawn(move || committer.run(rx))
+            .map_err(engine_err)?;
+        Ok(Self { shared })
+    }
+
+    /// Closes the store: commits already requested finish, later ones and new transactions
+    /// get [`StoreError::Closed`], watches resolve with [`StoreError::Closed`], and the file is
+    /// released once the transactions still alive are dropped.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let (done, closed) = oneshot::channel();
+        let sent = self.shared.send(Request::Close(done));
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match sent {
+            Ok(()) => closed.await.map_err(|_| StoreError::Closed)?,
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The current committed version (for tests and diagnostics).
+    pub fn committed_version(&self) -> Result<u64, StoreError> {
+        Ok(self.shared.snapshot()?.version)
+    }
+}
+
+pub(crate) fn read_version(
+    meta: &impl redb::ReadableTable<&'static str, &'static [u8]>,
+) -> Result<u64, StoreError> {
+    match meta.get(VERSION_KEY).map_err(engine_err)? {
+        None => Ok(0),
+        Some(v) => {
+            let bytes: [u8; 8] = v
+                .value()
+                .try_into()
+                .map_err(|_| StoreError::Engine("corrupt store: version is not 8 bytes".into()))?;
+            Ok(u64::from_be_bytes(bytes))
+        }
+    }
+}
+
+pub(crate) fn open_snapshot(db: &redb::Database, version: u64) -> Result<Snapshot, StoreError> {
+    let read = db.begin_read().map_err(engine_err)?;
+    let table = read.open_table(DATA).map_err(engine_err)?;
+    Ok(Snapshot { version, table })
+}
+
+impl Store for EmbeddedStore {
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>> {
+        let result = self.shared.snapshot().map(|snapshot| {
+            let tx: Box<dyn Transaction> = Box::new(EmbeddedTx::new(self.shared.clone(), snapshot));
+            tx
+        });
+        futures::future::ready(result).boxed()
+    }
+
+    fn engine_name(&self) -> &'static str {
+        "embedded"
+    }
+}
