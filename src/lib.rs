@@ -5,4 +5,5 @@
 //! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
 //!   engines.
 
+pub mod steps;
 pub mod store;
