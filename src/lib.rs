@@ -4,6 +4,9 @@
 //! Layers (dependencies point downwards only, see DESIGN.md section 2):
 //! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
 //!   engines.
+//! - [`jobs`]: couch_jobs, the background-jobs framework on the store.
+//! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
 
+pub mod jobs;
 pub mod steps;
 pub mod store;

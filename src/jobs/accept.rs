@@ -1,0 +1,206 @@
+//! `accept` (digest A.6): dequeue one pending job and lock it for the caller.
+//!
+//! Scheduled mode reads up to 1024 of the earliest eligible PENDING keys at snapshot
+//! isolation, picks one uniformly at random and adds a read conflict on that key only, so
+//! concurrent acceptors rarely collide. `no_schedule` mode probes at a random id instead.
+//! When nothing is eligible, the same transaction sets a watch on the type's pending counter
+//! and [`Jobs::accept`](super::Jobs::accept) waits on it.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::store::{KeyValue, RangeOptions, Tx};
+
+use super::Job;
+use super::error::{JobsError, JobsResult};
+use super::job_data::{JobData, JobState, new_jlock};
+use super::keys::Keys;
+use super::lifecycle::{get_row, stamp_running};
+
+/// `RANGE_LIMIT`: how many candidates the random pick chooses among.
+pub const ACCEPT_RANGE_LIMIT: usize = 1024;
+
+/// Default `max_sched_time`: 2^36 seconds (far future).
+pub const MAX_SCHED_TIME: i64 = 1 << 36;
+
+/// Options of `accept`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AcceptOpts {
+    /// Accept only jobs scheduled at or before this UNIX time (default 2^36, or 0 with
+    /// `no_schedule`).
+    pub max_sched_time: Option<i64>,
+    /// Random-probe dequeue for types whose jobs all have STime 0 and random-looking ids.
+    pub no_schedule: bool,
+    /// How long to wait for a job: `None` = forever, `Some(ZERO)` = do not wait.
+    pub timeout: Option<Duration>,
+}
+
+impl AcceptOpts {
+    pub fn max_sched_time(mut self, t: i64) -> Self {
+        self.max_sched_time = Some(t);
+        self
+    }
+
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    pub fn no_schedule(mut self) -> Self {
+        self.no_schedule = true;
+        self
+    }
+
+    /// The effective `max_sched_time`, or the `no_schedule` error.
+    pub fn effective_max_sched_time(&self) -> JobsResult<i64> {
+        match (self.no_schedule, self.max_sched_time) {
+            (true, None | Some(0)) => Ok(0),
+            (true, Some(_)) => Err(JobsError::NoScheduleRequiresZeroMaxSchedTime),
+            (false, t) => Ok(t.unwrap_or(MAX_SCHED_TIME)),
+        }
+    }
+}
+
+/// Tries once to dequeue and lock a job in `tx`. `Ok(None)` when nothing is eligible.
+pub async fn try_accept(
+    keys: &Keys,
+    tx: &Tx,
+    ty: &str,
+    max_sched_time: i64,
+    no_schedule: bool,
+) -> JobsResult<Option<(Job, JobData)>> {
+    let mut candidates = if no_schedule {
+        probe_random(keys, tx, ty).await?
+    } else {
+        let (begin, end) = keys.pending_range(ty, max_sched_time);
+        tx.get_range(
+            &begin,
+            &end,
+            RangeOptions::all().snapshot().limit(ACCEPT_RANGE_LIMIT),
+        )
+        .await?
+    };
+    while !candidates.is_empty() {
+        let pick = rand::rng().random_range(0..candidates.len());
+        let KeyValue { key, .. } = candidates.swap_remove(pick);
+        tx.add_read_conflict_key(&key);
+        tx.clear(&key);
+        let (_stime, id) = keys.decode_pending_key(&key)?;
+        let row = get_row(keys, tx, ty, &id, false).await?;
+        let Some(mut row) = row.filter(|r| r.state() == JobState::Pending) else {
+            // A pending key without a pending DATA row is stale: clearing it (above) repairs
+            // the index instead of crashing the acceptor as CouchDB would.
+            tracing::warn!(job_type = ty, job_id = %id, "stale pending key removed");
+            continue;
+        };
+        let jlock = new_jlock();
+        row.jlock = Some(jlock.clone());
+        row.resubmit = false;
+        stamp_running(keys, tx, ty, &id, &mut row);
+        let job = Job {
+            job_type: ty.to_string(),
+            id,
+            jlock,
+            resubmit: false,
+            stime: Some(row.stime),
+        };
+        return Ok(Some((job, row.data)));
+    }
+    Ok(None)
+}
+
+/// `no_schedule` probe: the first pending key at or after a random id, or the last before it
+/// (a coin flip picks the side tried first so ids near either end are not starved).
+async fn probe_random(keys: &Keys, tx: &Tx, ty: &str) -> JobsResult<Vec<KeyValue>> {
+    let (begin, end) = keys.pending_range(ty, 0);
+    let probe = keys.pending(ty, 0, &new_jlock());
+    let forward_first = rand::random::<bool>();
+    for forward in [forward_first, !forward_first] {
+        let rows = if forward {
+            tx.get_range(&probe, &end, RangeOptions::all().snapshot().limit(1))
+                .await?
+        } else {
+            tx.get_range(
+                &begin,
+                &probe,
+                RangeOptions::all().snapshot().limit(1).reverse(),
+            )
+            .await?
+        };
+        if !rows.is_empty() {
+            return Ok(rows);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// How long an empty accept waits on the pending watch (digest A.6): the time until
+/// `max_sched_time` (at least 100 ms; infinite in `no_schedule` mode or when ≥ 2^32-1 ms),
+/// capped by the caller's remaining timeout. `None` = forever.
+pub fn wait_timeout(
+    no_schedule: bool,
+    max_sched_time: i64,
+    now_ms: i64,
+    remaining: Option<Duration>,
+) -> Option<Duration> {
+    let sched = if no_schedule {
+        None
+    } else {
+        let ms = max_sched_time
+            .saturating_mul(1000)
+            .saturating_sub(now_ms)
+            .max(100);
+        (ms < (1i64 << 32) - 1).then(|| Duration::from_millis(ms as u64))
+    };
+    match (sched, remaining) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_timeout_follows_couch_rules() {
+        let s = Duration::from_secs;
+        // Far-future max_sched_time → infinity unless the caller limits it.
+        assert_eq!(wait_timeout(false, MAX_SCHED_TIME, 0, None), None);
+        assert_eq!(
+            wait_timeout(false, MAX_SCHED_TIME, 0, Some(s(3))),
+            Some(s(3))
+        );
+        // max_sched_time = now + 5 → wakes after ~5 s.
+        assert_eq!(wait_timeout(false, 105, 100_000, None), Some(s(5)));
+        // In the past → at least 100 ms.
+        assert_eq!(
+            wait_timeout(false, 1, 100_000, None),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(wait_timeout(true, 0, 100_000, None), None);
+        assert_eq!(wait_timeout(true, 0, 100_000, Some(s(1))), Some(s(1)));
+    }
+
+    #[test]
+    fn no_schedule_needs_zero_max_sched_time() {
+        assert_eq!(
+            AcceptOpts::default()
+                .no_schedule()
+                .effective_max_sched_time(),
+            Ok(0)
+        );
+        assert_eq!(
+            AcceptOpts::default()
+                .no_schedule()
+                .max_sched_time(5)
+                .effective_max_sched_time(),
+            Err(JobsError::NoScheduleRequiresZeroMaxSchedTime)
+        );
+        assert_eq!(
+            AcceptOpts::default().effective_max_sched_time(),
+            Ok(MAX_SCHED_TIME)
+        );
+    }
+}

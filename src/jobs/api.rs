@@ -1,0 +1,326 @@
+//! The public job API on [`Jobs`]: each call as its own retried transaction, and a `*_tx`
+//! form that runs inside the caller's transaction (digest A.5).
+
+use crate::store::Tx;
+
+use super::accept::{AcceptOpts, try_accept, wait_timeout};
+use super::error::{JobsError, JobsResult};
+use super::fold::{FOLD_PAGE_SIZE, JobInfo, list_jobs_page};
+use super::job_data::{JobData, JobState};
+use super::{Job, Jobs, lifecycle as lc};
+
+/// Default `pending_count` limit.
+pub const PENDING_COUNT_LIMIT: usize = 1024;
+
+impl Jobs {
+    /// Adds a job (pending at `stime`), or resubmits an existing one with the new data and
+    /// `stime`. Needs the type's timeout to be set ([`JobsError::NoTypeTimeout`]).
+    pub async fn add(&self, ty: &str, id: &str, data: JobData, stime: i64) -> JobsResult<()> {
+        self.db()
+            .run(|tx| {
+                let data = data.clone();
+                async move { self.add_tx(&tx, ty, id, data, stime).await }
+            })
+            .await
+    }
+
+    pub async fn add_tx(
+        &self,
+        tx: &Tx,
+        ty: &str,
+        id: &str,
+        data: JobData,
+        stime: i64,
+    ) -> JobsResult<()> {
+        lc::add(self.keys(), tx, ty, id, data, stime).await
+    }
+
+    /// Removes a job in any state ([`JobsError::NotFound`] if missing).
+    pub async fn remove(&self, ty: &str, id: &str) -> JobsResult<()> {
+        self.db()
+            .run(|tx| async move { self.remove_tx(&tx, ty, id).await })
+            .await
+    }
+
+    pub async fn remove_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<()> {
+        lc::remove(self.keys(), tx, ty, id).await
+    }
+
+    /// Resubmits a job: see [`lc::resubmit`] for the per-state rules. `stime = None` keeps the
+    /// current scheduled time; `data = None` keeps the data.
+    pub async fn resubmit(
+        &self,
+        ty: &str,
+        id: &str,
+        stime: Option<i64>,
+        data: Option<JobData>,
+    ) -> JobsResult<()> {
+        self.db()
+            .run(|tx| {
+                let data = data.clone();
+                async move { self.resubmit_tx(&tx, ty, id, stime, data).await }
+            })
+            .await
+    }
+
+    pub async fn resubmit_tx(
+        &self,
+        tx: &Tx,
+        ty: &str,
+        id: &str,
+        stime: Option<i64>,
+        data: Option<JobData>,
+    ) -> JobsResult<()> {
+        lc::resubmit(self.keys(), tx, ty, id, stime, data).await
+    }
+
+    pub async fn get_job_data(&self, ty: &str, id: &str) -> JobsResult<JobData> {
+        self.db()
+            .run(|tx| async move { self.get_job_data_tx(&tx, ty, id).await })
+            .await
+    }
+
+    pub async fn get_job_data_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<JobData> {
+        lc::get_job_data(self.keys(), tx, ty, id).await
+    }
+
+    pub async fn get_job_state(&self, ty: &str, id: &str) -> JobsResult<JobState> {
+        self.db()
+            .run(|tx| async move { self.get_job_state_tx(&tx, ty, id).await })
+            .await
+    }
+
+    pub async fn get_job_state_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<JobState> {
+        lc::get_job_state(self.keys(), tx, ty, id).await
+    }
+
+    /// Every type that has an activity timeout.
+    pub async fn get_types(&self) -> JobsResult<Vec<String>> {
+        self.db()
+            .run(|tx| async move { self.get_types_tx(&tx).await })
+            .await
+    }
+
+    pub async fn get_types_tx(&self, tx: &Tx) -> JobsResult<Vec<String>> {
+        lc::get_types(self.keys(), tx).await
+    }
+
+    /// Ids of the running jobs of a type.
+    pub async fn get_active_jobs_ids(&self, ty: &str) -> JobsResult<Vec<String>> {
+        self.db()
+            .run(|tx| async move { self.get_active_jobs_ids_tx(&tx, ty).await })
+            .await
+    }
+
+    pub async fn get_active_jobs_ids_tx(&self, tx: &Tx, ty: &str) -> JobsResult<Vec<String>> {
+        let jobs = lc::get_active_jobs(self.keys(), tx, ty).await?;
+        Ok(jobs.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// Running jobs of a type with their latest data (what `_active_tasks` shows).
+    pub async fn get_active_jobs(&self, ty: &str) -> JobsResult<Vec<(String, JobData)>> {
+        self.db()
+            .run(|tx| async move { lc::get_active_jobs(self.keys(), &tx, ty).await })
+            .await
+    }
+
+    /// Folds `f` over every job of `ty`, one transaction per page of [`FOLD_PAGE_SIZE`].
+    pub async fn fold_jobs<A, F>(&self, ty: &str, acc: A, f: F) -> JobsResult<A>
+    where
+        F: FnMut(A, JobInfo) -> A,
+    {
+        self.fold_jobs_paged(ty, FOLD_PAGE_SIZE, acc, f).await
+    }
+
+    /// [`Jobs::fold_jobs`] with an explicit page size.
+    pub async fn fold_jobs_paged<A, F>(
+        &self,
+        ty: &str,
+        page_size: usize,
+        mut acc: A,
+        mut f: F,
+    ) -> JobsResult<A>
+    where
+        F: FnMut(A, JobInfo) -> A,
+    {
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .db()
+                .run(|tx| {
+                    let after = after.clone();
+                    async move {
+                        list_jobs_page(self.keys(), &tx, ty, after.as_deref(), page_size).await
+                    }
+                })
+                .await?;
+            let full = page.len() >= page_size.max(1);
+            after = page.last().map(|j| j.id.clone());
+            for job in page {
+                acc = f(acc, job);
+            }
+            if !full {
+                return Ok(acc);
+            }
+        }
+    }
+
+    /// One page of jobs inside the caller's transaction (ids after `after`).
+    pub async fn list_jobs_tx(
+        &self,
+        tx: &Tx,
+        ty: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> JobsResult<Vec<JobInfo>> {
+        list_jobs_page(self.keys(), tx, ty, after, limit).await
+    }
+
+    /// Estimate of the jobs pending with `STime <= max_sched_time` (default 2^36), counting
+    /// at most `limit` (default 1024).
+    pub async fn pending_count(
+        &self,
+        ty: &str,
+        max_sched_time: Option<i64>,
+        limit: Option<usize>,
+    ) -> JobsResult<usize> {
+        self.db()
+            .run(|tx| async move { self.pending_count_tx(&tx, ty, max_sched_time, limit).await })
+            .await
+    }
+
+    pub async fn pending_count_tx(
+        &self,
+        tx: &Tx,
+        ty: &str,
+        max_sched_time: Option<i64>,
+        limit: Option<usize>,
+    ) -> JobsResult<usize> {
+        lc::pending_count(
+            self.keys(),
+            tx,
+            ty,
+            max_sched_time.unwrap_or(super::accept::MAX_SCHED_TIME),
+            limit.unwrap_or(PENDING_COUNT_LIMIT),
+        )
+        .await
+    }
+
+    /// Dequeues and locks a job; waits for one as digest A.6 says. `NotFound` when the wait
+    /// times out.
+    pub async fn accept(&self, ty: &str, opts: AcceptOpts) -> JobsResult<(Job, JobData)> {
+        let max_sched_time = opts.effective_max_sched_time()?;
+        let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
+        loop {
+            let (found, watch) = self
+                .db()
+                .run(|tx| async move {
+                    let found =
+                        try_accept(self.keys(), &tx, ty, max_sched_time, opts.no_schedule).await?;
+                    let watch = match found {
+                        Some(_) => None,
+                        None => Some(tx.watch(&self.keys().watches_pending(ty))),
+                    };
+                    Ok::<_, JobsError>((found, watch))
+                })
+                .await?;
+            if let Some(found) = found {
+                return Ok(found);
+            }
+            let remaining =
+                deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let wait = wait_timeout(
+                opts.no_schedule,
+                max_sched_time,
+                self.clock().now_ms(),
+                remaining,
+            );
+            let Some(watch) = watch else {
+                return Err(JobsError::NotFound);
+            };
+            match wait {
+                Some(t) if t.is_zero() => return Err(JobsError::NotFound),
+                Some(t) => match tokio::time::timeout(t, watch).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) if e.is_retryable() => {}
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(_) => return Err(JobsError::NotFound),
+                },
+                None => watch.await?,
+            }
+        }
+    }
+
+    /// One non-blocking accept attempt inside the caller's transaction.
+    pub async fn accept_tx(
+        &self,
+        tx: &Tx,
+        ty: &str,
+        opts: AcceptOpts,
+    ) -> JobsResult<Option<(Job, JobData)>> {
+        let max_sched_time = opts.effective_max_sched_time()?;
+        try_accept(self.keys(), tx, ty, max_sched_time, opts.no_schedule).await
+    }
+
+    /// Keep-alive and progress: fenced by the job lock ([`JobsError::Halt`] when lost).
+    pub async fn update(&self, job: &Job, data: Option<JobData>) -> JobsResult<Job> {
+        self.db()
+            .run(|tx| {
+                let data = data.clone();
+                async move { self.update_tx(&tx, job, data).await }
+            })
+            .await
+    }
+
+    pub async fn update_tx(&self, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<Job> {
+        lc::update(self.keys(), tx, job, data).await
+    }
+
+    /// Ends the job's run: finished, or pending again if it was resubmitted meanwhile.
+    pub async fn finish(&self, job: &Job, data: Option<JobData>) -> JobsResult<()> {
+        self.db()
+            .run(|tx| {
+                let data = data.clone();
+                async move { self.finish_tx(&tx, job, data).await }
+            })
+            .await
+    }
+
+    pub async fn finish_tx(&self, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<()> {
+        lc::finish(self.keys(), tx, job, data).await
+    }
+
+    /// Sets the type's activity timeout (seconds) and makes the type server start its
+    /// monitors now.
+    pub async fn set_type_timeout(&self, ty: &str, secs: i64) -> JobsResult<()> {
+        self.db()
+            .run(|tx| async move {
+                self.set_type_timeout_tx(&tx, ty, secs);
+                Ok::<_, JobsError>(())
+            })
+            .await?;
+        self.registry().request_type_check().await;
+        Ok(())
+    }
+
+    pub fn set_type_timeout_tx(&self, tx: &Tx, ty: &str, secs: i64) {
+        lc::set_type_timeout(self.keys(), tx, ty, secs)
+    }
+
+    pub async fn get_type_timeout(&self, ty: &str) -> JobsResult<Option<i64>> {
+        self.db()
+            .run(|tx| async move { lc::get_type_timeout(self.keys(), &tx, ty).await })
+            .await
+    }
+
+    pub async fn clear_type_timeout(&self, ty: &str) -> JobsResult<()> {
+        self.db()
+            .run(|tx| async move {
+                lc::clear_type_timeout(self.keys(), &tx, ty);
+                Ok::<_, JobsError>(())
+            })
+            .await?;
+        self.registry().request_type_check().await;
+        Ok(())
+    }
+}

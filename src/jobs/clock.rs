@@ -1,0 +1,122 @@
+//! Wall-clock time for couch_jobs, injectable so tests can move time.
+//!
+//! Scheduled times (`STime`) and type timeouts are UNIX seconds, as in CouchDB. [`SystemClock`]
+//! reads the OS clock; [`TokioClock`] advances with tokio's clock (so paused-time tests see
+//! `sleep`/`advance` move the wall clock too); [`ManualClock`] only moves when told to.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A source of UNIX time.
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    /// Milliseconds since the UNIX epoch.
+    fn now_ms(&self) -> i64;
+
+    /// Seconds since the UNIX epoch.
+    fn now_secs(&self) -> i64 {
+        self.now_ms().div_euclid(1000)
+    }
+}
+
+/// Shared clock handle.
+pub type SharedClock = Arc<dyn Clock>;
+
+fn system_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The operating system's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        system_ms()
+    }
+}
+
+/// UNIX time that starts at the system time of creation and then follows tokio's clock, so
+/// `tokio::time::pause`/`advance` move it.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    base_ms: i64,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// Must be called inside a tokio runtime when time is paused, so the start instant is
+    /// taken from the paused clock.
+    pub fn new() -> Self {
+        Self {
+            base_ms: system_ms(),
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> i64 {
+        self.base_ms + self.start.elapsed().as_millis() as i64
+    }
+}
+
+/// A clock that only moves when [`ManualClock::advance`] or [`ManualClock::set_ms`] is called.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    ms: AtomicI64,
+}
+
+impl ManualClock {
+    pub fn new(start_ms: i64) -> Self {
+        Self {
+            ms: AtomicI64::new(start_ms),
+        }
+    }
+
+    pub fn set_ms(&self, ms: i64) {
+        self.ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn advance_ms(&self, ms: i64) {
+        self.ms.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.ms.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(10_500);
+        assert_eq!(c.now_secs(), 10);
+        c.advance_ms(600);
+        assert_eq!(c.now_secs(), 11);
+        c.set_ms(-1);
+        assert_eq!(c.now_secs(), -1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_follows_paused_time() {
+        let c = TokioClock::new();
+        let t0 = c.now_ms();
+        tokio::time::advance(std::time::Duration::from_secs(7)).await;
+        assert_eq!(c.now_ms() - t0, 7000);
+    }
+}

@@ -1,0 +1,196 @@
+//! couch_jobs settings (CouchDB's `[couch_jobs]` section, digest A.14): names and defaults.
+
+use std::time::Duration;
+
+/// Every `[couch_jobs]` setting, with CouchDB's names and defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobsConfig {
+    /// Upper bound of the activity monitor's jitter: `uniform(min(timeout/2, this))`.
+    pub activity_monitor_max_jitter_msec: u64,
+    /// AIMD start size of the activity monitor's re-enqueue batches.
+    pub activity_monitor_init_batch_size: usize,
+    /// AIMD additive step after a full batch.
+    pub activity_monitor_batch_increment: usize,
+    /// AIMD multiplicative back-off (0..1) after a failed batch.
+    pub activity_monitor_batch_factor: f64,
+    /// Minimum spacing of type-updated notifications to a notifier.
+    pub type_monitor_holdoff_msec: u64,
+    /// How long the type monitor waits on the activity watch (`None` = infinity).
+    pub type_monitor_timeout_msec: Option<u64>,
+    /// Type discovery period of the type server.
+    pub type_check_period_msec: u64,
+    /// Jitter bound of the type server: `uniform(max(period/2, this))`.
+    pub type_check_max_jitter_msec: u64,
+    /// AIMD start size of the notifier's batches.
+    pub notifier_init_batch_size: usize,
+    /// AIMD additive step of the notifier.
+    pub notifier_batch_increment: usize,
+    /// AIMD multiplicative back-off of the notifier.
+    pub notifier_batch_factor: f64,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            activity_monitor_max_jitter_msec: 10_000,
+            activity_monitor_init_batch_size: 1000,
+            activity_monitor_batch_increment: 100,
+            activity_monitor_batch_factor: 0.75,
+            type_monitor_holdoff_msec: 50,
+            type_monitor_timeout_msec: None,
+            type_check_period_msec: 15_000,
+            type_check_max_jitter_msec: 5_000,
+            notifier_init_batch_size: 1000,
+            notifier_batch_increment: 100,
+            notifier_batch_factor: 0.75,
+        }
+    }
+}
+
+/// A setting that is out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid couch_jobs setting {name}: {reason}")]
+pub struct ConfigError {
+    pub name: &'static str,
+    pub reason: &'static str,
+}
+
+impl JobsConfig {
+    /// Checks CouchDB's rules: integer settings strictly positive, factors in (0, 1).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            (
+                "activity_monitor_max_jitter_msec",
+                self.activity_monitor_max_jitter_msec as u128,
+            ),
+            (
+                "activity_monitor_init_batch_size",
+                self.activity_monitor_init_batch_size as u128,
+            ),
+            (
+                "activity_monitor_batch_increment",
+                self.activity_monitor_batch_increment as u128,
+            ),
+            (
+                "type_monitor_holdoff_msec",
+                self.type_monitor_holdoff_msec as u128,
+            ),
+            (
+                "type_check_period_msec",
+                self.type_check_period_msec as u128,
+            ),
+            (
+                "type_check_max_jitter_msec",
+                self.type_check_max_jitter_msec as u128,
+            ),
+            (
+                "notifier_init_batch_size",
+                self.notifier_init_batch_size as u128,
+            ),
+            (
+                "notifier_batch_increment",
+                self.notifier_batch_increment as u128,
+            ),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(ConfigError {
+                    name,
+                    reason: "must be strictly positive",
+                });
+            }
+        }
+        if self.type_monitor_timeout_msec == Some(0) {
+            return Err(ConfigError {
+                name: "type_monitor_timeout_msec",
+                reason: "must be strictly positive or infinity",
+            });
+        }
+        for (name, f) in [
+            (
+                "activity_monitor_batch_factor",
+                self.activity_monitor_batch_factor,
+            ),
+            ("notifier_batch_factor", self.notifier_batch_factor),
+        ] {
+            if !(f > 0.0 && f < 1.0) {
+                return Err(ConfigError {
+                    name,
+                    reason: "must be between 0 and 1",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn type_monitor_timeout(&self) -> Option<Duration> {
+        self.type_monitor_timeout_msec.map(Duration::from_millis)
+    }
+}
+
+/// Additive-increase / multiplicative-decrease batch sizing shared by the activity monitor
+/// and the notifier (digest A.7): a full batch grows the size, a failed one shrinks it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Aimd {
+    pub size: usize,
+    pub increment: usize,
+    pub factor: f64,
+}
+
+impl Aimd {
+    pub fn new(init: usize, increment: usize, factor: f64) -> Self {
+        Self {
+            size: init.max(1),
+            increment,
+            factor,
+        }
+    }
+
+    /// After a batch that came back full.
+    pub fn grow(&mut self) {
+        self.size = self.size.saturating_add(self.increment);
+    }
+
+    /// After a batch that failed (too large, too slow, conflicting).
+    pub fn shrink(&mut self) {
+        let next = (self.size as f64 * self.factor).round() as usize;
+        // round(2 * 0.75) = 2 would never reach 1: always shrink by at least one.
+        self.size = next.min(self.size.saturating_sub(1)).max(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_couchdb_and_validate() {
+        let c = JobsConfig::default();
+        assert_eq!(c.activity_monitor_init_batch_size, 1000);
+        assert_eq!(c.type_check_period_msec, 15_000);
+        assert!(c.validate().is_ok());
+        let bad = JobsConfig {
+            notifier_batch_factor: 1.5,
+            ..JobsConfig::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().name, "notifier_batch_factor");
+        let zero = JobsConfig {
+            type_check_period_msec: 0,
+            ..JobsConfig::default()
+        };
+        assert!(zero.validate().is_err());
+    }
+
+    #[test]
+    fn aimd_grows_and_shrinks_to_one() {
+        let mut a = Aimd::new(1000, 100, 0.75);
+        a.grow();
+        assert_eq!(a.size, 1100);
+        a.shrink();
+        assert_eq!(a.size, 825);
+        for _ in 0..100 {
+            a.shrink();
+        }
+        assert_eq!(a.size, 1);
+    }
+}

@@ -1,0 +1,145 @@
+//! couch_jobs: the background-jobs framework on the transactional store (DESIGN.md section 1,
+//! digest A, RFC 007).
+//!
+//! A global pending queue per job type ordered by scheduled time, worker locks that fence
+//! stale workers, an activity monitor that re-enqueues jobs of dead workers, and
+//! subscriptions to job state changes. [`Jobs`] is the handle: every operation runs in its own
+//! retried transaction, and has a `*_tx` form that runs inside a caller's transaction so a
+//! worker can fence its own writes with [`Jobs::update_tx`]/[`Jobs::finish_tx`].
+//! [`Jobs::start_background`] starts the supervised per-node processes (`jobs_sup`: type
+//! server, per-type activity monitor and notifier).
+//!
+//! Choices where sources differ: versionstamps are the 96-bit tuple form (code 0x33, the only
+//! one foundationdb-tuple 0.11 has), with a cycling user version so two jobs stamped in one
+//! transaction keep distinct ACTIVITY keys; `fold_jobs` is paged over several transactions;
+//! `resubmit` with no scheduled time keeps the job's current one (CouchDB defaults to 2^36).
+
+pub mod accept;
+pub mod activity_monitor;
+mod api;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod fold;
+pub mod job_data;
+pub mod jobs_sup;
+pub mod keys;
+pub mod lifecycle;
+pub mod notifier;
+pub mod subscription;
+pub mod type_server;
+
+use std::sync::Arc;
+
+use crate::store::{Db, tuple};
+
+pub use accept::AcceptOpts;
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
+pub use config::JobsConfig;
+pub use error::{JobsError, JobsResult};
+pub use fold::JobInfo;
+pub use job_data::{JobData, JobState};
+pub use jobs_sup::Background;
+pub use keys::Keys;
+pub use subscription::{EventState, JobEvent, Subscribed, Subscription};
+
+/// A job held by a worker after `accept`: the lock fences every later `update`/`finish`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub job_type: String,
+    pub id: String,
+    /// The worker lock (32 hex characters).
+    pub jlock: String,
+    /// Set when someone resubmitted the job while it ran (known after `update`).
+    pub resubmit: bool,
+    /// The job's scheduled time (known after `accept`/`update`).
+    pub stime: Option<i64>,
+}
+
+impl Job {
+    /// Whether the job was resubmitted while running: `finish` will put it back to pending.
+    pub fn is_resubmitted(&self) -> bool {
+        self.resubmit
+    }
+}
+
+/// How a [`Jobs`] handle is set up.
+#[derive(Debug, Clone)]
+pub struct JobsOptions {
+    /// The layer prefix the jobs key space lives under (`prefix ‖ pack((51, ...))`).
+    pub prefix: Vec<u8>,
+    pub clock: SharedClock,
+    pub config: JobsConfig,
+}
+
+impl Default for JobsOptions {
+    fn default() -> Self {
+        Self {
+            prefix: tuple::pack(&(tuple::Bytes::from(&b"couchdb"[..]),)),
+            clock: Arc::new(SystemClock),
+            config: JobsConfig::default(),
+        }
+    }
+}
+
+/// The couch_jobs handle: cheap to clone, shared by callers and the background processes.
+#[derive(Clone)]
+pub struct Jobs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    keys: Keys,
+    clock: SharedClock,
+    config: JobsConfig,
+    registry: Arc<type_server::Registry>,
+}
+
+impl std::fmt::Debug for Jobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Jobs")
+            .field("db", &self.inner.db)
+            .field("prefix", &self.inner.keys.jobs_prefix())
+            .finish()
+    }
+}
+
+impl Jobs {
+    pub fn new(db: Db, options: JobsOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db,
+                keys: Keys::new(&options.prefix),
+                clock: options.clock,
+                config: options.config,
+                registry: Arc::new(type_server::Registry::default()),
+            }),
+        }
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.inner.db
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
+    }
+
+    pub fn config(&self) -> &JobsConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn registry(&self) -> &Arc<type_server::Registry> {
+        &self.inner.registry
+    }
+
+    /// Starts this node's supervised background processes (`jobs_sup`).
+    pub async fn start_background(&self) -> JobsResult<Background> {
+        jobs_sup::start(self.clone()).await
+    }
+}

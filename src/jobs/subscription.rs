@@ -1,0 +1,191 @@
+//! Subscriptions to job state changes (digest A.5/A.9), caller side.
+//!
+//! [`Jobs::subscribe`] reads the job's state, and unless it is already finished registers
+//! with the type's notifier, which then sends [`JobEvent`]s: `pending`, `running` (again for
+//! every `update` with a newer `Seq`), `finished`, `not_found` (removed). The subscription
+//! ends by itself after `finished`/`not_found`; dropping a [`Subscription`] unsubscribes,
+//! and a subscriber that went away without that is cleaned up by the notifier.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use ractor::ActorRef;
+use tokio::sync::mpsc;
+
+use crate::store::Tx;
+use crate::store::tuple::Versionstamp;
+
+use super::Jobs;
+use super::error::{JobsError, JobsResult};
+use super::job_data::{JobData, JobRow, JobState};
+use super::lifecycle::get_row;
+use super::notifier::NotifierMsg;
+
+/// The state a subscriber is told about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventState {
+    Pending,
+    Running,
+    Finished,
+    /// The job was removed.
+    NotFound,
+}
+
+impl From<JobState> for EventState {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Pending => EventState::Pending,
+            JobState::Running => EventState::Running,
+            JobState::Finished => EventState::Finished,
+        }
+    }
+}
+
+/// One state change of a subscribed job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEvent {
+    pub job_type: String,
+    pub id: String,
+    pub state: EventState,
+    /// The job's data; `None` for `NotFound`.
+    pub data: Option<JobData>,
+}
+
+/// What `subscribe` found.
+#[derive(Debug)]
+pub enum Subscribed {
+    /// The job is pending or running; events follow on `sub`.
+    Active {
+        sub: Subscription,
+        state: JobState,
+        data: JobData,
+    },
+    /// The job had already finished: no subscription was created.
+    Finished(JobData),
+}
+
+/// A live subscription. Dropping it unsubscribes.
+#[derive(Debug)]
+pub struct Subscription {
+    job_type: String,
+    id: String,
+    sub_id: u64,
+    events: mpsc::UnboundedReceiver<JobEvent>,
+    notifier: ActorRef<NotifierMsg>,
+}
+
+impl Subscription {
+    pub fn job_type(&self) -> &str {
+        &self.job_type
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The next event, or `None` on timeout or when the subscription has ended (after
+    /// `finished`/`not_found`, or its notifier stopped).
+    pub async fn wait(&mut self, timeout: Duration) -> Option<JobEvent> {
+        tokio::time::timeout(timeout, self.events.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next event in `state`, dropping events in other states; `None` on timeout or end.
+    pub async fn wait_for(&mut self, state: EventState, timeout: Duration) -> Option<JobEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let ev = tokio::time::timeout_at(deadline, self.events.recv())
+                .await
+                .ok()
+                .flatten()?;
+            if ev.state == state {
+                return Some(ev);
+            }
+        }
+    }
+
+    /// Stops the subscription (same as dropping it).
+    pub fn unsubscribe(self) {}
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // The notifier may already be gone; then there is nothing to clean up.
+        let _ = self.notifier.cast(NotifierMsg::Unsubscribe(self.sub_id));
+    }
+}
+
+/// The first event from any of `subs`, with the index of its subscription; `None` on
+/// timeout or when all have ended.
+pub async fn wait_any(subs: &mut [Subscription], timeout: Duration) -> Option<(usize, JobEvent)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut open: Vec<usize> = (0..subs.len()).collect();
+    loop {
+        if open.is_empty() {
+            return None;
+        }
+        let futs = subs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| open.contains(i))
+            .map(|(i, s)| async move { (i, s.events.recv().await) }.boxed());
+        let ((i, ev), _, _) = tokio::time::timeout_at(deadline, futures::future::select_all(futs))
+            .await
+            .ok()?;
+        match ev {
+            Some(ev) => return Some((i, ev)),
+            None => open.retain(|&j| j != i),
+        }
+    }
+}
+
+impl Jobs {
+    /// Subscribes to a job's state changes. `Finished(data)` (no subscription) if it already
+    /// finished; [`JobsError::NotFound`] if it does not exist. Needs this node's background
+    /// processes ([`Jobs::start_background`]).
+    pub async fn subscribe(&self, ty: &str, id: &str) -> JobsResult<Subscribed> {
+        let row = self
+            .db()
+            .run(|tx| async move { get_row(self.keys(), &tx, ty, id, false).await })
+            .await?;
+        self.register(ty, id, row).await
+    }
+
+    /// [`Jobs::subscribe`] reading the job in the caller's transaction.
+    pub async fn subscribe_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<Subscribed> {
+        let row = get_row(self.keys(), tx, ty, id, false).await?;
+        self.register(ty, id, row).await
+    }
+
+    async fn register(&self, ty: &str, id: &str, row: Option<JobRow>) -> JobsResult<Subscribed> {
+        let row = row.ok_or(JobsError::NotFound)?;
+        let state = row.state();
+        if state == JobState::Finished {
+            return Ok(Subscribed::Finished(row.data));
+        }
+        let notifier = self.registry().notifier(ty).await?;
+        let (send, events) = mpsc::unbounded_channel();
+        let seq: Option<Versionstamp> = row.running_vs().cloned();
+        let sub_id = ractor::call!(notifier, |reply| NotifierMsg::Subscribe {
+            id: id.to_string(),
+            state: state.into(),
+            seq,
+            events: send,
+            reply,
+        })
+        .map_err(|e| JobsError::Unavailable(e.to_string()))?;
+        Ok(Subscribed::Active {
+            sub: Subscription {
+                job_type: ty.to_string(),
+                id: id.to_string(),
+                sub_id,
+                events,
+                notifier,
+            },
+            state,
+            data: row.data,
+        })
+    }
+}
