@@ -1,6 +1,7 @@
 //! The errors of the steps job type: invalid job specifications ([`SpecError`]) and failures
 //! of the steps API and workers ([`StepsError`]).
 
+use crate::jobs::JobsError;
 use crate::store::{RetryableError, StoreError};
 
 /// Why a submitted job specification was rejected. Every variant names the offending step
@@ -50,9 +51,22 @@ pub enum StepsError {
     /// The worker's couch_jobs lock was lost: another worker owns the step now.
     #[error("step lock lost (halt)")]
     Halt,
+    /// couch_jobs failed.
+    #[error("jobs: {0}")]
+    Jobs(JobsError),
     /// The store failed.
     #[error(transparent)]
     Store(StoreError),
+}
+
+impl From<JobsError> for StepsError {
+    fn from(e: JobsError) -> Self {
+        match e {
+            JobsError::Halt => StepsError::Halt,
+            JobsError::Store(s) => StepsError::Store(s),
+            other => StepsError::Jobs(other),
+        }
+    }
 }
 
 impl From<StoreError> for StepsError {
