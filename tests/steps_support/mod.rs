@@ -78,9 +78,21 @@ impl Cluster {
     }
 
     pub async fn start_node(&mut self, name: &str, workers: usize, action: Arc<dyn Action>) {
+        let config = self.config.clone();
+        self.start_node_with(name, workers, action, config).await;
+    }
+
+    /// Starts a node with its own steps settings.
+    pub async fn start_node_with(
+        &mut self,
+        name: &str,
+        workers: usize,
+        action: Arc<dyn Action>,
+        config: StepsConfig,
+    ) {
         let jobs = self.jobs();
         let background = jobs.start_background().await.unwrap();
-        let steps = Steps::with_stats(jobs, name, self.config.clone(), self.stats.clone()).unwrap();
+        let steps = Steps::with_stats(jobs, name, config, self.stats.clone()).unwrap();
         let node = StepsNode::start(steps, action, workers).await.unwrap();
         self.nodes
             .insert(name.to_string(), RunningNode { node, background });
@@ -118,7 +130,8 @@ pub struct Event {
 
 /// Runs test commands in-process and records every run:
 /// `sleep <secs>` exits 0 after the sleep; `exit <code>` exits at once with `code`;
-/// `flaky <n>` fails (exit 1) on attempts 1..=n and then exits 0.
+/// `flaky <n>` fails (exit 1) on attempts 1..=n and then exits 0; `panic once` panics the
+/// first time it runs in the process and exits 0 afterwards.
 #[derive(Default, Clone)]
 pub struct Recorder {
     pub log: Arc<Mutex<Vec<Event>>>,
@@ -167,6 +180,13 @@ impl Action for Recorder {
                         .map_err(|_| ActionError::Unsupported(command.into()))?;
                     ActionOutcome::exited(code, format!("exit {code}"))
                 }
+                ["panic", "once"] => {
+                    if ctx.attempt == 1 && !PANICKED.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        panic!("test action panics once");
+                    }
+                    ActionOutcome::exited(0, "no panic this time")
+                }
                 ["flaky", n] => {
                     let n: u32 = n
                         .parse()
@@ -185,6 +205,8 @@ impl Action for Recorder {
         "test recorder"
     }
 }
+
+static PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Runs `f` with a deadline so no test hangs.
 pub async fn deadline<T>(secs: u64, f: impl std::future::Future<Output = T>) -> T {
