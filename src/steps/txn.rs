@@ -61,7 +61,7 @@ pub async fn submit_tx(
     let first = doc
         .steps
         .first()
-        .ok_or_else(|| StepsError::Spec(super::error::SpecError::NoSteps))?;
+        .ok_or(StepsError::Spec(super::error::SpecError::NoSteps))?;
     write_doc(keys, tx, doc);
     jobs.add_tx(
         tx,
