@@ -5,7 +5,12 @@
 //! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
 //!   engines.
 //! - [`jobs`]: couch_jobs, the background-jobs framework on the store.
+//! - [`replication`]: the CouchDB replication protocol engine (one replication, no scheduling).
+//! - [`replicator`]: the replicator application: policies, settings, the supervision tree.
+//! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
 
 pub mod jobs;
+pub mod replication;
 pub mod replicator;
+pub mod steps;
 pub mod store;

@@ -1,0 +1,42 @@
+//! Steps jobs: the thesis' multi-step, node-targeted job distributor (seed 003) rebuilt as
+//! job types on couch_jobs (DESIGN.md section 7).
+//!
+//! A job is an ordered list of steps, each for a named node or `any`, run strictly in order
+//! and each exactly once, with retries and an alternative command. Where the thesis saved a
+//! replicated document 2-4 times per step (claim, winner, start, finish) and needed a
+//! "keep docs alive" process to rescue forgotten jobs, here a step costs one couch_jobs
+//! `accept` (marking it running) and one `finish` (recording the result and queueing the
+//! next step in the same transaction); a queued step is never forgotten, and a dead
+//! worker's step is re-enqueued by the activity monitor.
+//!
+//! - [`Steps`]: the API (submit, get, list, wait) and shared handle;
+//! - [`StepsNode`]: a node's supervised pool of workers;
+//! - [`Action`]: what a command does — [`DisabledAction`] by default, [`ShellAction`] or
+//!   [`SleepAction`] when chosen, or the host's own.
+
+pub mod action;
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod execute;
+pub mod keys;
+pub mod model;
+pub mod node;
+pub mod retry;
+pub mod shell;
+pub mod sleep_action;
+pub mod stats;
+pub mod txn;
+pub mod worker;
+
+pub use action::{Action, ActionContext, ActionError, ActionOutcome, DisabledAction};
+pub use api::{JobList, JobSummary, JobView, ListOptions, Steps, StepsState};
+pub use config::StepsConfig;
+pub use error::{SpecError, StepsError, StepsResult};
+pub use model::{
+    Executor, JobDoc, JobOutcome, JobSpec, RetryStrategy, StepDoc, StepSpec, StepStatus, Target,
+};
+pub use node::StepsNode;
+pub use shell::ShellAction;
+pub use sleep_action::SleepAction;
+pub use stats::{WriteCounts, WriteStats};

@@ -1,0 +1,219 @@
+//! Exactly-once and strict order when nodes die or stall: a killed node's running step is
+//! re-enqueued by the couch_jobs activity monitor and the job continues on the other nodes
+//! (no step skipped, none completed twice, none started before its predecessor completed);
+//! a stalled worker that lost its step cannot record its late result; a panicking worker is
+//! restarted by the node's pool.
+
+mod steps_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_replicator::steps::{JobSpec, StepSpec, StepStatus, StepsConfig, StepsState, Target};
+use steps_support::{Cluster, Event, Recorder, deadline, test_config};
+
+/// Checks the log of one job against its final document: each step completed exactly once,
+/// in order, and no run of step k+1 started before step k's completed run ended.
+fn assert_exactly_once_in_order(events: &[Event], job: &str, steps: usize) -> Vec<Event> {
+    let runs: Vec<Event> = events.iter().filter(|e| e.job == job).cloned().collect();
+    let completed: Vec<&Event> = runs.iter().filter(|e| e.end.is_some()).collect();
+    let order: Vec<usize> = completed.iter().map(|e| e.step).collect();
+    assert_eq!(
+        order,
+        (0..steps).collect::<Vec<_>>(),
+        "job {job}: completions {order:?}"
+    );
+    for k in 1..steps {
+        let prev_end = completed[k - 1].end.unwrap();
+        for r in runs.iter().filter(|e| e.step == k) {
+            assert!(
+                r.start >= prev_end,
+                "job {job}: step {k} started before step {} ended",
+                k - 1
+            );
+        }
+    }
+    runs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_node_mid_job_neither_skips_nor_repeats_steps() {
+    deadline(90, async {
+        let mut c = Cluster::open(test_config()).await;
+        let rec = Recorder::default();
+        for n in ["a", "b", "c"] {
+            c.start_node(n, 2, Arc::new(rec.clone())).await;
+        }
+        let api = c.api("front");
+        let mut ids = Vec::new();
+        for _ in 0..6 {
+            let steps = (0..4).map(|_| StepSpec::new("any", "sleep 0.4")).collect();
+            ids.push(api.submit(JobSpec::new(steps)).await.unwrap());
+        }
+        // Kill node a while it runs steps.
+        let busy_on_a = async {
+            loop {
+                if rec
+                    .events()
+                    .iter()
+                    .any(|e| e.node == "a" && e.end.is_none() && e.step > 0)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        deadline(30, busy_on_a).await;
+        c.kill_node("a").await;
+        let killed_at = tokio::time::Instant::now();
+        let lost: Vec<Event> = rec
+            .events()
+            .into_iter()
+            .filter(|e| e.node == "a" && e.end.is_none())
+            .collect();
+        assert!(!lost.is_empty());
+        for id in &ids {
+            let v = api
+                .wait_done(id, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(v.state, StepsState::Success, "job {id}");
+            assert!(
+                v.doc
+                    .steps
+                    .iter()
+                    .all(|s| s.status == StepStatus::Succeeded)
+            );
+        }
+        let events = rec.events();
+        assert!(
+            events.iter().all(|e| e.node != "a" || e.start <= killed_at),
+            "a dead node ran something"
+        );
+        for id in &ids {
+            let runs = assert_exactly_once_in_order(&events, id, 4);
+            let doc = api.get(id).await.unwrap().doc;
+            for (k, s) in doc.steps.iter().enumerate() {
+                let tries = runs.iter().filter(|e| e.step == k).count() as u32;
+                assert_eq!(s.runs, tries, "job {id} step {k}: runs recorded vs seen");
+                // The recorded executor is the one whose run completed.
+                let done = runs
+                    .iter()
+                    .find(|e| e.step == k && e.end.is_some())
+                    .unwrap();
+                assert_eq!(s.executor.as_ref().unwrap().worker, done.worker);
+            }
+        }
+        // Every step lost with node a ran again elsewhere.
+        for l in &lost {
+            let doc = api.get(&l.job).await.unwrap().doc;
+            let s = &doc.steps[l.step];
+            assert_eq!(s.runs, 2, "lost step re-run once");
+            assert_ne!(s.executor.as_ref().unwrap().node, "a");
+        }
+        c.stop_all().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_worker_loses_its_step_and_cannot_record_a_late_result() {
+    deadline(60, async {
+        let mut c = Cluster::open(test_config()).await;
+        let rec = Recorder::default();
+        // Node z never calls update while running (a stalled process).
+        let stalled = StepsConfig {
+            keepalive_interval: Some(Duration::from_secs(3600)),
+            ..test_config()
+        };
+        c.start_node_with("z", 1, Arc::new(rec.clone()), stalled)
+            .await;
+        let api = c.api("front");
+        let id = api
+            .submit(JobSpec::new(vec![
+                StepSpec::new("any", "sleep 3"),
+                StepSpec::new("any", "sleep 0"),
+            ]))
+            .await
+            .unwrap();
+        let on_z = async {
+            while !rec.events().iter().any(|e| e.node == "z") {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        deadline(10, on_z).await;
+        // The healthy node takes over once the activity monitor re-enqueues the step.
+        c.start_node("b", 1, Arc::new(rec.clone())).await;
+        let v = api
+            .wait_done(&id, Duration::from_secs(40))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(v.state, StepsState::Success);
+        let s0 = &v.doc.steps[0];
+        assert_eq!(s0.runs, 2);
+        assert_eq!(s0.executor.as_ref().unwrap().node, "b");
+        // z's run completed in its process, but its finish was fenced off.
+        let wait_z = async {
+            loop {
+                let ev = rec.events();
+                let z = ev.iter().find(|e| e.node == "z" && e.step == 0).unwrap();
+                if z.end.is_some() && c.stats.snapshot().halts >= 1 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        deadline(20, wait_z).await;
+        let after = api.get(&id).await.unwrap();
+        assert_eq!(after.doc.steps[0].executor.as_ref().unwrap().node, "b");
+        assert_eq!(after.doc.steps[0].runs, 2);
+        let ev = rec.events();
+        assert_eq!(
+            ev.iter().filter(|e| e.step == 1).count(),
+            1,
+            "step 1 ran once"
+        );
+        c.stop_all().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_worker_is_restarted_and_its_step_is_run_again() {
+    deadline(60, async {
+        let mut c = Cluster::open(test_config()).await;
+        let rec = Recorder::default();
+        c.start_node("a", 1, Arc::new(rec.clone())).await;
+        let api = c.api("a");
+        let id = api
+            .submit(JobSpec::new(vec![
+                StepSpec::new("a", "panic once"),
+                StepSpec::new("a", "sleep 0"),
+            ]))
+            .await
+            .unwrap();
+        let v = api
+            .wait_done(&id, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(v.state, StepsState::Success);
+        assert_eq!(
+            v.doc.steps[0].runs, 2,
+            "re-enqueued by the activity monitor after the panic"
+        );
+        assert_eq!(v.doc.steps[0].target, Target::Node("a".into()));
+        let per_step: HashMap<usize, usize> =
+            rec.events().iter().fold(HashMap::new(), |mut m, e| {
+                *m.entry(e.step).or_default() += 1;
+                m
+            });
+        assert_eq!(per_step[&0], 2);
+        assert_eq!(per_step[&1], 1);
+        c.stop_all().await;
+    })
+    .await;
+}
