@@ -103,6 +103,7 @@ mod tests {
         assert_eq!(l.interval(&k), Duration::from_millis(24));
         l.table.lock().unwrap().get_mut(&k).unwrap().1 -= Duration::from_millis(100);
         l.success(&k);
-        assert_eq!(l.interval(&k), Duration::ZERO);
+        // 24 - 20 = 4, kept at the 20 ms floor (B.8).
+        assert_eq!(l.interval(&k), Duration::from_millis(20));
     }
 }
