@@ -1,0 +1,99 @@
+//! Endpoint authentication (digest D.6 `auth_plugins`): a `_session` cookie when the server
+//! grants one, refreshed on 401/403 or after `session_refresh_interval_sec`, else HTTP basic.
+//! Takes the endpoint's credentials; gives the header to put on each request.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use tokio::sync::Mutex;
+
+use super::endpoint::{Credentials, Endpoint};
+
+/// Refresh a cookie without max-age after this long.
+const SESSION_REFRESH: Duration = Duration::from_secs(550);
+/// Do not refresh again within this window after a refresh.
+const MIN_REFRESH_GAP: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+enum Mode {
+    /// Not decided yet: try `_session` first.
+    Unknown,
+    Basic,
+    Session { cookie: String, at: Instant },
+}
+
+/// Per-endpoint authentication state.
+#[derive(Debug)]
+pub struct Auth {
+    creds: Option<Credentials>,
+    basic: Option<String>,
+    root: String,
+    mode: Mutex<Mode>,
+}
+
+impl Auth {
+    /// Authentication for an endpoint (no-op when it has no credentials).
+    pub fn new(ep: &Endpoint) -> Self {
+        let basic = ep.credentials.as_ref().map(|c| {
+            let raw = format!("{}:{}", c.username, c.password);
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))
+        });
+        Self { creds: ep.credentials.clone(), basic, root: ep.server_root(), mode: Mutex::new(Mode::Unknown) }
+    }
+
+    /// The header to send, obtaining or refreshing a session cookie when due.
+    pub async fn header(&self, http: &reqwest::Client) -> Option<(&'static str, String)> {
+        let creds = self.creds.as_ref()?;
+        let mut mode = self.mode.lock().await;
+        let due = match &*mode {
+            Mode::Unknown => true,
+            Mode::Session { at, .. } => at.elapsed() > SESSION_REFRESH,
+            Mode::Basic => false,
+        };
+        if due {
+            *mode = self.login(http, creds).await;
+        }
+        match &*mode {
+            Mode::Session { cookie, .. } => Some(("cookie", cookie.clone())),
+            _ => self.basic.clone().map(|b| ("authorization", b)),
+        }
+    }
+
+    /// Called on 401/403: refresh the cookie unless it was just refreshed. Returns true when
+    /// a retry with a new cookie makes sense.
+    pub async fn on_rejected(&self, http: &reqwest::Client) -> bool {
+        let Some(creds) = self.creds.as_ref() else { return false };
+        let mut mode = self.mode.lock().await;
+        match &*mode {
+            Mode::Session { at, .. } if at.elapsed() > MIN_REFRESH_GAP => {
+                *mode = self.login(http, creds).await;
+                matches!(*mode, Mode::Session { .. })
+            }
+            _ => false,
+        }
+    }
+
+    async fn login(&self, http: &reqwest::Client, creds: &Credentials) -> Mode {
+        let body = serde_json::json!({"name": creds.username, "password": creds.password});
+        let resp = http
+            .post(format!("{}_session", self.root))
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .body(body.to_string())
+            .send()
+            .await;
+        let cookie = resp.ok().filter(|r| r.status().is_success()).and_then(|r| {
+            r.headers()
+                .get_all("set-cookie")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find(|v| v.starts_with("AuthSession="))
+                .and_then(|v| v.split(';').next())
+                .map(str::to_owned)
+        });
+        match cookie {
+            Some(cookie) => Mode::Session { cookie, at: Instant::now() },
+            None => Mode::Basic,
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The changes reader (digest D.4): reads the source's `_changes` with `style=all_docs` from a
+//! start sequence and hands batches of at most `worker_batch_size` rows to the workers,
+//! running ahead of them through a bounded channel. One-shot replications page through the
+//! normal feed with `limit` (bounded memory, end of feed = a short page); continuous ones
+//! stream `feed=continuous` line by line and reconnect from the last sequence seen.
+//! Filters: `doc_ids` via `POST filter=_doc_ids`, `selector` via `POST filter=_selector`,
+//! named filters with `query_params` as query arguments.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use reqwest::Method;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+
+use super::client::{HttpClient, Req, describe};
+use super::endpoint::encode_query;
+use super::error::{ReplicationError, Result};
+use super::options::{Filter, ReplicationOptions};
+use super::stats::Counters;
+
+/// One changed document: its id, sequence and the leaf revisions to replicate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    /// Document id.
+    pub id: String,
+    /// Source sequence of this change.
+    pub seq: Value,
+    /// Leaf revisions.
+    pub revs: Vec<String>,
+}
+
+/// A unit of work: changes plus the sequence the checkpoint may advance to once done.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Increasing batch number.
+    pub index: u64,
+    /// The changes (may be empty: a `last_seq` marker).
+    pub changes: Vec<Change>,
+    /// Sequence reached after this batch.
+    pub last_seq: Value,
+}
+
+#[derive(Deserialize)]
+struct RevObj {
+    rev: String,
+}
+
+#[derive(Deserialize)]
+struct Row {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    seq: Option<Value>,
+    #[serde(default)]
+    changes: Vec<RevObj>,
+    #[serde(default)]
+    removed: bool,
+    #[serde(default)]
+    last_seq: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Page {
+    results: Vec<Row>,
+    last_seq: Value,
+}
+
+/// Called for each batch before it is queued (the checkpoint tracker registers it).
+pub type OnBatch = Arc<dyn Fn(&Batch) + Send + Sync>;
+
+/// Reads the feed and feeds the workers.
+pub struct ChangesReader {
+    client: Arc<HttpClient>,
+    opts: ReplicationOptions,
+    counters: Arc<Counters>,
+    on_batch: OnBatch,
+    next_index: u64,
+}
+
+/// Encodes a sequence for the `since` query argument: strings raw, others as JSON.
+pub fn seq_arg(seq: &Value) -> String {
+    match seq {
+        Value::String(s) => encode_query(s),
+        other => encode_query(&other.to_string()),
+    }
+}
+
+impl ChangesReader {
+    /// A reader for the source.
+    pub fn new(client: Arc<HttpClient>, opts: ReplicationOptions, counters: Arc<Counters>, on_batch: OnBatch) -> Self {
+        Self { client, opts, counters, on_batch, next_index: 0 }
+    }
+
+    fn request(&self, feed: &str, since: &Value, limit: Option<usize>) -> Req {
+        let style = if self.opts.winning_revs_only { "main_only" } else { "all_docs" };
+        let mut q = format!("_changes?feed={feed}&style={style}&since={}", seq_arg(since));
+        if let Some(l) = limit {
+            q.push_str(&format!("&limit={l}"));
+        }
+        if feed == "continuous" {
+            // CouchDB ends the response after `timeout`; pouchdb-server never does, so ask
+            // for heartbeats too, keeping the read timeout from firing on an idle feed.
+            let t = (self.opts.connection_timeout.as_millis() / 3).max(1000);
+            q.push_str(&format!("&timeout={t}&heartbeat={t}"));
+        }
+        match &self.opts.filter {
+            Filter::None => Req::get(q),
+            Filter::DocIds(ids) => {
+                q.push_str("&filter=_doc_ids");
+                Req::json(Method::POST, q, json!({ "doc_ids": ids }).to_string())
+            }
+            Filter::Selector(sel) => {
+                q.push_str("&filter=_selector");
+                Req::json(Method::POST, q, json!({ "selector": sel }).to_string())
+            }
+            Filter::Named { name, query_params } => {
+                q.push_str(&format!("&filter={}", encode_query(name)));
+                for (k, v) in query_params {
+                    let v = match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    q.push_str(&format!("&{}={}", encode_query(k), encode_query(&v)));
+                }
+                Req::get(q)
+            }
+        }
+    }
+
+    fn to_change(&self, row: Row) -> Option<Change> {
+        let id = row.id?;
+        let seq = row.seq?;
+        if id.is_empty() {
+            return None;
+        }
+        if self.opts.max_document_id_length.is_some_and(|max| id.len() > max) {
+            Counters::add(&self.counters.doc_write_failures, 1);
+            return None;
+        }
+        let mut revs: Vec<String> = row.changes.into_iter().map(|r| r.rev).collect();
+        if row.removed && !revs.is_empty() {
+            revs.remove(0);
+        }
+        if revs.is_empty() { None } else { Some(Change { id, seq, revs }) }
+    }
+
+    async fn emit(&mut self, tx: &mpsc::Sender<Batch>, changes: Vec<Change>, last_seq: Value) -> bool {
+        let batch = Batch { index: self.next_index, changes, last_seq };
+        self.next_index += 1;
+        (self.on_batch)(&batch);
+        tx.send(batch).await.is_ok()
+    }
+
+    /// Runs the feed from `since` until its end (one-shot), or until `stop` turns true or the
+    /// workers go away (continuous).
+    pub async fn run(mut self, since: Value, tx: mpsc::Sender<Batch>, mut stop: watch::Receiver<bool>) -> Result<()> {
+        if self.opts.continuous {
+            return self.run_continuous(since, tx, &mut stop).await;
+        }
+        let limit = self.opts.worker_batch_size;
+        let mut since = since;
+        loop {
+            let resp = self.client.send(&self.request("normal", &since, Some(limit))).await?;
+            if !resp.status.is_success() {
+                return Err(ReplicationError::ChangesReqFailed(format!(
+                    "{}: _changes answered {}",
+                    self.client.endpoint(),
+                    resp.status
+                )));
+            }
+            let page: Page = resp.json("_changes")?;
+            let n = page.results.len();
+            let changes: Vec<Change> = page.results.into_iter().filter_map(|r| self.to_change(r)).collect();
+            let last = page.last_seq;
+            if n == 0 {
+                if last != since {
+                    self.emit(&tx, Vec::new(), last).await;
+                }
+                return Ok(());
+            }
+            if !self.emit(&tx, changes, last.clone()).await || *stop.borrow() {
+                return Ok(());
+            }
+            if n < limit {
+                return Ok(());
+            }
+            since = last;
+        }
+    }
+
+    async fn run_continuous(
+        &mut self,
+        mut since: Value,
+        tx: mpsc::Sender<Batch>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<()> {
+        let mut failures_without_progress = 0u32;
+        let mut wait = std::time::Duration::from_millis(250);
+        loop {
+            let progressed;
+            let outcome = tokio::select! {
+                r = self.stream_once(&mut since, &tx) => r,
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            };
+            match outcome {
+                Ok((true, _)) => return Ok(()), // workers gone
+                Ok((false, p)) => {
+                    progressed = p;
+                }
+                Err(e) => {
+                    if matches!(e, ReplicationError::MaxBackoff(_)) {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "changes feed interrupted");
+                    progressed = false;
+                    failures_without_progress += 1;
+                    if failures_without_progress > self.opts.retries_per_request {
+                        return Err(ReplicationError::ChangesReqFailed(e.to_string()));
+                    }
+                }
+            }
+            if progressed {
+                failures_without_progress = 0;
+                wait = std::time::Duration::from_millis(250);
+            } else {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(60));
+            }
+        }
+    }
+
+    /// One continuous request. Returns (workers_gone, made_progress).
+    async fn stream_once(&mut self, since: &mut Value, tx: &mpsc::Sender<Batch>) -> Result<(bool, bool)> {
+        let resp = self.client.send_streaming(&self.request("continuous", since, None)).await?;
+        if !resp.status().is_success() {
+            return Err(ReplicationError::ChangesReqFailed(format!(
+                "{}: _changes answered {}",
+                self.client.endpoint(),
+                resp.status()
+            )));
+        }
+        let mut body = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut progressed = false;
+        let max = self.opts.worker_batch_size;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
+            buf.extend_from_slice(&chunk);
+            let mut pending: Vec<Change> = Vec::new();
+            let mut pending_seq: Option<Value> = None;
+            let mut ended = false;
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let line = line.trim_ascii();
+                if line.is_empty() {
+                    continue; // heartbeat
+                }
+                let row: Row = serde_json::from_slice(line)
+                    .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))?;
+                if let Some(ls) = row.last_seq.clone() {
+                    pending_seq = Some(ls);
+                    ended = true;
+                    break;
+                }
+                if let Some(seq) = row.seq.clone() {
+                    pending_seq = Some(seq);
+                }
+                if let Some(c) = self.to_change(row) {
+                    pending.push(c);
+                }
+                if pending.len() >= max {
+                    let seq = pending_seq.clone().unwrap_or_else(|| since.clone());
+                    if !self.emit(tx, std::mem::take(&mut pending), seq.clone()).await {
+                        return Ok((true, progressed));
+                    }
+                    *since = seq;
+                    progressed = true;
+                }
+            }
+            if let Some(seq) = pending_seq
+                && (seq != *since || !pending.is_empty())
+            {
+                if !self.emit(tx, pending, seq.clone()).await {
+                    return Ok((true, progressed));
+                }
+                *since = seq;
+                progressed = true;
+            }
+            if ended {
+                return Ok((false, progressed));
+            }
+        }
+        Ok((false, progressed))
+    }
+}

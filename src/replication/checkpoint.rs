@@ -1,0 +1,224 @@
+//! Checkpoints (digest D.2 step 3-5, D.3): reading `_local/<rep id>` on both sides to find the
+//! start sequence (same session on both, else the newest common session in the histories,
+//! else from scratch), and writing them with the session history (newest first, at most 50
+//! entries). The sequence written is always a through-sequence the pipeline guarantees.
+
+use std::sync::Arc;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use super::client::{HttpClient, Req};
+use super::error::{ReplicationError, Result};
+use super::stats::ReplicationStats;
+
+/// Maximum history entries kept in a checkpoint document.
+pub const MAX_HISTORY: usize = 50;
+
+/// Where a run starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartPoint {
+    /// Sequence to read changes from.
+    pub seq: Value,
+    /// Stats of the newest matching history entry (to seed cumulative counters).
+    pub seed: Option<ReplicationStats>,
+}
+
+/// Reads and writes the checkpoint documents of one replication session.
+pub struct Checkpointer {
+    src: Arc<HttpClient>,
+    tgt: Arc<HttpClient>,
+    path: String,
+    src_rev: Option<String>,
+    tgt_rev: Option<String>,
+    session_id: String,
+    start_time: String,
+    start_seq: Value,
+    history: Vec<Value>,
+    last_written: Option<Value>,
+}
+
+async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
+    let r = c.send(&Req::get(path)).await?;
+    match r.status {
+        StatusCode::OK => Ok(Some(r.json("checkpoint document")?)),
+        StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(c.endpoint().to_string())),
+        StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(c.endpoint().to_string())),
+        _ => Ok(None),
+    }
+}
+
+fn session_ids(h: &[Value]) -> Vec<&str> {
+    h.iter().filter_map(|e| e.get("session_id").and_then(Value::as_str)).collect()
+}
+
+fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
+    let e = entry?;
+    let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
+    Some(ReplicationStats {
+        revisions_checked: n("missing_checked"),
+        missing_revisions_found: n("missing_found"),
+        docs_read: n("docs_read"),
+        docs_written: n("docs_written"),
+        doc_write_failures: n("doc_write_failures"),
+        bulk_get_docs: n("bulk_get_docs"),
+        bulk_get_attempts: n("bulk_get_attempts"),
+        ..Default::default()
+    })
+}
+
+/// D.2 step 4: the start sequence and history from the two checkpoint documents.
+pub fn compare_logs(src: Option<&Value>, tgt: Option<&Value>) -> (StartPoint, Vec<Value>) {
+    let zero = (StartPoint { seq: json!(0), seed: None }, Vec::new());
+    let (Some(s), Some(t)) = (src, tgt) else { return zero };
+    let hist = |d: &Value| d.get("history").and_then(Value::as_array).cloned().unwrap_or_default();
+    let (sh, th) = (hist(s), hist(t));
+    let sid = |d: &Value| d.get("session_id").and_then(Value::as_str).map(str::to_owned);
+    if sid(s).is_some() && sid(s) == sid(t) {
+        let seq = s.get("source_last_seq").cloned().unwrap_or(json!(0));
+        return (StartPoint { seq, seed: seed_from(sh.first()) }, sh);
+    }
+    let (s_ids, t_ids) = (session_ids(&sh), session_ids(&th));
+    for i in 0..sh.len().max(th.len()) {
+        if let Some(e) = sh.get(i)
+            && e.get("session_id").and_then(Value::as_str).is_some_and(|x| t_ids.contains(&x))
+        {
+            let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
+            return (StartPoint { seq, seed: seed_from(Some(e)) }, sh[i..].to_vec());
+        }
+        if let Some(e) = th.get(i)
+            && e.get("session_id").and_then(Value::as_str).is_some_and(|x| s_ids.contains(&x))
+        {
+            let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
+            return (StartPoint { seq, seed: seed_from(Some(e)) }, th[i..].to_vec());
+        }
+    }
+    zero
+}
+
+impl Checkpointer {
+    /// Reads both checkpoint documents and decides the start point.
+    pub async fn load(src: Arc<HttpClient>, tgt: Arc<HttpClient>, base_id: &str) -> Result<(Self, StartPoint)> {
+        let path = format!("_local/{base_id}");
+        let (s, t) = tokio::try_join!(read_local(&src, &path), read_local(&tgt, &path))?;
+        let (start, history) = compare_logs(s.as_ref(), t.as_ref());
+        let rev = |d: &Option<Value>| d.as_ref().and_then(|d| d.get("_rev")).and_then(Value::as_str).map(str::to_owned);
+        let cp = Self {
+            src_rev: rev(&s),
+            tgt_rev: rev(&t),
+            src,
+            tgt,
+            path,
+            session_id: uuid::Uuid::new_v4().simple().to_string(),
+            start_time: httpdate::fmt_http_date(std::time::SystemTime::now()),
+            start_seq: start.seq.clone(),
+            history,
+            last_written: None,
+        };
+        Ok((cp, start))
+    }
+
+    /// This run's session id.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Overrides the start sequence recorded in history (`since_seq`).
+    pub fn set_start_seq(&mut self, seq: Value) {
+        self.start_seq = seq;
+    }
+
+    /// The last sequence written, if any.
+    pub fn last_written(&self) -> Option<&Value> {
+        self.last_written.as_ref()
+    }
+
+    /// Writes a checkpoint at `through` to both sides. Skipped when nothing changed.
+    pub async fn write(&mut self, through: &Value, stats: &ReplicationStats) -> Result<bool> {
+        if self.last_written.as_ref() == Some(through) || (self.last_written.is_none() && *through == self.start_seq) {
+            return Ok(false);
+        }
+        // Ask the target to persist what it has; CouchDB 3 acknowledges immediately.
+        let commit = Req::json(Method::POST, "_ensure_full_commit", "{}");
+        let r = self.tgt.send(&commit).await?;
+        if r.status.is_server_error() {
+            return Err(ReplicationError::CheckpointFailed(format!("{}: _ensure_full_commit answered {}", self.tgt.endpoint(), r.status)));
+        }
+        let entry = json!({
+            "session_id": self.session_id,
+            "start_time": self.start_time,
+            "end_time": httpdate::fmt_http_date(std::time::SystemTime::now()),
+            "start_last_seq": self.start_seq,
+            "end_last_seq": stats.source_seq,
+            "recorded_seq": through,
+            "missing_checked": stats.revisions_checked,
+            "missing_found": stats.missing_revisions_found,
+            "docs_read": stats.docs_read,
+            "docs_written": stats.docs_written,
+            "doc_write_failures": stats.doc_write_failures,
+            "bulk_get_docs": stats.bulk_get_docs,
+            "bulk_get_attempts": stats.bulk_get_attempts,
+        });
+        let mut history = Vec::with_capacity(MAX_HISTORY);
+        history.push(entry);
+        history.extend(self.history.iter().take(MAX_HISTORY - 1).cloned());
+        let body = json!({
+            "session_id": self.session_id,
+            "source_last_seq": through,
+            "replication_id_version": 4,
+            "history": history,
+        });
+        self.src_rev = put_local(&self.src, &self.path, &body, self.src_rev.take()).await?;
+        self.tgt_rev = put_local(&self.tgt, &self.path, &body, self.tgt_rev.take()).await?;
+        self.last_written = Some(through.clone());
+        Ok(true)
+    }
+}
+
+async fn put_local(c: &HttpClient, path: &str, body: &Value, rev: Option<String>) -> Result<Option<String>> {
+    let mut doc = body.clone();
+    if let (Some(m), Some(r)) = (doc.as_object_mut(), rev) {
+        m.insert("_rev".into(), Value::String(r));
+    }
+    let mut req = Req::json(Method::PUT, path, doc.to_string());
+    req.headers.push(("x-couch-full-commit", "false".to_owned()));
+    let r = c.send(&req).await?;
+    if r.status.is_success() {
+        let v: Value = r.json("checkpoint write")?;
+        return Ok(v.get("rev").and_then(Value::as_str).map(str::to_owned));
+    }
+    if r.status == StatusCode::CONFLICT {
+        // A previous attempt may have succeeded with its answer lost: accept if identical.
+        if let Some(cur) = read_local(c, path).await? {
+            let same = ["session_id", "source_last_seq", "history"].iter().all(|k| cur.get(*k) == body.get(*k));
+            if same {
+                return Ok(cur.get("_rev").and_then(Value::as_str).map(str::to_owned));
+            }
+        }
+    }
+    Err(ReplicationError::CheckpointFailed(format!("{}: writing the checkpoint answered {}", c.endpoint(), r.status)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_session_resumes_from_source_last_seq() {
+        let d = json!({"session_id": "a", "source_last_seq": 42, "history": [{"session_id": "a", "recorded_seq": 42, "docs_read": 7}]});
+        let (sp, h) = compare_logs(Some(&d), Some(&d));
+        assert_eq!(sp.seq, json!(42));
+        assert_eq!(sp.seed.unwrap().docs_read, 7);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn common_older_session_is_found_in_history() {
+        let s = json!({"session_id": "c", "history": [{"session_id": "c", "recorded_seq": 30}, {"session_id": "b", "recorded_seq": 20}]});
+        let t = json!({"session_id": "d", "history": [{"session_id": "d", "recorded_seq": 25}, {"session_id": "b", "recorded_seq": 20}]});
+        assert_eq!(compare_logs(Some(&s), Some(&t)).0.seq, json!(20));
+        let t2 = json!({"session_id": "x", "history": [{"session_id": "y", "recorded_seq": 5}]});
+        assert_eq!(compare_logs(Some(&s), Some(&t2)).0.seq, json!(0));
+        assert_eq!(compare_logs(Some(&s), None).0.seq, json!(0));
+    }
+}

@@ -1,0 +1,287 @@
+//! The HTTP client of one endpoint (digest D.6): pooled reqwest client with gzip and an
+//! inactivity timeout of `connection_timeout`, at most `http_connections` requests in flight,
+//! retries with doubling sleeps (250 ms, 500 ms, ...) for connection errors, timeouts, 408 and
+//! 5xx up to `retries_per_request` (bounded by 60 s since the first failure), and 429 handled
+//! through the [`RateLimiter`] hook without consuming retries.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::{Method, StatusCode, header::HeaderMap};
+use tokio::sync::Semaphore;
+
+use super::auth::Auth;
+use super::endpoint::Endpoint;
+use super::error::{ReplicationError, Result};
+use super::rate_limit::{MAX_INTERVAL_MS, RateKey, RateLimiter};
+
+/// First retry sleep.
+const FIRST_WAIT: Duration = Duration::from_millis(250);
+/// Give up retrying once the first failure is older than this (`health_threshold / 2`).
+const RETRY_WINDOW: Duration = Duration::from_secs(60);
+
+/// Client settings taken from the replication options.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Inactivity timeout per read.
+    pub connection_timeout: Duration,
+    /// Overall request timeout.
+    pub request_timeout: Option<Duration>,
+    /// Retries for retryable failures.
+    pub retries_per_request: u32,
+    /// Concurrent requests.
+    pub http_connections: usize,
+    /// Optional proxy URL.
+    pub proxy: Option<String>,
+    /// TCP_NODELAY.
+    pub tcp_nodelay: bool,
+}
+
+/// A request to send: relative path (with query), optional body.
+#[derive(Debug, Clone)]
+pub struct Req {
+    /// HTTP method.
+    pub method: Method,
+    /// Path under the database, already encoded, with query string.
+    pub path: String,
+    /// Body (cheap to clone for retries).
+    pub body: Option<Bytes>,
+    /// Content-Type of the body.
+    pub content_type: std::borrow::Cow<'static, str>,
+    /// Accept header.
+    pub accept: &'static str,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Req {
+    /// A GET of `path`.
+    pub fn get(path: impl Into<String>) -> Self {
+        Self::new(Method::GET, path, None)
+    }
+
+    /// A request with a JSON body.
+    pub fn json(method: Method, path: impl Into<String>, body: impl Into<Bytes>) -> Self {
+        Self::new(method, path, Some(body.into()))
+    }
+
+    fn new(method: Method, path: impl Into<String>, body: Option<Bytes>) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            body,
+            content_type: "application/json".into(),
+            accept: "application/json",
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// A fully read response.
+#[derive(Debug)]
+pub struct Resp {
+    /// Status code.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl Resp {
+    /// Parses the body as JSON whatever the Content-Type says (pouchdb-server sends
+    /// `text/plain`).
+    pub fn json<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| ReplicationError::BadResponse(format!("{what}: invalid JSON ({e})")))
+    }
+}
+
+/// HTTP access to one endpoint.
+pub struct HttpClient {
+    http: reqwest::Client,
+    ep: Endpoint,
+    auth: Auth,
+    limiter: Arc<dyn RateLimiter>,
+    cfg: ClientConfig,
+    slots: Semaphore,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HttpClient({})", self.ep)
+    }
+}
+
+impl HttpClient {
+    /// Builds the client for an endpoint.
+    pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
+        let mut b = reqwest::Client::builder()
+            .gzip(true)
+            .read_timeout(cfg.connection_timeout)
+            .connect_timeout(cfg.connection_timeout)
+            .pool_max_idle_per_host(cfg.http_connections)
+            .tcp_nodelay(cfg.tcp_nodelay)
+            .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
+        b = match &cfg.proxy {
+            Some(p) => b.proxy(
+                reqwest::Proxy::all(p).map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
+            ),
+            None => b.no_proxy(),
+        };
+        let http = b
+            .build()
+            .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}")))?;
+        let auth = Auth::new(&ep);
+        let slots = Semaphore::new(cfg.http_connections.max(1));
+        Ok(Self { http, ep, auth, limiter, cfg, slots })
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Sends a request and reads the whole body, retrying as D.6 says. Returns any status the
+    /// retry rules do not consume (2xx, 3xx, 4xx other than 408/429).
+    pub async fn send(&self, req: &Req) -> Result<Resp> {
+        match self.run(req, true).await? {
+            Outcome::Full(r) => Ok(r),
+            Outcome::Stream(_) => Err(ReplicationError::BadResponse("unexpected streamed response".into())),
+        }
+    }
+
+    /// Sends a request and returns the response once its headers arrived (the body is read
+    /// by the caller, e.g. a streamed `_changes` feed). Retries only up to the headers.
+    pub async fn send_streaming(&self, req: &Req) -> Result<reqwest::Response> {
+        match self.run(req, false).await? {
+            Outcome::Stream(r) => Ok(r),
+            Outcome::Full(_) => Err(ReplicationError::BadResponse("unexpected buffered response".into())),
+        }
+    }
+
+    async fn run(&self, req: &Req, buffer: bool) -> Result<Outcome> {
+        let key: RateKey = (self.ep.url().to_owned(), req.method.as_str().to_owned());
+        let mut attempt: u32 = 0;
+        let mut wait = FIRST_WAIT;
+        let mut first_failure: Option<Instant> = None;
+        let mut reauthed = false;
+        let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
+        loop {
+            let pause = self.limiter.interval(&key);
+            if pause.as_millis() as u64 >= MAX_INTERVAL_MS {
+                return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
+            }
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            let result = {
+                let _slot = self.slots.acquire().await.map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+                self.attempt(req, buffer).await
+            };
+            let retry_reason = match result {
+                Ok(out) => {
+                    let status = out.status();
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        let next = self.limiter.failure(&key);
+                        if next.as_millis() as u64 >= MAX_INTERVAL_MS {
+                            return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
+                        }
+                        tracing::debug!(%what, interval_ms = next.as_millis() as u64, "429, backing off");
+                        continue;
+                    }
+                    self.limiter.success(&key);
+                    if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN) && !reauthed {
+                        reauthed = true;
+                        if self.auth.on_rejected(&self.http).await {
+                            continue;
+                        }
+                    }
+                    if status == StatusCode::REQUEST_TIMEOUT || status.is_server_error() {
+                        format!("HTTP {status}")
+                    } else {
+                        return Ok(out);
+                    }
+                }
+                Err(e) => e,
+            };
+            let first = *first_failure.get_or_insert_with(Instant::now);
+            if attempt >= self.cfg.retries_per_request || first.elapsed() > RETRY_WINDOW {
+                return Err(ReplicationError::HttpRequestFailed(format!("{what}: {retry_reason}")));
+            }
+            attempt += 1;
+            tracing::debug!(%what, attempt, reason = %retry_reason, "retrying request");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(300));
+        }
+    }
+
+    /// One try. Err(text) = retryable transport failure.
+    async fn attempt(&self, req: &Req, buffer: bool) -> Result<Outcome, String> {
+        let mut rb = self
+            .http
+            .request(req.method.clone(), self.ep.join(&req.path))
+            .header("accept", req.accept);
+        for (k, v) in &self.ep.headers {
+            rb = rb.header(k.as_str(), v.as_str());
+        }
+        for (k, v) in &req.headers {
+            rb = rb.header(*k, v.as_str());
+        }
+        if let Some((k, v)) = self.auth.header(&self.http).await {
+            rb = rb.header(k, v);
+        }
+        if let Some(body) = &req.body {
+            rb = rb.header("content-type", req.content_type.as_ref()).body(body.clone());
+        }
+        if let Some(t) = self.cfg.request_timeout {
+            rb = rb.timeout(t);
+        }
+        let resp = rb.send().await.map_err(|e| describe(&e))?;
+        if !buffer {
+            return Ok(Outcome::Stream(resp));
+        }
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| describe(&e))?;
+        Ok(Outcome::Full(Resp { status, headers, body }))
+    }
+}
+
+enum Outcome {
+    Full(Resp),
+    Stream(reqwest::Response),
+}
+
+impl Outcome {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Full(r) => r.status,
+            Self::Stream(r) => r.status(),
+        }
+    }
+}
+
+fn strip_query(p: &str) -> &str {
+    p.split('?').next().unwrap_or(p)
+}
+
+/// A transport error as text, without the URL (ours carry no credentials, but keep it short).
+pub fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection refused or failed"
+    } else if e.is_body() || e.is_decode() {
+        "connection closed while reading the body"
+    } else {
+        "request failed"
+    };
+    let mut s = format!("{kind}");
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    if let Some(inner) = src.take() {
+        s.push_str(&format!(" ({inner})"));
+    }
+    s
+}

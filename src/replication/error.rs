@@ -1,0 +1,116 @@
+//! The replication error type and its classification (digest D.7): which failures are worth
+//! retrying with backoff (transient) and which will never succeed unchanged (permanent).
+//! Messages never contain credentials: every URL in them is rendered through
+//! [`crate::replication::endpoint::Endpoint`]'s redacting display.
+
+/// Whether retrying the replication later can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Retry with backoff (a persistent job goes `crashing`): endpoint down, 5xx exhaustion,
+    /// missing database, auth failures (credentials may be fixed), `max_backoff`.
+    Transient,
+    /// The request itself is wrong (bad options, bad URL): the job goes `failed`.
+    Permanent,
+}
+
+/// Everything a replication can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicationError {
+    /// The replication document / request body is invalid.
+    #[error("invalid replication options: {0}")]
+    InvalidOptions(String),
+    /// An endpoint URL could not be used.
+    #[error("invalid endpoint: {0}")]
+    InvalidEndpoint(String),
+    /// `GET db` did not answer 200 with the expected fields.
+    #[error("db_not_found: could not open {0}")]
+    DbNotFound(String),
+    /// The endpoint answered 401.
+    #[error("unauthorized: access to {0} was denied")]
+    Unauthorized(String),
+    /// The endpoint answered 403.
+    #[error("forbidden: access to {0} is forbidden")]
+    Forbidden(String),
+    /// The 429 back-off interval reached its maximum.
+    #[error("max_backoff: {0} keeps answering 429 Too Many Requests")]
+    MaxBackoff(String),
+    /// A request failed after all retries (connection errors, timeouts, 5xx, 408).
+    #[error("http_request_failed: {0}")]
+    HttpRequestFailed(String),
+    /// The changes feed could not be read.
+    #[error("changes_req_failed: {0}")]
+    ChangesReqFailed(String),
+    /// `_bulk_docs` answered with an unexpected status.
+    #[error("bulk_docs_failed: {0}")]
+    BulkDocsFailed(String),
+    /// A single-document write failed in a way that is not a per-document rejection.
+    #[error("doc_write_failed: {0}")]
+    DocWriteFailed(String),
+    /// Fetching document revisions failed.
+    #[error("open_doc_revs_failed: {0}")]
+    OpenDocRevsFailed(String),
+    /// Writing or verifying a checkpoint failed.
+    #[error("checkpoint_commit_failure: {0}")]
+    CheckpointFailed(String),
+    /// The filter function could not be fetched from the source.
+    #[error("filter_fetch_error: {0}")]
+    FilterFetch(String),
+    /// An endpoint answered something that does not follow the protocol.
+    #[error("bad_response: {0}")]
+    BadResponse(String),
+    /// An internal task of the pipeline died.
+    #[error("worker_died: {0}")]
+    WorkerDied(String),
+}
+
+impl ReplicationError {
+    /// The D.7 class of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::InvalidOptions(_) | Self::InvalidEndpoint(_) => ErrorClass::Permanent,
+            _ => ErrorClass::Transient,
+        }
+    }
+
+    /// True when retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+
+    /// CouchDB's short reason tag (`db_not_found`, `unauthorized`, `max_backoff`, ...).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidOptions(_) => "invalid_options",
+            Self::InvalidEndpoint(_) => "invalid_endpoint",
+            Self::DbNotFound(_) => "db_not_found",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
+            Self::MaxBackoff(_) => "max_backoff",
+            Self::HttpRequestFailed(_) => "http_request_failed",
+            Self::ChangesReqFailed(_) => "changes_req_failed",
+            Self::BulkDocsFailed(_) => "bulk_docs_failed",
+            Self::DocWriteFailed(_) => "doc_write_failed",
+            Self::OpenDocRevsFailed(_) => "open_doc_revs_failed",
+            Self::CheckpointFailed(_) => "checkpoint_commit_failure",
+            Self::FilterFetch(_) => "filter_fetch_error",
+            Self::BadResponse(_) => "bad_response",
+            Self::WorkerDied(_) => "worker_died",
+        }
+    }
+}
+
+/// Result alias of this module.
+pub type Result<T, E = ReplicationError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_follow_d7() {
+        assert_eq!(ReplicationError::InvalidOptions("x".into()).class(), ErrorClass::Permanent);
+        assert_eq!(ReplicationError::DbNotFound("x".into()).class(), ErrorClass::Transient);
+        assert!(ReplicationError::MaxBackoff("x".into()).is_transient());
+        assert_eq!(ReplicationError::Unauthorized("x".into()).reason(), "unauthorized");
+    }
+}

@@ -1,0 +1,254 @@
+//! Fetching missing revisions from the source: `_bulk_get` (JSON) first, then individual
+//! `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed` for revisions
+//! with attachments or that `_bulk_get` could not return. Document bodies stay raw JSON bytes
+//! (slices of the response) so they can be passed to `_bulk_docs` without being rebuilt.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use super::client::{HttpClient, Req, describe};
+use super::endpoint::{encode_doc_id, encode_query};
+use super::error::{ReplicationError, Result};
+
+/// A fetched revision.
+#[derive(Debug, Clone)]
+pub enum Fetched {
+    /// JSON document (with `_revisions`; attachments, if any, inline or as stubs the target
+    /// already has).
+    Json(Bytes),
+    /// A `multipart/related` document: JSON with `follows` attachments and their bodies, in
+    /// the order the JSON lists them.
+    Multipart {
+        /// Document id.
+        id: String,
+        /// The JSON part.
+        json: Bytes,
+        /// Attachment parts: (headers to repeat, data).
+        parts: Vec<(Vec<(String, String)>, Bytes)>,
+    },
+}
+
+/// One revision to fetch.
+#[derive(Debug, Clone)]
+pub struct Wanted {
+    /// Document id.
+    pub id: String,
+    /// Revision.
+    pub rev: String,
+    /// Revisions the target has (attachments since them need not be sent).
+    pub atts_since: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct BulkGetResp<'a> {
+    #[serde(borrow)]
+    results: Vec<BulkGetResult<'a>>,
+}
+
+#[derive(Deserialize)]
+struct BulkGetResult<'a> {
+    id: String,
+    #[serde(borrow)]
+    docs: Vec<BulkGetDoc<'a>>,
+}
+
+#[derive(Deserialize)]
+struct BulkGetDoc<'a> {
+    #[serde(borrow, default)]
+    ok: Option<&'a RawValue>,
+}
+
+/// Outcome of a `_bulk_get`: documents ready to write, and revisions to fetch one by one.
+#[derive(Debug, Default)]
+pub struct BulkGetOutcome {
+    /// Ready JSON documents.
+    pub docs: Vec<Bytes>,
+    /// To refetch individually (attachments, errors).
+    pub refetch: Vec<Wanted>,
+    /// False if `_bulk_get` itself is unusable on this source.
+    pub supported: bool,
+}
+
+/// `POST _bulk_get?revs=true&latest=true&attachments=false`.
+pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGetOutcome> {
+    let docs: Vec<Value> = wanted
+        .iter()
+        .map(|w| {
+            if w.atts_since.is_empty() {
+                json!({"id": w.id, "rev": w.rev})
+            } else {
+                json!({"id": w.id, "rev": w.rev, "atts_since": w.atts_since})
+            }
+        })
+        .collect();
+    let body = json!({"docs": docs, "latest": true, "revs": true, "attachments": false}).to_string();
+    let resp = source
+        .send(&Req::json(Method::POST, "_bulk_get?latest=true&revs=true&attachments=false", body))
+        .await?;
+    if resp.status != StatusCode::OK {
+        return Ok(BulkGetOutcome { docs: Vec::new(), refetch: wanted, supported: false });
+    }
+    let parsed: BulkGetResp<'_> = match serde_json::from_slice(&resp.body) {
+        Ok(p) => p,
+        Err(_) => return Ok(BulkGetOutcome { docs: Vec::new(), refetch: wanted, supported: false }),
+    };
+    let mut out = BulkGetOutcome { supported: true, ..Default::default() };
+    // Results come one per requested revision, in order; match by position when they line up
+    // so no document has to be parsed again.
+    let positional = parsed.results.len() == wanted.len()
+        && parsed.results.iter().zip(&wanted).all(|(r, w)| r.id == w.id);
+    let mut got: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    let mut ok_at = vec![false; wanted.len()];
+    for (i, r) in parsed.results.into_iter().enumerate() {
+        let mut all_ok = !r.docs.is_empty();
+        for d in r.docs {
+            let Some(raw) = d.ok else {
+                all_ok = false;
+                continue;
+            };
+            let text = raw.get();
+            if text.contains("\"_attachments\"") {
+                all_ok = false; // stubs: refetch with the attachment bodies
+                continue;
+            }
+            if !positional && let Some(rev) = rev_of(text) {
+                got.insert((r.id.clone(), rev));
+            }
+            out.docs.push(resp.body.slice_ref(text.as_bytes()));
+        }
+        if positional {
+            ok_at[i] = all_ok;
+        }
+    }
+    out.refetch = if positional {
+        wanted.into_iter().zip(ok_at).filter(|(_, ok)| !ok).map(|(w, _)| w).collect()
+    } else {
+        wanted.into_iter().filter(|w| !got.contains(&(w.id.clone(), w.rev.clone()))).collect()
+    };
+    Ok(out)
+}
+
+fn rev_of(doc: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct R {
+        #[serde(rename = "_rev")]
+        rev: String,
+    }
+    serde_json::from_str::<R>(doc).ok().map(|r| r.rev)
+}
+
+/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true` asking for
+/// `multipart/mixed`, accepting a JSON answer too. Missing revisions yield nothing.
+pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> {
+    let mut path = format!(
+        "{}?revs=true&latest=true&attachments=true&open_revs={}",
+        encode_doc_id(&w.id),
+        encode_query(&json!([w.rev]).to_string())
+    );
+    if !w.atts_since.is_empty() {
+        let mut since = w.atts_since.clone();
+        // Keep the URL short (CouchDB trims atts_since below 7000 chars).
+        while since.len() > 1 && json!(since).to_string().len() > 6000 {
+            since.truncate(since.len() / 2);
+        }
+        path.push_str(&format!("&atts_since={}", encode_query(&json!(since).to_string())));
+    }
+    let mut req = Req::get(path);
+    req.accept = "multipart/mixed";
+    let resp = source.send_streaming(&req).await?;
+    if !resp.status().is_success() {
+        return Err(ReplicationError::OpenDocRevsFailed(format!(
+            "{}: GET of a document answered {}",
+            source.endpoint(),
+            resp.status()
+        )));
+    }
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if ctype.starts_with("multipart/") {
+        let boundary = multer::parse_boundary(&ctype)
+            .map_err(|e| ReplicationError::BadResponse(format!("multipart boundary: {e}")))?;
+        let stream = resp.bytes_stream().map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
+        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id).await;
+    }
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|e| ReplicationError::OpenDocRevsFailed(describe(&e)))?;
+    parse_json_revs(&body)
+}
+
+/// Parses the JSON form: `[{"ok": doc} | {"missing": rev}]`.
+pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
+    #[derive(Deserialize)]
+    struct Item<'a> {
+        #[serde(borrow, default)]
+        ok: Option<&'a RawValue>,
+    }
+    let items: Vec<Item<'_>> = serde_json::from_slice(body)
+        .map_err(|e| ReplicationError::BadResponse(format!("open_revs: invalid JSON ({e})")))?;
+    Ok(items
+        .into_iter()
+        .filter_map(|i| i.ok)
+        .map(|raw| Fetched::Json(body.slice_ref(raw.get().as_bytes())))
+        .collect())
+}
+
+async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<Fetched>> {
+    let err = |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
+    let mut out = Vec::new();
+    while let Some(field) = mp.next_field().await.map_err(err)? {
+        let ctype = field
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+            .to_owned();
+        let data = field.bytes().await.map_err(err)?;
+        if ctype.starts_with("multipart/related") {
+            let boundary = multer::parse_boundary(&ctype)
+                .map_err(|e| ReplicationError::BadResponse(format!("multipart boundary: {e}")))?;
+            let inner = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(data) });
+            out.push(parse_related(multer::Multipart::new(inner, boundary), id).await?);
+        } else {
+            // A JSON part: a document without attachment bodies, or {"missing": rev}.
+            let v: Value = serde_json::from_slice(&data)
+                .map_err(|e| ReplicationError::BadResponse(format!("multipart JSON part: {e}")))?;
+            if v.get("missing").is_none() && v.get("_id").is_some() {
+                out.push(Fetched::Json(data));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Parses one `multipart/related` document (JSON part first, then attachments).
+pub async fn parse_related<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Fetched> {
+    let err = |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart/related body: {e}"));
+    let mut json: Option<Bytes> = None;
+    let mut parts = Vec::new();
+    while let Some(field) = mp.next_field().await.map_err(err)? {
+        let headers: Vec<(String, String)> = field
+            .headers()
+            .iter()
+            .filter(|(k, _)| *k != "content-length")
+            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned())))
+            .collect();
+        let data = field.bytes().await.map_err(err)?;
+        if json.is_none() {
+            json = Some(data);
+        } else {
+            parts.push((headers, data));
+        }
+    }
+    let json = json.ok_or_else(|| ReplicationError::BadResponse("empty multipart/related document".into()))?;
+    Ok(Fetched::Multipart { id: id.to_owned(), json, parts })
+}

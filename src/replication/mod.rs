@@ -1,0 +1,28 @@
+//! The CouchDB replication protocol over HTTP, without actors or jobs (DESIGN.md section 6,
+//! digest D): endpoints and their HTTP client, the changes reader, `_revs_diff`, fetching,
+//! writing, checkpoints, the replication id, options, stats, and the pipeline that runs a
+//! replication. Entry points: [`replicate`] (one-shot) and [`start`] (a handle with stats,
+//! progress stream and checkpoint-then-stop, for continuous replications and job actors).
+
+pub mod auth;
+pub mod changes;
+pub mod checkpoint;
+pub mod client;
+pub mod endpoint;
+pub mod error;
+pub mod fetch;
+pub mod options;
+pub mod pipeline;
+pub mod rate_limit;
+pub mod rep_id;
+pub mod revs_diff;
+pub mod stats;
+pub mod write;
+
+pub use endpoint::Endpoint;
+pub use error::{ErrorClass, ReplicationError};
+pub use options::{Filter, ReplicationOptions, ReplicationSpec};
+pub use pipeline::{Context, ReplicationHandle, compute_id, replicate, start};
+pub use rate_limit::{Aimd, RateLimiter};
+pub use rep_id::RepId;
+pub use stats::ReplicationStats;

@@ -1,0 +1,458 @@
+//! A running replication: opens the endpoints (D.2), finds the start sequence, then runs the
+//! pipeline — the changes reader running ahead, `worker_processes` workers each taking a batch
+//! through `_revs_diff` → `_bulk_get` (+ individual fetches) → `_bulk_docs`, so source reads
+//! and target writes overlap — and checkpoints on a timer at the through-sequence, which never
+//! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
+//! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::changes::{Batch, ChangesReader};
+use super::checkpoint::{Checkpointer, StartPoint};
+use super::client::{ClientConfig, HttpClient, Req};
+use super::endpoint::{Endpoint, encode_doc_id, encode_query};
+use super::error::{ReplicationError, Result};
+use super::fetch::{Fetched, Wanted, bulk_get, open_revs};
+use super::options::{Filter, ReplicationSpec};
+use super::rate_limit::{Aimd, RateLimiter};
+use super::rep_id::{RepId, replication_id};
+use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
+use super::stats::{Counters, ReplicationStats, unix_now};
+use super::write::{WriteResult, put_multipart, write_docs};
+
+/// How often the stats snapshot is refreshed.
+const STATS_PERIOD: Duration = Duration::from_millis(250);
+/// Concurrent individual fetches per worker.
+const INDIVIDUAL_FETCHES: usize = 4;
+
+/// What a replication needs from its host.
+#[derive(Clone)]
+pub struct Context {
+    /// The replicator node's uuid (part of the replication id).
+    pub server_uuid: String,
+    /// The 429 hook.
+    pub limiter: Arc<dyn RateLimiter>,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Self { server_uuid: "couch-replicator-standalone".into(), limiter: Arc::new(Aimd::new()) }
+    }
+}
+
+/// Orders batches so the checkpoint never passes one still in flight.
+#[derive(Debug)]
+struct Tracker {
+    pending: BTreeMap<u64, (Value, bool)>,
+    through: Value,
+}
+
+impl Tracker {
+    fn register(&mut self, index: u64, seq: Value) {
+        self.pending.insert(index, (seq, false));
+    }
+
+    fn complete(&mut self, index: u64) {
+        if let Some(e) = self.pending.get_mut(&index) {
+            e.1 = true;
+        }
+        while let Some(entry) = self.pending.first_entry() {
+            if !entry.get().1 {
+                break;
+            }
+            self.through = entry.remove().0;
+        }
+    }
+}
+
+struct Shared {
+    src: Arc<HttpClient>,
+    tgt: Arc<HttpClient>,
+    spec: ReplicationSpec,
+    counters: Arc<Counters>,
+    tracker: Mutex<Tracker>,
+    skipper: Mutex<DiffSkipper>,
+    bulk_get_ok: AtomicBool,
+    source_seq: Mutex<Value>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A replication started with [`start`].
+pub struct ReplicationHandle {
+    stop: watch::Sender<bool>,
+    stats: watch::Receiver<ReplicationStats>,
+    task: Option<tokio::task::JoinHandle<Result<ReplicationStats>>>,
+}
+
+impl ReplicationHandle {
+    /// The latest stats snapshot (at most [`STATS_PERIOD`] old).
+    pub fn stats(&self) -> ReplicationStats {
+        self.stats.borrow().clone()
+    }
+
+    /// A stream of stats snapshots.
+    pub fn progress(&self) -> watch::Receiver<ReplicationStats> {
+        self.stats.clone()
+    }
+
+    /// Asks the replication to write a checkpoint and stop; [`Self::wait`] then returns.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits for the end: a one-shot reaching the end of the feed, a stop, or an error.
+    pub async fn wait(mut self) -> Result<ReplicationStats> {
+        match self.task.take() {
+            Some(t) => t.await.map_err(|e| ReplicationError::WorkerDied(e.to_string()))?,
+            None => Err(ReplicationError::WorkerDied("already awaited".into())),
+        }
+    }
+}
+
+impl Drop for ReplicationHandle {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+/// Starts a replication in the background.
+pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stats_tx, stats_rx) = watch::channel(ReplicationStats::default());
+    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx));
+    ReplicationHandle { stop: stop_tx, stats: stats_rx, task: Some(task) }
+}
+
+/// Runs a replication to its end (for a continuous one: until it fails).
+pub async fn replicate(spec: ReplicationSpec, ctx: Context) -> Result<ReplicationStats> {
+    start(spec, ctx).wait().await
+}
+
+fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Arc<HttpClient>)> {
+    let o = &spec.options;
+    let cfg = |proxy: &Option<String>, conns: usize| ClientConfig {
+        connection_timeout: o.connection_timeout,
+        request_timeout: o.request_timeout,
+        retries_per_request: o.retries_per_request,
+        http_connections: conns,
+        proxy: proxy.clone(),
+        tcp_nodelay: o.tcp_nodelay,
+    };
+    // The changes feed holds one source connection: never fewer than 2 (D.2).
+    let src = HttpClient::new(spec.source.clone(), cfg(&o.source_proxy, o.http_connections.max(2)), ctx.limiter.clone())?;
+    let tgt = HttpClient::new(spec.target.clone(), cfg(&o.target_proxy, o.http_connections), ctx.limiter.clone())?;
+    Ok((Arc::new(src), Arc::new(tgt)))
+}
+
+/// Fetches a user filter's source code (`ddoc/name`) from the source.
+async fn filter_code(src: &HttpClient, name: &str) -> Result<String> {
+    let (ddoc, fname) = name
+        .split_once('/')
+        .ok_or_else(|| ReplicationError::InvalidOptions(format!("filter `{name}` is not `ddoc/name`")))?;
+    let r = src.send(&Req::get(encode_doc_id(&format!("_design/{ddoc}")))).await?;
+    if r.status != StatusCode::OK {
+        return Err(ReplicationError::FilterFetch(format!("design document `_design/{ddoc}` answered {}", r.status)));
+    }
+    let doc: Value = r.json("design document")?;
+    doc.get("filters")
+        .and_then(|f| f.get(fname))
+        .and_then(Value::as_str)
+        .map(|s| s.trim().to_owned())
+        .ok_or_else(|| ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`")))
+}
+
+/// Computes the replication id (fetching the filter code from the source when needed).
+pub async fn compute_id(spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
+    let (src, _) = clients(spec, ctx)?;
+    compute_id_with(&src, spec, ctx).await
+}
+
+async fn compute_id_with(src: &HttpClient, spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
+    let code = match &spec.options.filter {
+        Filter::Named { name, .. } if !name.starts_with('_') => Some(filter_code(src, name).await?),
+        _ => None,
+    };
+    Ok(replication_id(&ctx.server_uuid, spec, code.as_deref()))
+}
+
+/// `GET db` (D.2 step 2): returns the db info or the error class.
+async fn open_db(c: &HttpClient) -> Result<Value> {
+    let r = c.send(&Req::get("")).await?;
+    let ep = c.endpoint().to_string();
+    match r.status {
+        StatusCode::OK => {
+            let v: Value = r.json("database info").map_err(|_| ReplicationError::DbNotFound(ep.clone()))?;
+            if v.get("update_seq").is_none() {
+                return Err(ReplicationError::DbNotFound(ep));
+            }
+            Ok(v)
+        }
+        StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(ep)),
+        StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(ep)),
+        _ => Err(ReplicationError::DbNotFound(ep)),
+    }
+}
+
+async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
+    let mut q = String::new();
+    for (k, v) in &spec.options.create_target_params {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+        q.push(if q.is_empty() { '?' } else { '&' });
+        q.push_str(&format!("{}={}", encode_query(k), encode_query(&v)));
+    }
+    let r = tgt.send(&Req { body: None, ..Req::json(Method::PUT, q, "") }).await?;
+    match r.status {
+        StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(tgt.endpoint().to_string())),
+        StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(tgt.endpoint().to_string())),
+        _ => Ok(()), // 201 created, 412 exists, anything else shows up at GET db
+    }
+}
+
+fn display(ep: &Endpoint) -> String {
+    ep.to_string()
+}
+
+async fn run(
+    spec: ReplicationSpec,
+    ctx: Context,
+    mut stop: watch::Receiver<bool>,
+    stats_tx: watch::Sender<ReplicationStats>,
+) -> Result<ReplicationStats> {
+    let (src, tgt) = clients(&spec, &ctx)?;
+    let o = spec.options.clone();
+    if o.create_target {
+        create_target(&tgt, &spec).await?;
+    }
+    let (src_info, _tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
+    let rep_id = compute_id_with(&src, &spec, &ctx).await?;
+    let mut checkpointer = None;
+    let mut start_point = StartPoint { seq: json!(0), seed: None };
+    if o.use_checkpoints {
+        let (cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        checkpointer = Some(cp);
+        start_point = sp;
+    }
+    if let Some(since) = &o.since_seq {
+        start_point = StartPoint { seq: since.clone(), seed: None };
+        if let Some(cp) = checkpointer.as_mut() {
+            cp.set_start_seq(since.clone());
+        }
+    }
+    tracing::info!(rep_id = %rep_id, source = %spec.source, target = %spec.target, since = %start_point.seq, "replication starting");
+    let counters = Arc::new(Counters::default());
+    if let Some(seed) = &start_point.seed {
+        counters.seed(seed);
+    }
+    let mut base = ReplicationStats {
+        replication_id: rep_id.full(),
+        source: display(&spec.source),
+        target: display(&spec.target),
+        continuous: o.continuous,
+        user: spec.source.user().map(str::to_owned),
+        source_seq: src_info.get("update_seq").cloned().unwrap_or(Value::Null),
+        through_seq: start_point.seq.clone(),
+        checkpointed_source_seq: start_point.seq.clone(),
+        checkpoint_interval: o.checkpoint_interval.as_millis() as u64,
+        started_on: unix_now(),
+        ..Default::default()
+    };
+    let shared = Arc::new(Shared {
+        src: src.clone(),
+        tgt: tgt.clone(),
+        spec: spec.clone(),
+        counters: counters.clone(),
+        tracker: Mutex::new(Tracker { pending: BTreeMap::new(), through: start_point.seq.clone() }),
+        skipper: Mutex::new(DiffSkipper::default()),
+        bulk_get_ok: AtomicBool::new(o.use_bulk_get),
+        source_seq: Mutex::new(base.source_seq.clone()),
+    });
+    let snapshot = |base: &mut ReplicationStats, sh: &Shared| {
+        base.through_seq = lock(&sh.tracker).through.clone();
+        base.source_seq = lock(&sh.source_seq).clone();
+        base.fill(&sh.counters);
+        base.clone()
+    };
+    stats_tx.send_replace(snapshot(&mut base, &shared));
+
+    // The queue holds two batches per worker so workers never wait on the feed.
+    let (tx, rx) = mpsc::channel::<Batch>(o.worker_processes * 2);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
+    let sh = shared.clone();
+    let on_batch = Arc::new(move |b: &Batch| {
+        lock(&sh.tracker).register(b.index, b.last_seq.clone());
+        let mut seq = lock(&sh.source_seq);
+        match (seq.as_u64(), b.last_seq.as_u64()) {
+            (Some(cur), Some(new)) if new <= cur => {}
+            _ => *seq = b.last_seq.clone(),
+        }
+    });
+    let reader = ChangesReader::new(src.clone(), o.clone(), counters.clone(), on_batch);
+    let mut tasks: JoinSet<Result<()>> = JoinSet::new();
+    tasks.spawn(reader.run(start_point.seq.clone(), tx, reader_stop_rx));
+    for _ in 0..o.worker_processes {
+        tasks.spawn(worker(shared.clone(), rx.clone()));
+    }
+
+    let mut ckpt_timer = tokio::time::interval(o.checkpoint_interval);
+    ckpt_timer.reset();
+    let mut stats_timer = tokio::time::interval(STATS_PERIOD);
+    let mut stopped = false;
+    loop {
+        tokio::select! {
+            _ = ckpt_timer.tick() => {
+                let s = snapshot(&mut base, &shared);
+                if let Some(cp) = checkpointer.as_mut() {
+                    checkpoint(cp, &mut base, &s).await?;
+                }
+            }
+            _ = stats_timer.tick() => {
+                stats_tx.send_replace(snapshot(&mut base, &shared));
+            }
+            joined = tasks.join_next() => match joined {
+                None => break,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => {
+                    tasks.abort_all();
+                    tracing::warn!(rep_id = %rep_id, error = %e, "replication failed");
+                    return Err(e);
+                }
+                Some(Err(e)) => {
+                    tasks.abort_all();
+                    return Err(ReplicationError::WorkerDied(e.to_string()));
+                }
+            },
+            changed = stop.changed(), if !stopped => {
+                if changed.is_err() || *stop.borrow() {
+                    stopped = true;
+                    let _ = reader_stop_tx.send(true);
+                    // In-flight batches are abandoned: the through-sequence excludes them.
+                    tasks.abort_all();
+                }
+            }
+        }
+    }
+    let s = snapshot(&mut base, &shared);
+    if let Some(cp) = checkpointer.as_mut() {
+        checkpoint(cp, &mut base, &s).await?;
+    }
+    let s = snapshot(&mut base, &shared);
+    stats_tx.send_replace(s.clone());
+    tracing::info!(rep_id = %rep_id, docs_written = s.docs_written, "replication finished");
+    Ok(s)
+}
+
+async fn checkpoint(cp: &mut Checkpointer, base: &mut ReplicationStats, s: &ReplicationStats) -> Result<()> {
+    if cp.write(&s.through_seq, s).await? {
+        base.checkpointed_source_seq = s.through_seq.clone();
+    }
+    Ok(())
+}
+
+async fn worker(sh: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Batch>>>) -> Result<()> {
+    loop {
+        let next = { rx.lock().await.recv().await };
+        let Some(batch) = next else { return Ok(()) };
+        process(&sh, &batch).await?;
+        lock(&sh.tracker).complete(batch.index);
+    }
+}
+
+async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
+    if batch.changes.is_empty() {
+        return Ok(());
+    }
+    let c = &sh.counters;
+    let checked: u64 = batch.changes.iter().map(|ch| ch.revs.len() as u64).sum();
+    Counters::add(&c.revisions_checked, checked);
+    let call = lock(&sh.skipper).should_call();
+    let missing = if call {
+        let m = revs_diff(&sh.tgt, &batch.changes).await?;
+        let found: u64 = m.iter().map(|x| x.revs.len() as u64).sum();
+        lock(&sh.skipper).record(checked, found);
+        m
+    } else {
+        all_missing(&batch.changes)
+    };
+    let wanted: Vec<Wanted> = missing
+        .into_iter()
+        .flat_map(|m| {
+            let anc = m.possible_ancestors;
+            m.revs.into_iter().map(move |rev| Wanted { id: m.id.clone(), rev, atts_since: anc.clone() })
+        })
+        .collect();
+    Counters::add(&c.missing_revisions_found, wanted.len() as u64);
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let (mut docs, refetch) = if sh.bulk_get_ok.load(Ordering::Relaxed) {
+        let n = wanted.len() as u64;
+        let out = bulk_get(&sh.src, wanted).await?;
+        if !out.supported {
+            sh.bulk_get_ok.store(false, Ordering::Relaxed);
+            tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching documents one by one");
+        } else {
+            Counters::add(&c.bulk_get_attempts, n);
+            Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
+        }
+        (out.docs, out.refetch)
+    } else {
+        (Vec::new(), wanted)
+    };
+    let mut result = WriteResult::default();
+    let src = sh.src.clone();
+    let mut fetched = futures::stream::iter(refetch)
+        .map(move |w| {
+            let src = src.clone();
+            async move { open_revs(&src, &w).await }
+        })
+        .buffered(INDIVIDUAL_FETCHES);
+    let mut read = docs.len() as u64;
+    while let Some(f) = fetched.next().await {
+        for doc in f? {
+            read += 1;
+            match doc {
+                Fetched::Json(b) => docs.push(b),
+                Fetched::Multipart { id, json, parts } => result += put_multipart(&sh.tgt, &id, &json, &parts).await?,
+            }
+        }
+    }
+    Counters::add(&c.docs_read, read);
+    result += write_docs(&sh.tgt, &docs).await?;
+    Counters::add(&c.docs_written, result.written);
+    Counters::add(&c.doc_write_failures, result.failures);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn through_seq_never_passes_an_unfinished_batch() {
+        let mut t = Tracker { pending: BTreeMap::new(), through: json!(0) };
+        for i in 0..3 {
+            t.register(i, json!((i + 1) * 10));
+        }
+        t.complete(1);
+        assert_eq!(t.through, json!(0));
+        t.complete(2);
+        assert_eq!(t.through, json!(0));
+        t.complete(0);
+        assert_eq!(t.through, json!(30));
+    }
+}

@@ -1,0 +1,119 @@
+//! Replication statistics: lock-free counters the pipeline bumps, and the snapshot shape of
+//! `_active_tasks` / `_scheduler/jobs` `info` (digest D.8).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Counters shared by the pipeline's tasks.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Revisions asked about in `_revs_diff` (or assumed missing).
+    pub revisions_checked: AtomicU64,
+    /// Revisions the target was missing.
+    pub missing_revisions_found: AtomicU64,
+    /// Documents (revisions) fetched from the source.
+    pub docs_read: AtomicU64,
+    /// Documents written to the target.
+    pub docs_written: AtomicU64,
+    /// Documents the target rejected or that were skipped.
+    pub doc_write_failures: AtomicU64,
+    /// Revisions requested through `_bulk_get`.
+    pub bulk_get_attempts: AtomicU64,
+    /// Revisions obtained through `_bulk_get`.
+    pub bulk_get_docs: AtomicU64,
+}
+
+impl Counters {
+    /// Adds `n` to a counter.
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+
+    /// Seeds counters (from a checkpoint history entry when resuming a session).
+    pub fn seed(&self, s: &ReplicationStats) {
+        self.revisions_checked.store(s.revisions_checked, Relaxed);
+        self.missing_revisions_found.store(s.missing_revisions_found, Relaxed);
+        self.docs_read.store(s.docs_read, Relaxed);
+        self.docs_written.store(s.docs_written, Relaxed);
+        self.doc_write_failures.store(s.doc_write_failures, Relaxed);
+        self.bulk_get_attempts.store(s.bulk_get_attempts, Relaxed);
+        self.bulk_get_docs.store(s.bulk_get_docs, Relaxed);
+    }
+}
+
+/// A stats snapshot with the `_active_tasks` field names.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReplicationStats {
+    /// Full replication id (`base+ext`).
+    pub replication_id: String,
+    /// Source URL, password masked.
+    pub source: String,
+    /// Target URL, password masked.
+    pub target: String,
+    /// Continuous replication.
+    pub continuous: bool,
+    /// Basic-auth user of the source, if any.
+    pub user: Option<String>,
+    /// Latest sequence seen on the source feed.
+    pub source_seq: Value,
+    /// Sequence up to which every change has been processed.
+    pub through_seq: Value,
+    /// Last sequence written to the checkpoint documents.
+    pub checkpointed_source_seq: Value,
+    /// Checkpoint interval in ms.
+    pub checkpoint_interval: u64,
+    /// Revisions checked.
+    pub revisions_checked: u64,
+    /// Missing revisions found.
+    pub missing_revisions_found: u64,
+    /// Docs read.
+    pub docs_read: u64,
+    /// Docs written.
+    pub docs_written: u64,
+    /// Write failures.
+    pub doc_write_failures: u64,
+    /// Changes left (numeric sequences only; `None` when unknown).
+    pub changes_pending: Option<u64>,
+    /// Revisions fetched via `_bulk_get`.
+    pub bulk_get_docs: u64,
+    /// Revisions requested via `_bulk_get`.
+    pub bulk_get_attempts: u64,
+    /// Unix seconds when this run started.
+    pub started_on: u64,
+    /// Unix seconds of this snapshot.
+    pub updated_on: u64,
+}
+
+impl ReplicationStats {
+    /// Copies the counters into the snapshot.
+    pub fn fill(&mut self, c: &Counters) {
+        self.revisions_checked = c.revisions_checked.load(Relaxed);
+        self.missing_revisions_found = c.missing_revisions_found.load(Relaxed);
+        self.docs_read = c.docs_read.load(Relaxed);
+        self.docs_written = c.docs_written.load(Relaxed);
+        self.doc_write_failures = c.doc_write_failures.load(Relaxed);
+        self.bulk_get_attempts = c.bulk_get_attempts.load(Relaxed);
+        self.bulk_get_docs = c.bulk_get_docs.load(Relaxed);
+        self.updated_on = unix_now();
+        self.changes_pending = match (self.source_seq.as_u64(), self.through_seq.as_u64()) {
+            (Some(s), Some(t)) => Some(s.saturating_sub(t)),
+            _ => None,
+        };
+    }
+
+    /// The `_active_tasks` JSON object.
+    pub fn to_active_task(&self) -> Value {
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Some(m) = v.as_object_mut() {
+            m.insert("type".into(), Value::from("replication"));
+        }
+        v
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
