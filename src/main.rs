@@ -53,7 +53,9 @@ fn build_spec(a: &ReplicateArgs) -> Result<ReplicationSpec, String> {
     );
     spec.options.continuous = a.continuous;
     spec.options.create_target = a.create_target;
-    let json = |s: &str, what: &str| serde_json::from_str::<serde_json::Value>(s).map_err(|e| format!("{what}: {e}"));
+    let json = |s: &str, what: &str| {
+        serde_json::from_str::<serde_json::Value>(s).map_err(|e| format!("{what}: {e}"))
+    };
     spec.options.filter = match (&a.doc_ids, &a.filter, &a.selector) {
         (Some(ids), None, None) => {
             let mut ids = ids.clone();
@@ -69,7 +71,10 @@ fn build_spec(a: &ReplicateArgs) -> Result<ReplicationSpec, String> {
                 },
                 None => Default::default(),
             };
-            Filter::Named { name: name.clone(), query_params: qp }
+            Filter::Named {
+                name: name.clone(),
+                query_params: qp,
+            }
         }
         (None, None, Some(sel)) => Filter::Selector(json(sel, "--selector")?),
         (None, None, None) => Filter::None,
@@ -125,7 +130,10 @@ async fn handle_wait(h: &replication::ReplicationHandle) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::jobs::{
-    AcceptOpts, Clock, JobData, JobState, Jobs, JobsError, JobsOptions, TokioClock,
+    AcceptOpts, JobData, JobState, Jobs, JobsError, JobsOptions, TokioClock,
 };
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::memory::MemoryStore;

@@ -7,8 +7,7 @@ use std::time::Duration;
 use couch_replicator::jobs::notifier::NotifierCore;
 use couch_replicator::jobs::subscription::wait_any;
 use couch_replicator::jobs::{
-    AcceptOpts, EventState, JobData, JobState, Jobs, JobsError, JobsOptions, Subscribed,
-    TokioClock,
+    AcceptOpts, EventState, JobData, JobState, Jobs, JobsError, JobsOptions, Subscribed, TokioClock,
 };
 use couch_replicator::store::Db;
 use couch_replicator::store::memory::MemoryStore;
@@ -48,7 +47,10 @@ async fn subscription_sees_pending_running_updates_finished_then_ends() {
         let j = jobs();
         let bg = j.start_background().await.unwrap();
         j.set_type_timeout(T, 30).await.unwrap();
-        assert!(matches!(j.subscribe(T, "a").await, Err(JobsError::NotFound)));
+        assert!(matches!(
+            j.subscribe(T, "a").await,
+            Err(JobsError::NotFound)
+        ));
         j.add(T, "a", data(json!({"v": 0})), 0).await.unwrap();
         let Subscribed::Active {
             mut sub,
@@ -72,7 +74,9 @@ async fn subscription_sees_pending_running_updates_finished_then_ends() {
         let job = j.update(&job, Some(data(json!({"v": 2})))).await.unwrap();
         let ev = sub.wait(W).await.unwrap();
         assert_eq!(ev.data, Some(data(json!({"v": 2}))));
-        j.finish(&job, Some(data(json!({"done": true})))).await.unwrap();
+        j.finish(&job, Some(data(json!({"done": true}))))
+            .await
+            .unwrap();
         let ev = sub.wait(W).await.unwrap();
         assert_eq!(ev.state, EventState::Finished);
         assert_eq!(ev.data, Some(data(json!({"done": true}))));
@@ -111,13 +115,19 @@ async fn removal_is_not_found_and_resubmit_is_pending() {
         let other = if job.id == "r" { "p" } else { "r" };
         j.remove(T, other).await.unwrap();
         let (i, ev) = wait_any(&mut subs, W).await.unwrap();
-        assert_eq!((ev.state, ev.id.as_str(), ev.data), (EventState::NotFound, other, None));
+        assert_eq!(
+            (ev.state, ev.id.as_str(), ev.data),
+            (EventState::NotFound, other, None)
+        );
         assert_eq!(subs[i].wait(W).await, None);
         // The running job is resubmitted and finished: it goes back to pending.
         j.resubmit(T, &job.id, None, None).await.unwrap();
         j.finish(&job, None).await.unwrap();
         let (_, ev) = wait_any(&mut subs, W).await.unwrap();
-        assert_eq!((ev.state, ev.id.as_str()), (EventState::Pending, job.id.as_str()));
+        assert_eq!(
+            (ev.state, ev.id.as_str()),
+            (EventState::Pending, job.id.as_str())
+        );
         bg.stop().await;
     })
     .await

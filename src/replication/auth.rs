@@ -19,7 +19,10 @@ enum Mode {
     /// Not decided yet: try `_session` first.
     Unknown,
     Basic,
-    Session { cookie: String, at: Instant },
+    Session {
+        cookie: String,
+        at: Instant,
+    },
 }
 
 /// Per-endpoint authentication state.
@@ -36,9 +39,17 @@ impl Auth {
     pub fn new(ep: &Endpoint) -> Self {
         let basic = ep.credentials.as_ref().map(|c| {
             let raw = format!("{}:{}", c.username, c.password);
-            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(raw)
+            )
         });
-        Self { creds: ep.credentials.clone(), basic, root: ep.server_root(), mode: Mutex::new(Mode::Unknown) }
+        Self {
+            creds: ep.credentials.clone(),
+            basic,
+            root: ep.server_root(),
+            mode: Mutex::new(Mode::Unknown),
+        }
     }
 
     /// The header to send, obtaining or refreshing a session cookie when due.
@@ -62,7 +73,9 @@ impl Auth {
     /// Called on 401/403: refresh the cookie unless it was just refreshed. Returns true when
     /// a retry with a new cookie makes sense.
     pub async fn on_rejected(&self, http: &reqwest::Client) -> bool {
-        let Some(creds) = self.creds.as_ref() else { return false };
+        let Some(creds) = self.creds.as_ref() else {
+            return false;
+        };
         let mut mode = self.mode.lock().await;
         match &*mode {
             Mode::Session { at, .. } if at.elapsed() > MIN_REFRESH_GAP => {
@@ -92,7 +105,10 @@ impl Auth {
                 .map(str::to_owned)
         });
         match cookie {
-            Some(cookie) => Mode::Session { cookie, at: Instant::now() },
+            Some(cookie) => Mode::Session {
+                cookie,
+                at: Instant::now(),
+            },
             None => Mode::Basic,
         }
     }

@@ -89,13 +89,31 @@ pub fn seq_arg(seq: &Value) -> String {
 
 impl ChangesReader {
     /// A reader for the source.
-    pub fn new(client: Arc<HttpClient>, opts: ReplicationOptions, counters: Arc<Counters>, on_batch: OnBatch) -> Self {
-        Self { client, opts, counters, on_batch, next_index: 0 }
+    pub fn new(
+        client: Arc<HttpClient>,
+        opts: ReplicationOptions,
+        counters: Arc<Counters>,
+        on_batch: OnBatch,
+    ) -> Self {
+        Self {
+            client,
+            opts,
+            counters,
+            on_batch,
+            next_index: 0,
+        }
     }
 
     fn request(&self, feed: &str, since: &Value, limit: Option<usize>) -> Req {
-        let style = if self.opts.winning_revs_only { "main_only" } else { "all_docs" };
-        let mut q = format!("_changes?feed={feed}&style={style}&since={}", seq_arg(since));
+        let style = if self.opts.winning_revs_only {
+            "main_only"
+        } else {
+            "all_docs"
+        };
+        let mut q = format!(
+            "_changes?feed={feed}&style={style}&since={}",
+            seq_arg(since)
+        );
         if let Some(l) = limit {
             q.push_str(&format!("&limit={l}"));
         }
@@ -135,7 +153,11 @@ impl ChangesReader {
         if id.is_empty() {
             return None;
         }
-        if self.opts.max_document_id_length.is_some_and(|max| id.len() > max) {
+        if self
+            .opts
+            .max_document_id_length
+            .is_some_and(|max| id.len() > max)
+        {
             Counters::add(&self.counters.doc_write_failures, 1);
             return None;
         }
@@ -143,11 +165,24 @@ impl ChangesReader {
         if row.removed && !revs.is_empty() {
             revs.remove(0);
         }
-        if revs.is_empty() { None } else { Some(Change { id, seq, revs }) }
+        if revs.is_empty() {
+            None
+        } else {
+            Some(Change { id, seq, revs })
+        }
     }
 
-    async fn emit(&mut self, tx: &mpsc::Sender<Batch>, changes: Vec<Change>, last_seq: Value) -> bool {
-        let batch = Batch { index: self.next_index, changes, last_seq };
+    async fn emit(
+        &mut self,
+        tx: &mpsc::Sender<Batch>,
+        changes: Vec<Change>,
+        last_seq: Value,
+    ) -> bool {
+        let batch = Batch {
+            index: self.next_index,
+            changes,
+            last_seq,
+        };
         self.next_index += 1;
         (self.on_batch)(&batch);
         tx.send(batch).await.is_ok()
@@ -155,14 +190,22 @@ impl ChangesReader {
 
     /// Runs the feed from `since` until its end (one-shot), or until `stop` turns true or the
     /// workers go away (continuous).
-    pub async fn run(mut self, since: Value, tx: mpsc::Sender<Batch>, mut stop: watch::Receiver<bool>) -> Result<()> {
+    pub async fn run(
+        mut self,
+        since: Value,
+        tx: mpsc::Sender<Batch>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<()> {
         if self.opts.continuous {
             return self.run_continuous(since, tx, &mut stop).await;
         }
         let limit = self.opts.worker_batch_size;
         let mut since = since;
         loop {
-            let resp = self.client.send(&self.request("normal", &since, Some(limit))).await?;
+            let resp = self
+                .client
+                .send(&self.request("normal", &since, Some(limit)))
+                .await?;
             if !resp.status.is_success() {
                 return Err(ReplicationError::ChangesReqFailed(format!(
                     "{}: _changes answered {}",
@@ -172,7 +215,11 @@ impl ChangesReader {
             }
             let page: Page = resp.json("_changes")?;
             let n = page.results.len();
-            let changes: Vec<Change> = page.results.into_iter().filter_map(|r| self.to_change(r)).collect();
+            let changes: Vec<Change> = page
+                .results
+                .into_iter()
+                .filter_map(|r| self.to_change(r))
+                .collect();
             let last = page.last_seq;
             if n == 0 {
                 if last != since {
@@ -232,8 +279,15 @@ impl ChangesReader {
     }
 
     /// One continuous request. Returns (workers_gone, made_progress).
-    async fn stream_once(&mut self, since: &mut Value, tx: &mpsc::Sender<Batch>) -> Result<(bool, bool)> {
-        let resp = self.client.send_streaming(&self.request("continuous", since, None)).await?;
+    async fn stream_once(
+        &mut self,
+        since: &mut Value,
+        tx: &mpsc::Sender<Batch>,
+    ) -> Result<(bool, bool)> {
+        let resp = self
+            .client
+            .send_streaming(&self.request("continuous", since, None))
+            .await?;
         if !resp.status().is_success() {
             return Err(ReplicationError::ChangesReqFailed(format!(
                 "{}: _changes answered {}",
@@ -272,7 +326,10 @@ impl ChangesReader {
                 }
                 if pending.len() >= max {
                     let seq = pending_seq.clone().unwrap_or_else(|| since.clone());
-                    if !self.emit(tx, std::mem::take(&mut pending), seq.clone()).await {
+                    if !self
+                        .emit(tx, std::mem::take(&mut pending), seq.clone())
+                        .await
+                    {
                         return Ok((true, progressed));
                     }
                     *since = seq;

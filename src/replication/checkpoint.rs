@@ -49,7 +49,9 @@ async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
 }
 
 fn session_ids(h: &[Value]) -> Vec<&str> {
-    h.iter().filter_map(|e| e.get("session_id").and_then(Value::as_str)).collect()
+    h.iter()
+        .filter_map(|e| e.get("session_id").and_then(Value::as_str))
+        .collect()
 }
 
 fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
@@ -69,28 +71,67 @@ fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
 
 /// D.2 step 4: the start sequence and history from the two checkpoint documents.
 pub fn compare_logs(src: Option<&Value>, tgt: Option<&Value>) -> (StartPoint, Vec<Value>) {
-    let zero = (StartPoint { seq: json!(0), seed: None }, Vec::new());
-    let (Some(s), Some(t)) = (src, tgt) else { return zero };
-    let hist = |d: &Value| d.get("history").and_then(Value::as_array).cloned().unwrap_or_default();
+    let zero = (
+        StartPoint {
+            seq: json!(0),
+            seed: None,
+        },
+        Vec::new(),
+    );
+    let (Some(s), Some(t)) = (src, tgt) else {
+        return zero;
+    };
+    let hist = |d: &Value| {
+        d.get("history")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
     let (sh, th) = (hist(s), hist(t));
-    let sid = |d: &Value| d.get("session_id").and_then(Value::as_str).map(str::to_owned);
+    let sid = |d: &Value| {
+        d.get("session_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
     if sid(s).is_some() && sid(s) == sid(t) {
         let seq = s.get("source_last_seq").cloned().unwrap_or(json!(0));
-        return (StartPoint { seq, seed: seed_from(sh.first()) }, sh);
+        return (
+            StartPoint {
+                seq,
+                seed: seed_from(sh.first()),
+            },
+            sh,
+        );
     }
     let (s_ids, t_ids) = (session_ids(&sh), session_ids(&th));
     for i in 0..sh.len().max(th.len()) {
         if let Some(e) = sh.get(i)
-            && e.get("session_id").and_then(Value::as_str).is_some_and(|x| t_ids.contains(&x))
+            && e.get("session_id")
+                .and_then(Value::as_str)
+                .is_some_and(|x| t_ids.contains(&x))
         {
             let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
-            return (StartPoint { seq, seed: seed_from(Some(e)) }, sh[i..].to_vec());
+            return (
+                StartPoint {
+                    seq,
+                    seed: seed_from(Some(e)),
+                },
+                sh[i..].to_vec(),
+            );
         }
         if let Some(e) = th.get(i)
-            && e.get("session_id").and_then(Value::as_str).is_some_and(|x| s_ids.contains(&x))
+            && e.get("session_id")
+                .and_then(Value::as_str)
+                .is_some_and(|x| s_ids.contains(&x))
         {
             let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
-            return (StartPoint { seq, seed: seed_from(Some(e)) }, th[i..].to_vec());
+            return (
+                StartPoint {
+                    seq,
+                    seed: seed_from(Some(e)),
+                },
+                th[i..].to_vec(),
+            );
         }
     }
     zero
@@ -98,11 +139,20 @@ pub fn compare_logs(src: Option<&Value>, tgt: Option<&Value>) -> (StartPoint, Ve
 
 impl Checkpointer {
     /// Reads both checkpoint documents and decides the start point.
-    pub async fn load(src: Arc<HttpClient>, tgt: Arc<HttpClient>, base_id: &str) -> Result<(Self, StartPoint)> {
+    pub async fn load(
+        src: Arc<HttpClient>,
+        tgt: Arc<HttpClient>,
+        base_id: &str,
+    ) -> Result<(Self, StartPoint)> {
         let path = format!("_local/{base_id}");
         let (s, t) = tokio::try_join!(read_local(&src, &path), read_local(&tgt, &path))?;
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
-        let rev = |d: &Option<Value>| d.as_ref().and_then(|d| d.get("_rev")).and_then(Value::as_str).map(str::to_owned);
+        let rev = |d: &Option<Value>| {
+            d.as_ref()
+                .and_then(|d| d.get("_rev"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
         let cp = Self {
             src_rev: rev(&s),
             tgt_rev: rev(&t),
@@ -135,14 +185,20 @@ impl Checkpointer {
 
     /// Writes a checkpoint at `through` to both sides. Skipped when nothing changed.
     pub async fn write(&mut self, through: &Value, stats: &ReplicationStats) -> Result<bool> {
-        if self.last_written.as_ref() == Some(through) || (self.last_written.is_none() && *through == self.start_seq) {
+        if self.last_written.as_ref() == Some(through)
+            || (self.last_written.is_none() && *through == self.start_seq)
+        {
             return Ok(false);
         }
         // Ask the target to persist what it has; CouchDB 3 acknowledges immediately.
         let commit = Req::json(Method::POST, "_ensure_full_commit", "{}");
         let r = self.tgt.send(&commit).await?;
         if r.status.is_server_error() {
-            return Err(ReplicationError::CheckpointFailed(format!("{}: _ensure_full_commit answered {}", self.tgt.endpoint(), r.status)));
+            return Err(ReplicationError::CheckpointFailed(format!(
+                "{}: _ensure_full_commit answered {}",
+                self.tgt.endpoint(),
+                r.status
+            )));
         }
         let entry = json!({
             "session_id": self.session_id,
@@ -175,13 +231,19 @@ impl Checkpointer {
     }
 }
 
-async fn put_local(c: &HttpClient, path: &str, body: &Value, rev: Option<String>) -> Result<Option<String>> {
+async fn put_local(
+    c: &HttpClient,
+    path: &str,
+    body: &Value,
+    rev: Option<String>,
+) -> Result<Option<String>> {
     let mut doc = body.clone();
     if let (Some(m), Some(r)) = (doc.as_object_mut(), rev) {
         m.insert("_rev".into(), Value::String(r));
     }
     let mut req = Req::json(Method::PUT, path, doc.to_string());
-    req.headers.push(("x-couch-full-commit", "false".to_owned()));
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
     let r = c.send(&req).await?;
     if r.status.is_success() {
         let v: Value = r.json("checkpoint write")?;
@@ -190,13 +252,19 @@ async fn put_local(c: &HttpClient, path: &str, body: &Value, rev: Option<String>
     if r.status == StatusCode::CONFLICT {
         // A previous attempt may have succeeded with its answer lost: accept if identical.
         if let Some(cur) = read_local(c, path).await? {
-            let same = ["session_id", "source_last_seq", "history"].iter().all(|k| cur.get(*k) == body.get(*k));
+            let same = ["session_id", "source_last_seq", "history"]
+                .iter()
+                .all(|k| cur.get(*k) == body.get(*k));
             if same {
                 return Ok(cur.get("_rev").and_then(Value::as_str).map(str::to_owned));
             }
         }
     }
-    Err(ReplicationError::CheckpointFailed(format!("{}: writing the checkpoint answered {}", c.endpoint(), r.status)))
+    Err(ReplicationError::CheckpointFailed(format!(
+        "{}: writing the checkpoint answered {}",
+        c.endpoint(),
+        r.status
+    )))
 }
 
 #[cfg(test)]

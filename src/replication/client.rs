@@ -126,16 +126,24 @@ impl HttpClient {
             .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
         b = match &cfg.proxy {
             Some(p) => b.proxy(
-                reqwest::Proxy::all(p).map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
+                reqwest::Proxy::all(p)
+                    .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
             ),
             None => b.no_proxy(),
         };
-        let http = b
-            .build()
-            .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}")))?;
+        let http = b.build().map_err(|e| {
+            ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
+        })?;
         let auth = Auth::new(&ep);
         let slots = Semaphore::new(cfg.http_connections.max(1));
-        Ok(Self { http, ep, auth, limiter, cfg, slots })
+        Ok(Self {
+            http,
+            ep,
+            auth,
+            limiter,
+            cfg,
+            slots,
+        })
     }
 
     /// The endpoint this client talks to.
@@ -148,7 +156,9 @@ impl HttpClient {
     pub async fn send(&self, req: &Req) -> Result<Resp> {
         match self.run(req, true).await? {
             Outcome::Full(r) => Ok(r),
-            Outcome::Stream(_) => Err(ReplicationError::BadResponse("unexpected streamed response".into())),
+            Outcome::Stream(_) => Err(ReplicationError::BadResponse(
+                "unexpected streamed response".into(),
+            )),
         }
     }
 
@@ -157,7 +167,9 @@ impl HttpClient {
     pub async fn send_streaming(&self, req: &Req) -> Result<reqwest::Response> {
         match self.run(req, false).await? {
             Outcome::Stream(r) => Ok(r),
-            Outcome::Full(_) => Err(ReplicationError::BadResponse("unexpected buffered response".into())),
+            Outcome::Full(_) => Err(ReplicationError::BadResponse(
+                "unexpected buffered response".into(),
+            )),
         }
     }
 
@@ -177,7 +189,11 @@ impl HttpClient {
                 tokio::time::sleep(pause).await;
             }
             let result = {
-                let _slot = self.slots.acquire().await.map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+                let _slot = self
+                    .slots
+                    .acquire()
+                    .await
+                    .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
                 self.attempt(req, buffer).await
             };
             let retry_reason = match result {
@@ -192,7 +208,9 @@ impl HttpClient {
                         continue;
                     }
                     self.limiter.success(&key);
-                    if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN) && !reauthed {
+                    if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
+                        && !reauthed
+                    {
                         reauthed = true;
                         if self.auth.on_rejected(&self.http).await {
                             continue;
@@ -208,7 +226,9 @@ impl HttpClient {
             };
             let first = *first_failure.get_or_insert_with(Instant::now);
             if attempt >= self.cfg.retries_per_request || first.elapsed() > RETRY_WINDOW {
-                return Err(ReplicationError::HttpRequestFailed(format!("{what}: {retry_reason}")));
+                return Err(ReplicationError::HttpRequestFailed(format!(
+                    "{what}: {retry_reason}"
+                )));
             }
             attempt += 1;
             tracing::debug!(%what, attempt, reason = %retry_reason, "retrying request");
@@ -233,7 +253,9 @@ impl HttpClient {
             rb = rb.header(k, v);
         }
         if let Some(body) = &req.body {
-            rb = rb.header("content-type", req.content_type.as_ref()).body(body.clone());
+            rb = rb
+                .header("content-type", req.content_type.as_ref())
+                .body(body.clone());
         }
         if let Some(t) = self.cfg.request_timeout {
             rb = rb.timeout(t);
@@ -245,7 +267,11 @@ impl HttpClient {
         let status = resp.status();
         let headers = resp.headers().clone();
         let body = resp.bytes().await.map_err(|e| describe(&e))?;
-        Ok(Outcome::Full(Resp { status, headers, body }))
+        Ok(Outcome::Full(Resp {
+            status,
+            headers,
+            body,
+        }))
     }
 }
 
@@ -278,7 +304,7 @@ pub fn describe(e: &reqwest::Error) -> String {
     } else {
         "request failed"
     };
-    let mut s = format!("{kind}");
+    let mut s = kind.to_string();
     let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
     if let Some(inner) = src.take() {
         s.push_str(&format!(" ({inner})"));

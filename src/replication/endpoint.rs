@@ -57,13 +57,17 @@ impl Endpoint {
                     Some(Value::Object(h)) => {
                         for (k, v) in h {
                             let v = v.as_str().ok_or_else(|| {
-                                ReplicationError::InvalidEndpoint(format!("header `{k}` must be a string"))
+                                ReplicationError::InvalidEndpoint(format!(
+                                    "header `{k}` must be a string"
+                                ))
                             })?;
                             headers.push((k.clone(), v.to_owned()));
                         }
                     }
                     Some(_) => {
-                        return Err(ReplicationError::InvalidEndpoint("`headers` must be an object".into()));
+                        return Err(ReplicationError::InvalidEndpoint(
+                            "`headers` must be an object".into(),
+                        ));
                     }
                 }
                 let basic = m.get("auth").and_then(|a| a.get("basic"));
@@ -73,7 +77,10 @@ impl Endpoint {
                         let user = b.get("username").and_then(Value::as_str);
                         let pass = b.get("password").and_then(Value::as_str);
                         match (user, pass) {
-                            (Some(u), Some(p)) => Some(Credentials { username: u.into(), password: p.into() }),
+                            (Some(u), Some(p)) => Some(Credentials {
+                                username: u.into(),
+                                password: p.into(),
+                            }),
                             _ => {
                                 return Err(ReplicationError::InvalidEndpoint(
                                     "auth.basic needs string `username` and `password`".into(),
@@ -84,13 +91,22 @@ impl Endpoint {
                 };
                 Self::build(url, headers, creds)
             }
-            _ => Err(ReplicationError::InvalidEndpoint("endpoint must be a URL string or an object".into())),
+            _ => Err(ReplicationError::InvalidEndpoint(
+                "endpoint must be a URL string or an object".into(),
+            )),
         }
     }
 
-    fn build(url: &str, headers: Vec<(String, String)>, creds: Option<Credentials>) -> Result<Self> {
+    fn build(
+        url: &str,
+        headers: Vec<(String, String)>,
+        creds: Option<Credentials>,
+    ) -> Result<Self> {
         let mut parsed = Url::parse(url).map_err(|e| {
-            ReplicationError::InvalidEndpoint(format!("`{}` is not a valid URL: {e}", redact_str(url)))
+            ReplicationError::InvalidEndpoint(format!(
+                "`{}` is not a valid URL: {e}",
+                redact_str(url)
+            ))
         })?;
         match parsed.scheme() {
             "http" | "https" => {}
@@ -105,7 +121,11 @@ impl Endpoint {
         }
         let mut credentials = creds;
         if !parsed.username().is_empty() {
-            let dec = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+            let dec = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
             let from_url = Credentials {
                 username: dec(parsed.username()),
                 password: dec(parsed.password().unwrap_or("")),
@@ -117,23 +137,29 @@ impl Endpoint {
         }
         let mut kept = Vec::new();
         for (k, v) in headers {
-            if k.eq_ignore_ascii_case("authorization") {
-                if let Some(c) = decode_basic(&v) {
-                    credentials.get_or_insert(c);
-                    continue;
-                }
+            if k.eq_ignore_ascii_case("authorization")
+                && let Some(c) = decode_basic(&v)
+            {
+                credentials.get_or_insert(c);
+                continue;
             }
             kept.push((k, v));
         }
         kept.sort();
         let path = parsed.path().trim_end_matches('/').to_owned();
         if path.is_empty() {
-            return Err(ReplicationError::InvalidEndpoint(format!("`{parsed}` names no database")));
+            return Err(ReplicationError::InvalidEndpoint(format!(
+                "`{parsed}` names no database"
+            )));
         }
         parsed.set_path(&path);
         parsed.set_query(None);
         parsed.set_fragment(None);
-        Ok(Self { url: parsed, credentials, headers: kept })
+        Ok(Self {
+            url: parsed,
+            credentials,
+            headers: kept,
+        })
     }
 
     /// The database URL (no credentials, no trailing slash).
@@ -188,17 +214,28 @@ pub fn redact_str(s: &str) -> String {
 }
 
 fn decode_basic(v: &str) -> Option<Credentials> {
-    let b64 = v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic "))?;
-    let raw = base64::engine::general_purpose::STANDARD.decode(b64.trim()).ok()?;
+    let b64 = v
+        .strip_prefix("Basic ")
+        .or_else(|| v.strip_prefix("basic "))?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .ok()?;
     let s = String::from_utf8(raw).ok()?;
     let (u, p) = s.split_once(':')?;
-    Some(Credentials { username: u.into(), password: p.into() })
+    Some(Credentials {
+        username: u.into(),
+        password: p.into(),
+    })
 }
 
 /// Percent-encodes a document id for use as a path segment (`_design/x` keeps its slash).
 pub fn encode_doc_id(id: &str) -> String {
     use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-    const SEG: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    const SEG: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
     if let Some(rest) = id.strip_prefix("_design/") {
         format!("_design/{}", utf8_percent_encode(rest, SEG))
     } else if let Some(rest) = id.strip_prefix("_local/") {
@@ -211,7 +248,11 @@ pub fn encode_doc_id(id: &str) -> String {
 /// Percent-encodes a query parameter value.
 pub fn encode_query(v: &str) -> String {
     use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-    const Q: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    const Q: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
     utf8_percent_encode(v, Q).to_string()
 }
 

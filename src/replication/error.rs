@@ -108,9 +108,18 @@ mod tests {
 
     #[test]
     fn classes_follow_d7() {
-        assert_eq!(ReplicationError::InvalidOptions("x".into()).class(), ErrorClass::Permanent);
-        assert_eq!(ReplicationError::DbNotFound("x".into()).class(), ErrorClass::Transient);
+        assert_eq!(
+            ReplicationError::InvalidOptions("x".into()).class(),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            ReplicationError::DbNotFound("x".into()).class(),
+            ErrorClass::Transient
+        );
         assert!(ReplicationError::MaxBackoff("x".into()).is_transient());
-        assert_eq!(ReplicationError::Unauthorized("x".into()).reason(), "unauthorized");
+        assert_eq!(
+            ReplicationError::Unauthorized("x".into()).reason(),
+            "unauthorized"
+        );
     }
 }

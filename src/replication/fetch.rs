@@ -85,22 +85,44 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
             }
         })
         .collect();
-    let body = json!({"docs": docs, "latest": true, "revs": true, "attachments": false}).to_string();
+    let body =
+        json!({"docs": docs, "latest": true, "revs": true, "attachments": false}).to_string();
     let resp = source
-        .send(&Req::json(Method::POST, "_bulk_get?latest=true&revs=true&attachments=false", body))
+        .send(&Req::json(
+            Method::POST,
+            "_bulk_get?latest=true&revs=true&attachments=false",
+            body,
+        ))
         .await?;
     if resp.status != StatusCode::OK {
-        return Ok(BulkGetOutcome { docs: Vec::new(), refetch: wanted, supported: false });
+        return Ok(BulkGetOutcome {
+            docs: Vec::new(),
+            refetch: wanted,
+            supported: false,
+        });
     }
     let parsed: BulkGetResp<'_> = match serde_json::from_slice(&resp.body) {
         Ok(p) => p,
-        Err(_) => return Ok(BulkGetOutcome { docs: Vec::new(), refetch: wanted, supported: false }),
+        Err(_) => {
+            return Ok(BulkGetOutcome {
+                docs: Vec::new(),
+                refetch: wanted,
+                supported: false,
+            });
+        }
     };
-    let mut out = BulkGetOutcome { supported: true, ..Default::default() };
+    let mut out = BulkGetOutcome {
+        supported: true,
+        ..Default::default()
+    };
     // Results come one per requested revision, in order; match by position when they line up
     // so no document has to be parsed again.
     let positional = parsed.results.len() == wanted.len()
-        && parsed.results.iter().zip(&wanted).all(|(r, w)| r.id == w.id);
+        && parsed
+            .results
+            .iter()
+            .zip(&wanted)
+            .all(|(r, w)| r.id == w.id);
     let mut got: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
     let mut ok_at = vec![false; wanted.len()];
     for (i, r) in parsed.results.into_iter().enumerate() {
@@ -125,9 +147,17 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
         }
     }
     out.refetch = if positional {
-        wanted.into_iter().zip(ok_at).filter(|(_, ok)| !ok).map(|(w, _)| w).collect()
+        wanted
+            .into_iter()
+            .zip(ok_at)
+            .filter(|(_, ok)| !ok)
+            .map(|(w, _)| w)
+            .collect()
     } else {
-        wanted.into_iter().filter(|w| !got.contains(&(w.id.clone(), w.rev.clone()))).collect()
+        wanted
+            .into_iter()
+            .filter(|w| !got.contains(&(w.id.clone(), w.rev.clone())))
+            .collect()
     };
     Ok(out)
 }
@@ -155,7 +185,10 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
         while since.len() > 1 && json!(since).to_string().len() > 6000 {
             since.truncate(since.len() / 2);
         }
-        path.push_str(&format!("&atts_since={}", encode_query(&json!(since).to_string())));
+        path.push_str(&format!(
+            "&atts_since={}",
+            encode_query(&json!(since).to_string())
+        ));
     }
     let mut req = Req::get(path);
     req.accept = "multipart/mixed";
@@ -176,7 +209,9 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
     if ctype.starts_with("multipart/") {
         let boundary = multer::parse_boundary(&ctype)
             .map_err(|e| ReplicationError::BadResponse(format!("multipart boundary: {e}")))?;
-        let stream = resp.bytes_stream().map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
+        let stream = resp
+            .bytes_stream()
+            .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
         return parse_mixed(multer::Multipart::new(stream, boundary), &w.id).await;
     }
     let body = resp
@@ -203,7 +238,8 @@ pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
 }
 
 async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<Fetched>> {
-    let err = |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
+    let err =
+        |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
     let mut out = Vec::new();
     while let Some(field) = mp.next_field().await.map_err(err)? {
         let ctype = field
@@ -232,7 +268,9 @@ async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<
 
 /// Parses one `multipart/related` document (JSON part first, then attachments).
 pub async fn parse_related<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Fetched> {
-    let err = |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart/related body: {e}"));
+    let err = |e: multer::Error| {
+        ReplicationError::OpenDocRevsFailed(format!("multipart/related body: {e}"))
+    };
     let mut json: Option<Bytes> = None;
     let mut parts = Vec::new();
     while let Some(field) = mp.next_field().await.map_err(err)? {
@@ -240,7 +278,11 @@ pub async fn parse_related<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Resul
             .headers()
             .iter()
             .filter(|(k, _)| *k != "content-length")
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_owned(), v.to_owned())))
+            .filter_map(|(k, v)| {
+                v.to_str()
+                    .ok()
+                    .map(|v| (k.as_str().to_owned(), v.to_owned()))
+            })
             .collect();
         let data = field.bytes().await.map_err(err)?;
         if json.is_none() {
@@ -249,6 +291,11 @@ pub async fn parse_related<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Resul
             parts.push((headers, data));
         }
     }
-    let json = json.ok_or_else(|| ReplicationError::BadResponse("empty multipart/related document".into()))?;
-    Ok(Fetched::Multipart { id: id.to_owned(), json, parts })
+    let json = json
+        .ok_or_else(|| ReplicationError::BadResponse("empty multipart/related document".into()))?;
+    Ok(Fetched::Multipart {
+        id: id.to_owned(),
+        json,
+        parts,
+    })
 }

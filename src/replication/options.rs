@@ -116,7 +116,11 @@ pub struct ReplicationSpec {
 impl ReplicationSpec {
     /// A spec with default options.
     pub fn new(source: Endpoint, target: Endpoint) -> Self {
-        Self { source, target, options: ReplicationOptions::default() }
+        Self {
+            source,
+            target,
+            options: ReplicationOptions::default(),
+        }
     }
 
     /// Parses a `_replicator` document or `POST /_replicate` body.
@@ -124,9 +128,19 @@ impl ReplicationSpec {
         let m = doc
             .as_object()
             .ok_or_else(|| invalid("the replication document must be a JSON object"))?;
-        let source = Endpoint::from_json(m.get("source").ok_or_else(|| invalid("`source` is missing"))?)?;
-        let target = Endpoint::from_json(m.get("target").ok_or_else(|| invalid("`target` is missing"))?)?;
-        Ok(Self { source, target, options: ReplicationOptions::from_json(m)? })
+        let source = Endpoint::from_json(
+            m.get("source")
+                .ok_or_else(|| invalid("`source` is missing"))?,
+        )?;
+        let target = Endpoint::from_json(
+            m.get("target")
+                .ok_or_else(|| invalid("`target` is missing"))?,
+        )?;
+        Ok(Self {
+            source,
+            target,
+            options: ReplicationOptions::from_json(m)?,
+        })
     }
 }
 
@@ -174,7 +188,11 @@ impl ReplicationOptions {
             Some(Value::Array(a)) => {
                 let mut ids = Vec::with_capacity(a.len());
                 for v in a {
-                    ids.push(v.as_str().ok_or_else(|| invalid("`doc_ids` must be strings"))?.to_owned());
+                    ids.push(
+                        v.as_str()
+                            .ok_or_else(|| invalid("`doc_ids` must be strings"))?
+                            .to_owned(),
+                    );
                 }
                 ids.sort();
                 ids.dedup();
@@ -195,29 +213,48 @@ impl ReplicationOptions {
         };
         let filter = match (doc_ids, selector, filter_name) {
             (Some(_), Some(_), _) | (_, Some(_), Some(_)) => {
-                return Err(invalid("`selector` cannot be combined with `doc_ids` or `filter`"));
+                return Err(invalid(
+                    "`selector` cannot be combined with `doc_ids` or `filter`",
+                ));
             }
-            (Some(_), None, Some(_)) => return Err(invalid("`doc_ids` cannot be combined with `filter`")),
+            (Some(_), None, Some(_)) => {
+                return Err(invalid("`doc_ids` cannot be combined with `filter`"));
+            }
             (Some(ids), None, None) => Filter::DocIds(ids),
             (None, Some(s), None) => Filter::Selector(s),
             (None, None, Some(name)) => {
                 if !name.starts_with('_') && !name.contains('/') {
-                    return Err(invalid("`filter` must be `ddoc/name` or a built-in `_name`"));
+                    return Err(invalid(
+                        "`filter` must be `ddoc/name` or a built-in `_name`",
+                    ));
                 }
-                Filter::Named { name: name.to_owned(), query_params }
+                Filter::Named {
+                    name: name.to_owned(),
+                    query_params,
+                }
             }
             (None, None, None) => Filter::None,
         };
-        if m.contains_key("proxy") && (m.contains_key("source_proxy") || m.contains_key("target_proxy")) {
-            return Err(invalid("`proxy` cannot be combined with `source_proxy`/`target_proxy`"));
+        if m.contains_key("proxy")
+            && (m.contains_key("source_proxy") || m.contains_key("target_proxy"))
+        {
+            return Err(invalid(
+                "`proxy` cannot be combined with `source_proxy`/`target_proxy`",
+            ));
         }
         let proxy = get_str(m, "proxy")?.map(str::to_owned);
         let check_proxy = |p: Option<&str>| -> Result<Option<String>> {
             match p {
                 None | Some("") => Ok(None),
                 Some(p) => {
-                    let ok = ["http://", "https://", "socks5://"].iter().any(|s| p.starts_with(s));
-                    if ok { Ok(Some(p.to_owned())) } else { Err(invalid("proxy must be http, https or socks5")) }
+                    let ok = ["http://", "https://", "socks5://"]
+                        .iter()
+                        .any(|s| p.starts_with(s));
+                    if ok {
+                        Ok(Some(p.to_owned()))
+                    } else {
+                        Err(invalid("proxy must be http, https or socks5"))
+                    }
                 }
             }
         };
@@ -231,7 +268,9 @@ impl ReplicationOptions {
                         match k.as_str() {
                             "nodelay" => tcp_nodelay = v.as_bool().unwrap_or(false),
                             "keepalive" | "buffer" | "priority" | "recbuf" | "sndbuf" => {}
-                            _ => return Err(invalid(format!("socket option `{k}` is not allowed"))),
+                            _ => {
+                                return Err(invalid(format!("socket option `{k}` is not allowed")));
+                            }
                         }
                     }
                 }
@@ -260,7 +299,12 @@ impl ReplicationOptions {
             Some(_) => return Err(invalid("`since_seq` must be a sequence (string or number)")),
         };
         let ms = |k: &str, def: Duration, min: u64| -> Result<Duration> {
-            Ok(Duration::from_millis(get_int(m, k, def.as_millis() as u64, min)?))
+            Ok(Duration::from_millis(get_int(
+                m,
+                k,
+                def.as_millis() as u64,
+                min,
+            )?))
         };
         Ok(Self {
             continuous: get_bool(m, "continuous", d.continuous)?,
@@ -311,13 +355,20 @@ mod tests {
             "continuous": true, "doc_ids": ["b", "a", "b"], "worker_processes": "2"});
         let s = ReplicationSpec::from_json(&doc).unwrap();
         assert!(s.options.continuous);
-        assert_eq!(s.options.filter, Filter::DocIds(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            s.options.filter,
+            Filter::DocIds(vec!["a".into(), "b".into()])
+        );
         assert_eq!(s.options.worker_processes, 2);
     }
 
     #[test]
     fn rejects_bad_values_clearly() {
-        let bad = |v: Value| ReplicationOptions::from_json(v.as_object().unwrap()).unwrap_err().to_string();
+        let bad = |v: Value| {
+            ReplicationOptions::from_json(v.as_object().unwrap())
+                .unwrap_err()
+                .to_string()
+        };
         assert!(bad(json!({"worker_processes": 0})).contains("worker_processes"));
         assert!(bad(json!({"continuous": "yes"})).contains("continuous"));
         assert!(bad(json!({"selector": {}, "doc_ids": ["a"]})).contains("selector"));

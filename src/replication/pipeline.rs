@@ -45,7 +45,10 @@ pub struct Context {
 
 impl Default for Context {
     fn default() -> Self {
-        Self { server_uuid: "couch-replicator-standalone".into(), limiter: Arc::new(Aimd::new()) }
+        Self {
+            server_uuid: "couch-replicator-standalone".into(),
+            limiter: Arc::new(Aimd::new()),
+        }
     }
 }
 
@@ -115,7 +118,9 @@ impl ReplicationHandle {
     /// Waits for the end: a one-shot reaching the end of the feed, a stop, or an error.
     pub async fn wait(mut self) -> Result<ReplicationStats> {
         match self.task.take() {
-            Some(t) => t.await.map_err(|e| ReplicationError::WorkerDied(e.to_string()))?,
+            Some(t) => t
+                .await
+                .map_err(|e| ReplicationError::WorkerDied(e.to_string()))?,
             None => Err(ReplicationError::WorkerDied("already awaited".into())),
         }
     }
@@ -134,7 +139,11 @@ pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (stats_tx, stats_rx) = watch::channel(ReplicationStats::default());
     let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx));
-    ReplicationHandle { stop: stop_tx, stats: stats_rx, task: Some(task) }
+    ReplicationHandle {
+        stop: stop_tx,
+        stats: stats_rx,
+        task: Some(task),
+    }
 }
 
 /// Runs a replication to its end (for a continuous one: until it fails).
@@ -153,26 +162,41 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         tcp_nodelay: o.tcp_nodelay,
     };
     // The changes feed holds one source connection: never fewer than 2 (D.2).
-    let src = HttpClient::new(spec.source.clone(), cfg(&o.source_proxy, o.http_connections.max(2)), ctx.limiter.clone())?;
-    let tgt = HttpClient::new(spec.target.clone(), cfg(&o.target_proxy, o.http_connections), ctx.limiter.clone())?;
+    let src = HttpClient::new(
+        spec.source.clone(),
+        cfg(&o.source_proxy, o.http_connections.max(2)),
+        ctx.limiter.clone(),
+    )?;
+    let tgt = HttpClient::new(
+        spec.target.clone(),
+        cfg(&o.target_proxy, o.http_connections),
+        ctx.limiter.clone(),
+    )?;
     Ok((Arc::new(src), Arc::new(tgt)))
 }
 
 /// Fetches a user filter's source code (`ddoc/name`) from the source.
 async fn filter_code(src: &HttpClient, name: &str) -> Result<String> {
-    let (ddoc, fname) = name
-        .split_once('/')
-        .ok_or_else(|| ReplicationError::InvalidOptions(format!("filter `{name}` is not `ddoc/name`")))?;
-    let r = src.send(&Req::get(encode_doc_id(&format!("_design/{ddoc}")))).await?;
+    let (ddoc, fname) = name.split_once('/').ok_or_else(|| {
+        ReplicationError::InvalidOptions(format!("filter `{name}` is not `ddoc/name`"))
+    })?;
+    let r = src
+        .send(&Req::get(encode_doc_id(&format!("_design/{ddoc}"))))
+        .await?;
     if r.status != StatusCode::OK {
-        return Err(ReplicationError::FilterFetch(format!("design document `_design/{ddoc}` answered {}", r.status)));
+        return Err(ReplicationError::FilterFetch(format!(
+            "design document `_design/{ddoc}` answered {}",
+            r.status
+        )));
     }
     let doc: Value = r.json("design document")?;
     doc.get("filters")
         .and_then(|f| f.get(fname))
         .and_then(Value::as_str)
         .map(|s| s.trim().to_owned())
-        .ok_or_else(|| ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`")))
+        .ok_or_else(|| {
+            ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`"))
+        })
 }
 
 /// Computes the replication id (fetching the filter code from the source when needed).
@@ -195,7 +219,9 @@ async fn open_db(c: &HttpClient) -> Result<Value> {
     let ep = c.endpoint().to_string();
     match r.status {
         StatusCode::OK => {
-            let v: Value = r.json("database info").map_err(|_| ReplicationError::DbNotFound(ep.clone()))?;
+            let v: Value = r
+                .json("database info")
+                .map_err(|_| ReplicationError::DbNotFound(ep.clone()))?;
             if v.get("update_seq").is_none() {
                 return Err(ReplicationError::DbNotFound(ep));
             }
@@ -214,7 +240,12 @@ async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
         q.push(if q.is_empty() { '?' } else { '&' });
         q.push_str(&format!("{}={}", encode_query(k), encode_query(&v)));
     }
-    let r = tgt.send(&Req { body: None, ..Req::json(Method::PUT, q, "") }).await?;
+    let r = tgt
+        .send(&Req {
+            body: None,
+            ..Req::json(Method::PUT, q, "")
+        })
+        .await?;
     match r.status {
         StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(tgt.endpoint().to_string())),
         StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(tgt.endpoint().to_string())),
@@ -240,14 +271,20 @@ async fn run(
     let (src_info, _tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
     let rep_id = compute_id_with(&src, &spec, &ctx).await?;
     let mut checkpointer = None;
-    let mut start_point = StartPoint { seq: json!(0), seed: None };
+    let mut start_point = StartPoint {
+        seq: json!(0),
+        seed: None,
+    };
     if o.use_checkpoints {
         let (cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
         checkpointer = Some(cp);
         start_point = sp;
     }
     if let Some(since) = &o.since_seq {
-        start_point = StartPoint { seq: since.clone(), seed: None };
+        start_point = StartPoint {
+            seq: since.clone(),
+            seed: None,
+        };
         if let Some(cp) = checkpointer.as_mut() {
             cp.set_start_seq(since.clone());
         }
@@ -275,7 +312,10 @@ async fn run(
         tgt: tgt.clone(),
         spec: spec.clone(),
         counters: counters.clone(),
-        tracker: Mutex::new(Tracker { pending: BTreeMap::new(), through: start_point.seq.clone() }),
+        tracker: Mutex::new(Tracker {
+            pending: BTreeMap::new(),
+            through: start_point.seq.clone(),
+        }),
         skipper: Mutex::new(DiffSkipper::default()),
         bulk_get_ok: AtomicBool::new(o.use_bulk_get),
         source_seq: Mutex::new(base.source_seq.clone()),
@@ -356,7 +396,11 @@ async fn run(
     Ok(s)
 }
 
-async fn checkpoint(cp: &mut Checkpointer, base: &mut ReplicationStats, s: &ReplicationStats) -> Result<()> {
+async fn checkpoint(
+    cp: &mut Checkpointer,
+    base: &mut ReplicationStats,
+    s: &ReplicationStats,
+) -> Result<()> {
     if cp.write(&s.through_seq, s).await? {
         base.checkpointed_source_seq = s.through_seq.clone();
     }
@@ -392,7 +436,11 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
         .into_iter()
         .flat_map(|m| {
             let anc = m.possible_ancestors;
-            m.revs.into_iter().map(move |rev| Wanted { id: m.id.clone(), rev, atts_since: anc.clone() })
+            m.revs.into_iter().map(move |rev| Wanted {
+                id: m.id.clone(),
+                rev,
+                atts_since: anc.clone(),
+            })
         })
         .collect();
     Counters::add(&c.missing_revisions_found, wanted.len() as u64);
@@ -427,7 +475,9 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
             read += 1;
             match doc {
                 Fetched::Json(b) => docs.push(b),
-                Fetched::Multipart { id, json, parts } => result += put_multipart(&sh.tgt, &id, &json, &parts).await?,
+                Fetched::Multipart { id, json, parts } => {
+                    result += put_multipart(&sh.tgt, &id, &json, &parts).await?
+                }
             }
         }
     }
@@ -444,7 +494,10 @@ mod tests {
 
     #[test]
     fn through_seq_never_passes_an_unfinished_batch() {
-        let mut t = Tracker { pending: BTreeMap::new(), through: json!(0) };
+        let mut t = Tracker {
+            pending: BTreeMap::new(),
+            through: json!(0),
+        };
         for i in 0..3 {
             t.register(i, json!((i + 1) * 10));
         }

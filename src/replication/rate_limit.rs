@@ -61,7 +61,9 @@ impl RateLimiter for Aimd {
     fn success(&self, key: &RateKey) {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let Some((old, at)) = t.get(key).copied() else { return };
+        let Some((old, at)) = t.get(key).copied() else {
+            return;
+        };
         let dt = now.duration_since(at).as_millis() as u64;
         if dt < SENSITIVITY_MS {
             return;

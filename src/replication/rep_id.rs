@@ -65,7 +65,10 @@ fn encode(t: &Term, out: &mut Vec<u8>) {
             out.extend_from_slice(&(s.len() as u16).to_be_bytes());
             out.extend_from_slice(s);
         }
-        Term::Str(s) => encode(&Term::List(s.iter().map(|b| Term::Int(i64::from(*b))).collect()), out),
+        Term::Str(s) => encode(
+            &Term::List(s.iter().map(|b| Term::Int(i64::from(*b))).collect()),
+            out,
+        ),
         Term::Int(i) if (0..256).contains(i) => {
             out.push(97);
             out.push(*i as u8);
@@ -128,7 +131,9 @@ fn ejson(v: &Value, sort_keys: bool) -> Term {
             }
             let props = pairs
                 .into_iter()
-                .map(|(k, v)| Term::Tuple(vec![Term::Bin(k.as_bytes().to_vec()), ejson(v, sort_keys)]))
+                .map(|(k, v)| {
+                    Term::Tuple(vec![Term::Bin(k.as_bytes().to_vec()), ejson(v, sort_keys)])
+                })
                 .collect();
             Term::Tuple(vec![Term::List(props)])
         }
@@ -151,7 +156,12 @@ fn endpoint_term(ep: &Endpoint) -> Term {
         .iter()
         .filter(|(k, v)| !(k.eq_ignore_ascii_case("accept") && v == "application/json"))
         .filter(|(k, _)| !k.eq_ignore_ascii_case("user-agent"))
-        .map(|(k, v)| Term::Tuple(vec![Term::Str(k.as_bytes().to_vec()), Term::Str(v.as_bytes().to_vec())]))
+        .map(|(k, v)| {
+            Term::Tuple(vec![
+                Term::Str(k.as_bytes().to_vec()),
+                Term::Str(v.as_bytes().to_vec()),
+            ])
+        })
         .collect();
     Term::Tuple(vec![
         Term::Atom("remote"),
@@ -166,7 +176,11 @@ fn endpoint_term(ep: &Endpoint) -> Term {
 
 /// Computes the v4 id. `server_uuid` is the replicator node's uuid; `filter_code` is the
 /// source code of a user `ddoc/name` filter (fetched from the source, trimmed).
-pub fn replication_id(server_uuid: &str, spec: &ReplicationSpec, filter_code: Option<&str>) -> RepId {
+pub fn replication_id(
+    server_uuid: &str,
+    spec: &ReplicationSpec,
+    filter_code: Option<&str>,
+) -> RepId {
     let o = &spec.options;
     let mut parts = vec![
         Term::Bin(server_uuid.as_bytes().to_vec()),
@@ -176,11 +190,19 @@ pub fn replication_id(server_uuid: &str, spec: &ReplicationSpec, filter_code: Op
     match &o.filter {
         Filter::None => {}
         Filter::DocIds(ids) => {
-            parts.push(Term::List(ids.iter().map(|i| Term::Bin(i.as_bytes().to_vec())).collect()));
+            parts.push(Term::List(
+                ids.iter()
+                    .map(|i| Term::Bin(i.as_bytes().to_vec()))
+                    .collect(),
+            ));
         }
         Filter::Selector(sel) => parts.push(ejson(sel, true)),
         Filter::Named { name, query_params } => {
-            let head = if name.starts_with('_') { name.as_str() } else { filter_code.unwrap_or(name).trim() };
+            let head = if name.starts_with('_') {
+                name.as_str()
+            } else {
+                filter_code.unwrap_or(name).trim()
+            };
             parts.push(Term::Bin(head.as_bytes().to_vec()));
             parts.push(ejson(&Value::Object(query_params.clone()), false));
         }
@@ -212,9 +234,22 @@ mod tests {
     #[test]
     fn etf_bytes_of_known_terms() {
         let mut b = vec![131];
-        encode(&Term::List(vec![Term::Bin(b"ab".to_vec()), Term::Str(b"x".to_vec()), Term::Atom("ok")]), &mut b);
+        encode(
+            &Term::List(vec![
+                Term::Bin(b"ab".to_vec()),
+                Term::Str(b"x".to_vec()),
+                Term::Atom("ok"),
+            ]),
+            &mut b,
+        );
         // term_to_binary([<<"ab">>, "x", ok], [{minor_version, 1}])
-        assert_eq!(b, [131, 108, 0, 0, 0, 3, 109, 0, 0, 0, 2, 97, 98, 107, 0, 1, 120, 100, 0, 2, 111, 107, 106]);
+        assert_eq!(
+            b,
+            [
+                131, 108, 0, 0, 0, 3, 109, 0, 0, 0, 2, 97, 98, 107, 0, 1, 120, 100, 0, 2, 111, 107,
+                106
+            ]
+        );
         let mut b = vec![];
         encode(&Term::Int(5984), &mut b);
         assert_eq!(b, [98, 0, 0, 23, 96]);
@@ -222,15 +257,38 @@ mod tests {
 
     #[test]
     fn id_is_deterministic_and_ignores_passwords() {
-        let a = replication_id("u", &spec("http://bob:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"), None);
-        let b = replication_id("u", &spec("http://bob:pw2@127.0.0.1/a", "http://127.0.0.1:9/b"), None);
-        let other_port = replication_id("u", &spec("http://bob:pw1@127.0.0.1:81/a", "http://127.0.0.1:9/b"), None);
-        let c = replication_id("u", &spec("http://eve:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"), None);
+        let a = replication_id(
+            "u",
+            &spec("http://bob:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"),
+            None,
+        );
+        let b = replication_id(
+            "u",
+            &spec("http://bob:pw2@127.0.0.1/a", "http://127.0.0.1:9/b"),
+            None,
+        );
+        let other_port = replication_id(
+            "u",
+            &spec("http://bob:pw1@127.0.0.1:81/a", "http://127.0.0.1:9/b"),
+            None,
+        );
+        let c = replication_id(
+            "u",
+            &spec("http://eve:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"),
+            None,
+        );
         assert_eq!(a.base.len(), 32);
-        assert_eq!(a, b, "password and default port (80 / 5984) do not change the id");
+        assert_eq!(
+            a, b,
+            "password and default port (80 / 5984) do not change the id"
+        );
         assert_ne!(a, other_port);
         assert_ne!(a, c, "user is part of the id");
-        let d = replication_id("v", &spec("http://bob:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"), None);
+        let d = replication_id(
+            "v",
+            &spec("http://bob:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"),
+            None,
+        );
         assert_ne!(a, d, "server uuid is part of the id");
     }
 
@@ -251,7 +309,10 @@ mod tests {
         s.options.winning_revs_only = true;
         assert_ne!(replication_id("u", &s, None).base, id0.base);
         let mut s1 = base.clone();
-        s1.options.filter = Filter::Named { name: "d/f".into(), query_params: Default::default() };
+        s1.options.filter = Filter::Named {
+            name: "d/f".into(),
+            query_params: Default::default(),
+        };
         let f1 = replication_id("u", &s1, Some("function(d){return true}"));
         let f2 = replication_id("u", &s1, Some(" function(d){return false} "));
         assert_ne!(f1, f2);

@@ -36,13 +36,19 @@ struct DiffEntry {
 pub async fn revs_diff(target: &HttpClient, changes: &[Change]) -> Result<Vec<Missing>> {
     let mut body = Map::with_capacity(changes.len());
     for c in changes {
-        let entry = body.entry(c.id.clone()).or_insert_with(|| Value::Array(Vec::new()));
+        let entry = body
+            .entry(c.id.clone())
+            .or_insert_with(|| Value::Array(Vec::new()));
         if let Value::Array(a) = entry {
             a.extend(c.revs.iter().map(|r| Value::String(r.clone())));
         }
     }
     let resp = target
-        .send(&Req::json(Method::POST, "_revs_diff", Value::Object(body).to_string()))
+        .send(&Req::json(
+            Method::POST,
+            "_revs_diff",
+            Value::Object(body).to_string(),
+        ))
         .await?;
     if !resp.status.is_success() {
         return Err(ReplicationError::HttpRequestFailed(format!(
@@ -58,7 +64,11 @@ pub async fn revs_diff(target: &HttpClient, changes: &[Change]) -> Result<Vec<Mi
         if let Some(e) = map.remove(&c.id)
             && !e.missing.is_empty()
         {
-            out.push(Missing { id: c.id.clone(), revs: e.missing, possible_ancestors: e.possible_ancestors });
+            out.push(Missing {
+                id: c.id.clone(),
+                revs: e.missing,
+                possible_ancestors: e.possible_ancestors,
+            });
         }
     }
     Ok(out)
@@ -68,7 +78,11 @@ pub async fn revs_diff(target: &HttpClient, changes: &[Change]) -> Result<Vec<Mi
 pub fn all_missing(changes: &[Change]) -> Vec<Missing> {
     changes
         .iter()
-        .map(|c| Missing { id: c.id.clone(), revs: c.revs.clone(), possible_ancestors: Vec::new() })
+        .map(|c| Missing {
+            id: c.id.clone(),
+            revs: c.revs.clone(),
+            possible_ancestors: Vec::new(),
+        })
         .collect()
 }
 
@@ -82,7 +96,10 @@ pub struct DiffSkipper {
 
 impl Default for DiffSkipper {
     fn default() -> Self {
-        Self { avg: 0.0, last_call: None }
+        Self {
+            avg: 0.0,
+            last_call: None,
+        }
     }
 }
 

@@ -34,7 +34,8 @@ impl Counters {
     /// Seeds counters (from a checkpoint history entry when resuming a session).
     pub fn seed(&self, s: &ReplicationStats) {
         self.revisions_checked.store(s.revisions_checked, Relaxed);
-        self.missing_revisions_found.store(s.missing_revisions_found, Relaxed);
+        self.missing_revisions_found
+            .store(s.missing_revisions_found, Relaxed);
         self.docs_read.store(s.docs_read, Relaxed);
         self.docs_written.store(s.docs_written, Relaxed);
         self.doc_write_failures.store(s.doc_write_failures, Relaxed);
@@ -115,5 +116,7 @@ impl ReplicationStats {
 
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

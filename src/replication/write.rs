@@ -71,10 +71,14 @@ pub async fn write_docs(target: &HttpClient, docs: &[Bytes]) -> Result<WriteResu
 }
 
 /// One `_bulk_docs` request, halving on 413.
-pub fn bulk_docs<'a>(target: &'a HttpClient, docs: &'a [Bytes]) -> BoxFuture<'a, Result<WriteResult>> {
+pub fn bulk_docs<'a>(
+    target: &'a HttpClient,
+    docs: &'a [Bytes],
+) -> BoxFuture<'a, Result<WriteResult>> {
     Box::pin(async move {
         let mut req = Req::json(Method::POST, "_bulk_docs", bulk_body(docs));
-        req.headers.push(("x-couch-full-commit", "false".to_owned()));
+        req.headers
+            .push(("x-couch-full-commit", "false".to_owned()));
         let resp = target.send(&req).await?;
         match resp.status {
             StatusCode::CREATED | StatusCode::OK | StatusCode::EXPECTATION_FAILED => {
@@ -84,7 +88,10 @@ pub fn bulk_docs<'a>(target: &'a HttpClient, docs: &'a [Bytes]) -> BoxFuture<'a,
                 for r in results.iter().filter_map(|r| r.error.as_deref()) {
                     tracing::debug!(error = r, "target rejected a document");
                 }
-                Ok(WriteResult { written: docs.len() as u64 - failures.min(docs.len() as u64), failures })
+                Ok(WriteResult {
+                    written: docs.len() as u64 - failures.min(docs.len() as u64),
+                    failures,
+                })
             }
             StatusCode::PAYLOAD_TOO_LARGE if docs.len() > 1 => {
                 let (a, b) = docs.split_at(docs.len() / 2);
@@ -94,16 +101,28 @@ pub fn bulk_docs<'a>(target: &'a HttpClient, docs: &'a [Bytes]) -> BoxFuture<'a,
             }
             StatusCode::PAYLOAD_TOO_LARGE => {
                 tracing::debug!("a single document is too large for the target");
-                Ok(WriteResult { written: 0, failures: 1 })
+                Ok(WriteResult {
+                    written: 0,
+                    failures: 1,
+                })
             }
-            s => Err(ReplicationError::BulkDocsFailed(format!("{}: _bulk_docs answered {s}", target.endpoint()))),
+            s => Err(ReplicationError::BulkDocsFailed(format!(
+                "{}: _bulk_docs answered {s}",
+                target.endpoint()
+            ))),
         }
     })
 }
 
 /// Builds a `multipart/related` body: the JSON part then each attachment part.
-pub fn related_body(json: &Bytes, parts: &[(Vec<(String, String)>, Bytes)], boundary: &str) -> Bytes {
-    let mut b = BytesMut::with_capacity(json.len() + parts.iter().map(|p| p.1.len() + 200).sum::<usize>() + 200);
+pub fn related_body(
+    json: &Bytes,
+    parts: &[(Vec<(String, String)>, Bytes)],
+    boundary: &str,
+) -> Bytes {
+    let mut b = BytesMut::with_capacity(
+        json.len() + parts.iter().map(|p| p.1.len() + 200).sum::<usize>() + 200,
+    );
     b.put_slice(format!("--{boundary}\r\nContent-Type: application/json\r\n\r\n").as_bytes());
     b.put_slice(json);
     for (headers, data) in parts {
@@ -126,16 +145,33 @@ pub async fn put_multipart(
     parts: &[(Vec<(String, String)>, Bytes)],
 ) -> Result<WriteResult> {
     let boundary = uuid::Uuid::new_v4().simple().to_string();
-    let mut req = Req::json(Method::PUT, format!("{}?new_edits=false", encode_doc_id(id)), related_body(json, parts, &boundary));
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        related_body(json, parts, &boundary),
+    );
     req.content_type = format!("multipart/related; boundary=\"{boundary}\"").into();
-    req.headers.push(("x-couch-full-commit", "false".to_owned()));
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
     let resp = target.send(&req).await?;
     match resp.status.as_u16() {
-        200..=202 => Ok(WriteResult { written: 1, failures: 0 }),
+        200..=202 => Ok(WriteResult {
+            written: 1,
+            failures: 0,
+        }),
         400 | 401 | 403 | 409 | 412 | 413 | 415 => {
-            tracing::debug!(status = resp.status.as_u16(), "target rejected a document with attachments");
-            Ok(WriteResult { written: 0, failures: 1 })
+            tracing::debug!(
+                status = resp.status.as_u16(),
+                "target rejected a document with attachments"
+            );
+            Ok(WriteResult {
+                written: 0,
+                failures: 1,
+            })
         }
-        s => Err(ReplicationError::DocWriteFailed(format!("{}: PUT of a document answered {s}", target.endpoint()))),
+        s => Err(ReplicationError::DocWriteFailed(format!(
+            "{}: PUT of a document answered {s}",
+            target.endpoint()
+        ))),
     }
 }
