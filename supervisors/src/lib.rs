@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 mod child_spec;
+mod dynamic;
 mod error;
 mod intensity;
 mod lookup;
@@ -12,6 +13,9 @@ mod shutdown;
 mod supervisor;
 
 pub use child_spec::{ChildContext, ChildSpec, Restart, StartFuture};
+pub use dynamic::{
+    ChildExit, DynStartFuture, DynamicSupervisor, DynamicSupervisorMsg, DynamicSupervisorRef,
+};
 pub use error::{BoxError, SupervisorError};
 pub use intensity::Intensity;
 pub use lookup::{ChildHandle, Children};
