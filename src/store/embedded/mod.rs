@@ -9,6 +9,8 @@
 //!   in one durable redb transaction (group commit), assigns versionstamps and fires
 //!   watches ([`watches`]).
 //! - [`writes`] is a transaction's write buffer.
+//! - [`wal`] is the commit log (`<file>.wal`) that makes batches durable between redb
+//!   checkpoints; `open` replays it onto redb after a crash.
 //!
 //! Versions: the committed version is a counter persisted with the data, bumped once per
 //! batch that writes; a transaction's read version is the committed version of the snapshot
@@ -17,6 +19,7 @@
 mod committer;
 mod conflicts;
 mod transaction;
+mod wal;
 mod watches;
 mod writes;
 
@@ -29,8 +32,9 @@ use redb::{ReadOnlyTable, ReadableDatabase, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::{Store, StoreError, Transaction};
-use committer::{Committer, Request};
+use committer::{Committer, Request, apply_effect};
 use transaction::EmbeddedTx;
+use wal::Wal;
 
 /// Every user key and value.
 pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
@@ -95,23 +99,43 @@ impl EmbeddedStore {
     /// matters to the caller.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let db = redb::Database::create(path.as_ref()).map_err(engine_err)?;
+        let (mut wal, records) = Wal::open(Wal::path_for(path.as_ref()))?;
         let version = {
             let w = db.begin_write().map_err(engine_err)?;
             let version = {
-                w.open_table(DATA).map_err(engine_err)?;
-                let meta = w.open_table(META).map_err(engine_err)?;
-                read_version(&meta)?
+                let mut data = w.open_table(DATA).map_err(engine_err)?;
+                let mut meta = w.open_table(META).map_err(engine_err)?;
+                let durable = read_version(&meta)?;
+                // Batches acknowledged after the last checkpoint live only in the log.
+                let mut version = durable;
+                for record in records.iter().filter(|r| r.version > durable) {
+                    for effect in &record.effects {
+                        apply_effect(&mut data, effect)?;
+                    }
+                    version = record.version;
+                }
+                if version > durable {
+                    tracing::info!(
+                        from = durable,
+                        to = version,
+                        "embedded store: replayed commit log"
+                    );
+                    meta.insert(VERSION_KEY, version.to_be_bytes().as_slice())
+                        .map_err(engine_err)?;
+                }
+                version
             };
             w.commit().map_err(engine_err)?;
             version
         };
+        wal.reset()?;
         let snapshot = open_snapshot(&db, version)?;
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             current: Mutex::new(Some(Arc::new(snapshot))),
             requests: Mutex::new(Some(tx)),
         });
-        let committer = Committer::new(db, version, Arc::downgrade(&shared));
+        let committer = Committer::new(db, version, Arc::downgrade(&shared), wal);
         std::thread::Builder::new()
             .name("store-committer".into())
             .spawn(move || committer.run(rx))
