@@ -29,10 +29,11 @@ const CHECKPOINT_BATCHES: u32 = 256;
 const CHECKPOINT_BYTES: u64 = 16 << 20;
 /// Most requests in one batch (the batch order is 2 bytes).
 const MAX_BATCH: usize = 4096;
-/// A batch closes when no request arrived for this long...
-const ARRIVAL_GAP: Duration = Duration::from_micros(50);
+/// A batch closes as soon as no open transaction is left to join it, or when no request
+/// arrived for this long (a busy CPU can delay a writer by more than a few microseconds)...
+const ARRIVAL_GAP: Duration = Duration::from_micros(250);
 /// ...or when its first request waited this long.
-const MAX_LINGER: Duration = Duration::from_micros(500);
+const MAX_LINGER: Duration = Duration::from_millis(1);
 
 pub(crate) type CommitVerdict = Result<Option<CommitStamp>, StoreError>;
 
@@ -96,9 +97,10 @@ impl Committer {
                 Request::Commit(r) => batch.push(r),
                 Request::Close(done) => close = Some(done),
             }
-            // Keep collecting while requests keep arriving: the writers acknowledged by the
-            // previous batch are usually about to send their next commit, and one fsync for
-            // all of them beats two half-full batches.
+            // Keep collecting while transactions that may still commit are open: the writers
+            // acknowledged by the previous batch are usually about to send their next commit,
+            // and one fsync for all of them beats two half-full batches.
+            let shared = self.shared.upgrade();
             let deadline = Instant::now() + MAX_LINGER;
             while close.is_none() && batch.len() < MAX_BATCH {
                 let next = match requests.try_recv() {
@@ -106,12 +108,21 @@ impl Committer {
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
                         let now = Instant::now();
-                        if now >= deadline {
+                        let nobody_left =
+                            shared.as_ref().is_none_or(|s| s.open_transactions() == 0);
+                        if nobody_left {
+                            // A request sent just before its sender counted itself off.
+                            match requests.try_recv() {
+                                Ok(r) => r,
+                                Err(_) => break,
+                            }
+                        } else if now >= deadline {
                             break;
-                        }
-                        match requests.recv_timeout(ARRIVAL_GAP.min(deadline - now)) {
-                            Ok(r) => r,
-                            Err(_) => break,
+                        } else {
+                            match requests.recv_timeout(ARRIVAL_GAP.min(deadline - now)) {
+                                Ok(r) => r,
+                                Err(_) => break,
+                            }
                         }
                     }
                 };

@@ -24,6 +24,7 @@ mod watches;
 mod writes;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 
 use futures::FutureExt;
@@ -53,6 +54,9 @@ pub(crate) struct Shared {
     /// The latest committed snapshot; `None` once the store is closed.
     current: Mutex<Option<Arc<Snapshot>>>,
     requests: Mutex<Option<mpsc::Sender<Request>>>,
+    /// Transactions begun and neither submitted for commit nor dropped: the committer stops
+    /// waiting for more requests to join a batch when none is left.
+    open: AtomicUsize,
 }
 
 impl Shared {
@@ -62,6 +66,10 @@ impl Shared {
 
     pub(crate) fn snapshot(&self) -> Result<Arc<Snapshot>, StoreError> {
         self.current().clone().ok_or(StoreError::Closed)
+    }
+
+    pub(crate) fn open_transactions(&self) -> usize {
+        self.open.load(Ordering::Acquire)
     }
 
     pub(crate) fn publish(&self, snapshot: Option<Arc<Snapshot>>) {
@@ -134,6 +142,7 @@ impl EmbeddedStore {
         let shared = Arc::new(Shared {
             current: Mutex::new(Some(Arc::new(snapshot))),
             requests: Mutex::new(Some(tx)),
+            open: AtomicUsize::new(0),
         });
         let committer = Committer::new(db, version, Arc::downgrade(&shared), wal);
         std::thread::Builder::new()
