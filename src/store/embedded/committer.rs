@@ -17,7 +17,7 @@ use redb::{ReadableTable, Table};
 use tokio::sync::oneshot;
 
 use super::conflicts::{History, KeyRange, Written, intersects};
-use super::wal::{Effect, Wal};
+use super::wal::{Effect, LogWriter};
 use super::watches::{NewWatch, Registry, Seen};
 use super::writes::Mutation;
 use super::{DATA, META, Shared, VERSION_KEY, engine_err, open_snapshot};
@@ -65,7 +65,7 @@ pub(crate) struct Committer {
     history: History,
     watches: Registry,
     shared: Weak<Shared>,
-    wal: Wal,
+    wal: LogWriter,
     /// Batches made durable by the log since the last checkpoint.
     logged: u32,
     /// Set when a batch reached redb but not the log: redb is then ahead of what is durable,
@@ -76,7 +76,12 @@ pub(crate) struct Committer {
 pub(crate) type DataTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
 impl Committer {
-    pub(crate) fn new(db: redb::Database, version: u64, shared: Weak<Shared>, wal: Wal) -> Self {
+    pub(crate) fn new(
+        db: redb::Database,
+        version: u64,
+        shared: Weak<Shared>,
+        wal: LogWriter,
+    ) -> Self {
         Self {
             db: Some(db),
             version,
@@ -335,19 +340,25 @@ impl Committer {
                 .map_err(engine_err)?;
             current
         };
-        write.commit().map_err(engine_err)?;
         if checkpoint {
+            write.commit().map_err(engine_err)?;
             self.logged = 0;
             if let Err(e) = self.wal.reset() {
                 // Harmless: replay skips records the durable redb state already holds.
                 tracing::warn!(error = %e, "embedded store: commit log not emptied");
             }
-        } else if let Err(e) = self.wal.append(version, &effects) {
+            return Ok(current);
+        }
+        // The log syncs the batch while redb commits it (without durability) here.
+        let logged = self.wal.append(version, effects);
+        let committed = write.commit().map_err(engine_err);
+        let result = committed.and_then(|()| logged.wait(&mut self.wal));
+        if let Err(e) = result {
+            // redb and the log may now disagree about this version: stop committing.
             self.broken = Some(e.clone());
             return Err(e);
-        } else {
-            self.logged += 1;
         }
+        self.logged += 1;
         Ok(current)
     }
 

@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 use super::{Store, StoreError, Transaction};
 use committer::{Committer, Request, apply_effect};
 use transaction::EmbeddedTx;
-use wal::Wal;
+use wal::{LogWriter, Wal};
 
 /// Every user key and value.
 pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
@@ -144,7 +144,8 @@ impl EmbeddedStore {
             requests: Mutex::new(Some(tx)),
             open: AtomicUsize::new(0),
         });
-        let committer = Committer::new(db, version, Arc::downgrade(&shared), wal);
+        let committer =
+            Committer::new(db, version, Arc::downgrade(&shared), LogWriter::start(wal)?);
         std::thread::Builder::new()
             .name("store-committer".into())
             .spawn(move || committer.run(rx))

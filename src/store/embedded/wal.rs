@@ -16,6 +16,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use crate::store::StoreError;
 
@@ -193,6 +194,99 @@ impl Wal {
             .map_err(|e| io_err(&self.path, e))?;
         self.bytes = 0;
         Ok(())
+    }
+}
+
+type Reply = mpsc::SyncSender<Result<(), StoreError>>;
+
+enum Job {
+    Append(u64, Vec<Effect>, Reply),
+    Reset(Reply),
+}
+
+/// The log on its own thread, so that a batch's `fdatasync` runs while the committer applies
+/// the same batch to redb.
+pub(crate) struct LogWriter {
+    jobs: mpsc::Sender<Job>,
+    /// Bytes in the log (as of the last finished append or reset).
+    pub bytes: u64,
+}
+
+/// An append in flight: [`Pending::wait`] returns once it is on disk.
+pub(crate) struct Pending {
+    done: mpsc::Receiver<Result<(), StoreError>>,
+    bytes: u64,
+}
+
+impl Pending {
+    pub(crate) fn wait(self, log: &mut LogWriter) -> Result<(), StoreError> {
+        let result = self
+            .done
+            .recv()
+            .map_err(|_| StoreError::Engine("commit log thread gone".into()))?;
+        if result.is_ok() {
+            log.bytes = self.bytes;
+        }
+        result
+    }
+}
+
+impl LogWriter {
+    pub(crate) fn start(mut wal: Wal) -> Result<Self, StoreError> {
+        let bytes = wal.bytes;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("store-log".into())
+            .spawn(move || {
+                while let Ok(job) = queue.recv() {
+                    match job {
+                        Job::Append(version, effects, reply) => {
+                            let _ = reply.send(wal.append(version, &effects));
+                        }
+                        Job::Reset(reply) => {
+                            let _ = reply.send(wal.reset());
+                        }
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Engine(format!("commit log thread: {e}")))?;
+        Ok(Self { jobs, bytes })
+    }
+
+    /// Starts appending a batch; `effects` are encoded and synced on the log thread.
+    pub(crate) fn append(&mut self, version: u64, effects: Vec<Effect>) -> Pending {
+        let size: u64 = effects.iter().map(Effect::encoded_len).sum::<u64>() + 16;
+        let (reply, done) = mpsc::sync_channel(1);
+        if let Err(mpsc::SendError(Job::Append(_, _, reply))) =
+            self.jobs.send(Job::Append(version, effects, reply))
+        {
+            let _ = reply.send(Err(StoreError::Engine("commit log thread gone".into())));
+        }
+        Pending {
+            done,
+            bytes: self.bytes + size,
+        }
+    }
+
+    pub(crate) fn reset(&mut self) -> Result<(), StoreError> {
+        let (reply, done) = mpsc::sync_channel(1);
+        self.jobs
+            .send(Job::Reset(reply))
+            .map_err(|_| StoreError::Engine("commit log thread gone".into()))?;
+        done.recv()
+            .map_err(|_| StoreError::Engine("commit log thread gone".into()))??;
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+impl Effect {
+    fn encoded_len(&self) -> u64 {
+        let len = match self {
+            Effect::Put(a, b) | Effect::DeleteRange(a, b) => 9 + a.len() + b.len(),
+            Effect::Delete(a) => 5 + a.len(),
+        };
+        len as u64
     }
 }
 
