@@ -1,13 +1,16 @@
 //! The committer: one thread that owns the redb file and turns batches of commit requests
 //! into durable commits (group commit).
 //!
-//! Takes [`Request::Commit`] from transactions and [`Request::Close`] from the store. For each
-//! batch it (1) rejects requests whose read-conflict ranges meet writes committed after their
-//! read version, including writes of earlier requests accepted into the same batch, (2)
-//! applies the accepted ones in order in ONE redb write transaction with immediate durability
-//! (one fsync per batch), (3) publishes the new snapshot and version, acknowledges with
-//! versionstamps (commit version ‖ order in batch), then fires watches. Nothing is
-//! acknowledged before its batch is durable.
+//! Takes [`Request::Commit`] from transactions and [`Request::Close`] from the store. A batch
+//! collects requests while transactions that may still join are open. For each batch it (1)
+//! rejects requests whose read-conflict ranges meet writes committed after their read
+//! version, including writes of earlier requests accepted into the same batch, (2) applies the
+//! accepted ones in order in ONE redb write transaction and makes the batch durable with one
+//! fsync: of the commit log ([`super::wal`], synced on its own thread while redb commits
+//! without durability), or, every [`CHECKPOINT_BATCHES`], of a durable redb commit that also
+//! persists the logged batches before it, (3) publishes the new snapshot and version,
+//! acknowledges with versionstamps (commit version ‖ order in batch), then fires watches.
+//! Nothing is acknowledged or visible to readers before its batch is durable.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak, mpsc};

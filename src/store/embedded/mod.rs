@@ -6,8 +6,8 @@
 //! - [`transaction`] runs one optimistic transaction: snapshot reads, read-your-writes,
 //!   read-conflict ranges, buffered writes.
 //! - [`committer`] batches commit requests, checks conflicts ([`conflicts`]), applies a batch
-//!   in one durable redb transaction (group commit), assigns versionstamps and fires
-//!   watches ([`watches`]).
+//!   in one redb transaction made durable by one fsync (group commit), assigns versionstamps
+//!   and fires watches ([`watches`]).
 //! - [`writes`] is a transaction's write buffer.
 //! - [`wal`] is the commit log (`<file>.wal`) that makes batches durable between redb
 //!   checkpoints; `open` replays it onto redb after a crash.
