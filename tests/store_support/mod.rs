@@ -118,7 +118,9 @@ impl Harness for Memory {
     async fn finish(self) {}
 }
 
+// Only the conformance suite uses it; the other store tests share this module.
 #[cfg(feature = "fdb")]
+#[allow(unused_imports)]
 pub use fdb_harness::Fdb;
 
 #[cfg(feature = "fdb")]
