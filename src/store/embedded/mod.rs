@@ -210,3 +210,40 @@ impl Store for EmbeddedStore {
         "embedded"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Db;
+
+    /// A leaked count would make every batch wait for a transaction that never comes.
+    #[tokio::test]
+    async fn open_transactions_are_counted_until_submitted_or_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("s.redb")).unwrap();
+        let db = Db::new(Arc::new(store.clone()));
+        let open = || store.shared.open_transactions();
+        let (a, b, c) = (
+            db.begin().await.unwrap(),
+            db.begin().await.unwrap(),
+            db.begin().await.unwrap(),
+        );
+        assert_eq!(open(), 3);
+        a.set(b"k", b"v");
+        a.commit().await.unwrap();
+        assert_eq!(open(), 2, "a submitted commit no longer counts");
+        assert_eq!(b.commit().await.unwrap(), None);
+        assert_eq!(open(), 1, "a read-only commit no longer counts");
+        drop(a);
+        drop(b);
+        assert_eq!(open(), 1);
+        c.set(b"k", b"w");
+        drop(c);
+        assert_eq!(open(), 0, "a dropped transaction no longer counts");
+        let failed = db.begin().await.unwrap();
+        failed.commit().await.unwrap();
+        assert!(failed.commit().await.is_err(), "second commit fails");
+        assert_eq!(open(), 0, "counted off once");
+        store.close().await.unwrap();
+    }
+}
