@@ -36,10 +36,12 @@ impl Couch {
             .await
             .unwrap_or_else(|e| panic!("{what}: request failed: {e}"));
         let status = r.status().as_u16();
-        let body = r.bytes().await.unwrap_or_else(|e| panic!("{what}: body: {e}"));
-        let v = serde_json::from_slice(&body).unwrap_or_else(|_| {
-            Value::String(String::from_utf8_lossy(&body).into_owned())
-        });
+        let body = r
+            .bytes()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: body: {e}"));
+        let v = serde_json::from_slice(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
         (status, v)
     }
 
@@ -68,7 +70,9 @@ impl Couch {
                 .await;
             assert!(s == 201 || s == 200, "_bulk_docs answered {s}: {v}");
             for r in v.as_array().expect("bulk_docs array") {
-                let rev = r["rev"].as_str().unwrap_or_else(|| panic!("write failed: {r}"));
+                let rev = r["rev"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("write failed: {r}"));
                 revs.push(rev.to_owned());
             }
         }
@@ -85,19 +89,28 @@ impl Couch {
                 "bulk new_edits=false",
             )
             .await;
-        assert!(s == 201 || s == 200, "_bulk_docs new_edits=false answered {s}: {v}");
+        assert!(
+            s == 201 || s == 200,
+            "_bulk_docs new_edits=false answered {s}: {v}"
+        );
     }
 
     /// `PUT /db/id` with `body`; returns `(status, body)`.
     pub async fn put_doc(&self, db: &str, id: &str, body: &Value) -> (u16, Value) {
-        self.call(self.http.put(self.url(&format!("{db}/{id}"))).json(body), "put doc")
-            .await
+        self.call(
+            self.http.put(self.url(&format!("{db}/{id}"))).json(body),
+            "put doc",
+        )
+        .await
     }
 
     /// `GET /db/id?query`; returns `(status, body)`.
     pub async fn get_doc(&self, db: &str, id_and_query: &str) -> (u16, Value) {
-        self.call(self.http.get(self.url(&format!("{db}/{id_and_query}"))), "get doc")
-            .await
+        self.call(
+            self.http.get(self.url(&format!("{db}/{id_and_query}"))),
+            "get doc",
+        )
+        .await
     }
 
     /// Raw bytes of an attachment.
@@ -116,7 +129,8 @@ impl Couch {
     pub async fn leaf_revs(&self, db: &str) -> BTreeMap<String, Vec<String>> {
         let (s, v) = self
             .call(
-                self.http.get(self.url(&format!("{db}/_changes?style=all_docs"))),
+                self.http
+                    .get(self.url(&format!("{db}/_changes?style=all_docs"))),
                 "changes",
             )
             .await;
@@ -146,7 +160,10 @@ impl Couch {
             .collect();
         let mut out = Leaves::new();
         for chunk in pairs.chunks(500) {
-            let docs: Vec<Value> = chunk.iter().map(|(i, r)| json!({"id": i, "rev": r})).collect();
+            let docs: Vec<Value> = chunk
+                .iter()
+                .map(|(i, r)| json!({"id": i, "rev": r}))
+                .collect();
             let (s, v) = self
                 .call(
                     self.http

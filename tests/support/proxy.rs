@@ -155,7 +155,10 @@ impl FaultProxy {
 
     /// Requests whose path contains `s`.
     pub fn requests_to(&self, s: &str) -> Vec<Seen> {
-        self.log().into_iter().filter(|r| r.path.contains(s)).collect()
+        self.log()
+            .into_iter()
+            .filter(|r| r.path.contains(s))
+            .collect()
     }
 }
 
@@ -209,9 +212,8 @@ async fn handle(State(ctx): State<Ctx>, req: Request) -> Response {
     match fault {
         Some(Fault::Status(s)) => {
             let code = StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let body = format!(
-                "{{\"error\":\"injected\",\"reason\":\"fault proxy answered {s}\"}}"
-            );
+            let body =
+                format!("{{\"error\":\"injected\",\"reason\":\"fault proxy answered {s}\"}}");
             return Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
@@ -228,9 +230,10 @@ async fn handle(State(ctx): State<Ctx>, req: Request) -> Response {
         Some(Fault::Stall(d)) => tokio::time::sleep(d).await,
         _ => {}
     }
-    let mut fwd = ctx
-        .http
-        .request(parts.method.clone(), format!("{}{}", ctx.upstream, raw_path));
+    let mut fwd = ctx.http.request(
+        parts.method.clone(),
+        format!("{}{}", ctx.upstream, raw_path),
+    );
     for (k, v) in parts.headers.iter() {
         if !matches!(
             k.as_str(),
@@ -271,13 +274,16 @@ async fn handle(State(ctx): State<Ctx>, req: Request) -> Response {
                 let len = full_len.unwrap_or_else(|| HeaderValue::from(all.len()));
                 resp = resp.header("content-length", len);
             }
-            let s = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(half) })
-                .chain(futures::stream::once(async move {
+            let s = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(half) }).chain(
+                futures::stream::once(async move {
                     if let Some(d) = stall {
                         tokio::time::sleep(d).await;
                     }
-                    Err(std::io::Error::other("fault proxy: connection reset mid-body"))
-                }));
+                    Err(std::io::Error::other(
+                        "fault proxy: connection reset mid-body",
+                    ))
+                }),
+            );
             resp.body(Body::from_stream(s)).expect("response")
         }
         _ => {

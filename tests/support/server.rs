@@ -42,16 +42,23 @@ impl PouchServer {
     async fn try_start() -> Result<Self, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let port = free_port();
-        let log = std::fs::File::create(dir.path().join("stdout.txt")).map_err(|e| e.to_string())?;
+        let log =
+            std::fs::File::create(dir.path().join("stdout.txt")).map_err(|e| e.to_string())?;
         let log2 = log.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(server_bin());
-        cmd.args(["--in-memory", "--no-stdout-logs", "--host", "127.0.0.1", "--port"])
-            .arg(port.to_string())
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .process_group(0);
+        cmd.args([
+            "--in-memory",
+            "--no-stdout-logs",
+            "--host",
+            "127.0.0.1",
+            "--port",
+        ])
+        .arg(port.to_string())
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .process_group(0);
         // SAFETY: prctl is async-signal-safe; called between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -59,16 +66,15 @@ impl PouchServer {
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| format!("spawn {:?}: {e}", server_bin()))?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn {:?}: {e}", server_bin()))?;
         let mut server = Self { child, port, dir };
         let http = reqwest::Client::new();
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(30) {
             if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!(
-                    "exited with {status}; output: {}",
-                    server.output()
-                ));
+                return Err(format!("exited with {status}; output: {}", server.output()));
             }
             if let Ok(r) = http.get(server.root()).send().await
                 && r.status().is_success()
@@ -77,7 +83,10 @@ impl PouchServer {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(format!("not ready on port {port} after 30 s; output: {}", server.output()))
+        Err(format!(
+            "not ready on port {port} after 30 s; output: {}",
+            server.output()
+        ))
     }
 
     /// `http://127.0.0.1:PORT/`.
