@@ -83,7 +83,7 @@ async fn stopped_run_resumes_from_its_checkpoint() {
         .as_u64()
         .expect("numeric checkpoint");
     assert!(
-        through >= 1000 && through < 6000,
+        (1000..6000).contains(&through),
         "checkpoint at {through}: {stopped:?}"
     );
     assert_eq!(stopped.through_seq, stopped.checkpointed_source_seq);
