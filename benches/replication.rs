@@ -11,7 +11,8 @@
 //! `RESULT` lines. Each target is a fresh pouchdb-server so no run inherits another's heap.
 //! Options for our engine: `BENCH_WORKERS`, `BENCH_BATCH`, `BENCH_CONNS` (CouchDB's
 //! `worker_processes`, `worker_batch_size`, `http_connections`); PouchDB's: `BATCH_SIZE`,
-//! `BATCHES_LIMIT`. The values used are printed.
+//! `BATCHES_LIMIT`. The values used are printed. `BENCH_ONLY=ours` runs only our engine (for
+//! profiling; no `RESULT` lines then).
 
 #[path = "replication/data.rs"]
 mod data;
@@ -82,38 +83,41 @@ async fn run() -> Result<(), String> {
         fill.as_secs_f64()
     );
     let mut rows = Vec::new();
+    let only_ours = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "ours");
 
     // Read ceiling: the source alone.
-    let c0 = source.cpu_seconds();
-    let (docs, revs, took) = load::read_all(&http, &src_db).await?;
-    if docs != n {
-        return Err(format!("read ceiling saw {docs} docs, expected {n}"));
-    }
-    rows.push(Row {
-        name: "ceiling: source read",
-        wall_s: took.as_secs_f64(),
-        cpu_s: None,
-        src_cpu_s: source.cpu_seconds() - c0,
-        tgt_cpu_s: 0.0,
-    });
-    eprintln!(
-        "read ceiling: {revs} revisions in {:.1} s",
-        took.as_secs_f64()
-    );
-
-    // Write ceiling: a fresh target alone.
-    {
-        let target = Server::start(&http).await?;
-        target.create_db(&http, "ceiling").await?;
-        let c0 = target.cpu_seconds();
-        let took = load::fill(&http, &target.db("ceiling"), n).await?;
+    if !only_ours {
+        let c0 = source.cpu_seconds();
+        let (docs, revs, took) = load::read_all(&http, &src_db).await?;
+        if docs != n {
+            return Err(format!("read ceiling saw {docs} docs, expected {n}"));
+        }
         rows.push(Row {
-            name: "ceiling: target write",
+            name: "ceiling: source read",
             wall_s: took.as_secs_f64(),
             cpu_s: None,
-            src_cpu_s: 0.0,
-            tgt_cpu_s: target.cpu_seconds() - c0,
+            src_cpu_s: source.cpu_seconds() - c0,
+            tgt_cpu_s: 0.0,
         });
+        eprintln!(
+            "read ceiling: {revs} revisions in {:.1} s",
+            took.as_secs_f64()
+        );
+
+        // Write ceiling: a fresh target alone.
+        {
+            let target = Server::start(&http).await?;
+            target.create_db(&http, "ceiling").await?;
+            let c0 = target.cpu_seconds();
+            let took = load::fill(&http, &target.db("ceiling"), n).await?;
+            rows.push(Row {
+                name: "ceiling: target write",
+                wall_s: took.as_secs_f64(),
+                cpu_s: None,
+                src_cpu_s: 0.0,
+                tgt_cpu_s: target.cpu_seconds() - c0,
+            });
+        }
     }
 
     // Our engine.
@@ -131,6 +135,7 @@ async fn run() -> Result<(), String> {
         spec.options.worker_batch_size = batch;
         spec.options.http_connections = conns;
         let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
+        eprintln!("ours: replicating (pid {})", std::process::id());
         let exact_peak = measure::reset_peak_rss();
         let cpu0 = measure::self_cpu_seconds();
         let t = Instant::now();
@@ -159,8 +164,8 @@ async fn run() -> Result<(), String> {
     }
 
     // PouchDB's replicator.
-    let pouch_options;
-    {
+    let mut pouch_options = serde_json::Value::Null;
+    if !only_ours {
         let target = Server::start(&http).await?;
         target.create_db(&http, "pouch").await?;
         let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
@@ -206,6 +211,9 @@ async fn run() -> Result<(), String> {
             100.0 * r.src_cpu_s / r.wall_s,
             100.0 * r.tgt_cpu_s / r.wall_s
         );
+    }
+    if only_ours {
+        return Ok(());
     }
     let rate = |name: &str| {
         rows.iter()
