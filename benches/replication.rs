@@ -193,21 +193,39 @@ async fn run() -> Result<(), String> {
          (CouchDB defaults 4/500/20); PouchDB: {pouch_options}"
     );
     println!(
-        "{:<24} {:>10} {:>9} {:>12} {:>10} {:>10} {:>10}",
-        "run", "docs/s", "wall s", "client CPU s", "µs CPU/doc", "src busy", "tgt busy"
+        "{:<22} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "run",
+        "docs/s",
+        "wall s",
+        "client CPU",
+        "client/doc",
+        "src/doc",
+        "tgt/doc",
+        "src busy",
+        "tgt busy"
     );
+    println!("(CPU in seconds or µs per document; busy = server CPU / wall, one core = 100%)");
     for r in &rows {
         let cpu = r.cpu_s.map_or("-".into(), |c| format!("{c:.2}"));
         let per = r
             .cpu_s
             .map_or("-".into(), |c| format!("{:.0}", c * 1e6 / n as f64));
+        let us = |c: f64| {
+            if c > 0.0 {
+                format!("{:.0}", c * 1e6 / n as f64)
+            } else {
+                "-".into()
+            }
+        };
         println!(
-            "{:<24} {:>10.0} {:>9.2} {:>12} {:>10} {:>9.0}% {:>9.0}%",
+            "{:<22} {:>8.0} {:>8.2} {:>10} {:>10} {:>9} {:>9} {:>8.0}% {:>8.0}%",
             r.name,
             n as f64 / r.wall_s,
             r.wall_s,
             cpu,
             per,
+            us(r.src_cpu_s),
+            us(r.tgt_cpu_s),
             100.0 * r.src_cpu_s / r.wall_s,
             100.0 * r.tgt_cpu_s / r.wall_s
         );
