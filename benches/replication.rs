@@ -68,8 +68,10 @@ fn main() {
 
 async fn run() -> Result<(), String> {
     let n = env_num("BENCH_DOCS", 100_000) as u64;
+    // No compression: the ceilings must be the servers' best raw rates.
     let http = reqwest::Client::builder()
         .no_proxy()
+        .gzip(false)
         .build()
         .map_err(|e| e.to_string())?;
     let source = Server::start(&http).await?;
