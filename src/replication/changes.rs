@@ -123,6 +123,16 @@ impl ChangesReader {
             let t = (self.opts.connection_timeout.as_millis() / 3).max(1000);
             q.push_str(&format!("&timeout={t}&heartbeat={t}"));
         }
+        let mut req = self.filtered(q);
+        if feed == "continuous" {
+            // A compressing server (pouchdb-server's express) buffers a gzip stream until it
+            // ends, so a live feed would never arrive: ask for it uncompressed.
+            req.headers.push(("accept-encoding", "identity".to_owned()));
+        }
+        req
+    }
+
+    fn filtered(&self, mut q: String) -> Req {
         match &self.opts.filter {
             Filter::None => Req::get(q),
             Filter::DocIds(ids) => {
