@@ -6,11 +6,14 @@
 pub mod aimd;
 pub mod backoff;
 pub mod churn;
+pub mod clustering;
+pub mod connection_pool;
 pub mod collision;
 pub mod context;
 pub mod error;
 pub mod event_bus;
 pub mod handle;
+pub mod rate_limiter;
 pub mod rep_job;
 pub mod settings;
 pub mod tree;
