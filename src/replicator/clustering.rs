@@ -71,7 +71,8 @@ impl Clustering {
     }
 
     fn member_key(&self, node: &str) -> Vec<u8> {
-        self.ctx.key(&(NODES, "member", Bytes::from(node.as_bytes())))
+        self.ctx
+            .key(&(NODES, "member", Bytes::from(node.as_bytes())))
     }
 
     fn members_range(&self) -> (Vec<u8>, Vec<u8>) {
@@ -272,7 +273,11 @@ impl Server for Clustering {
                     state.stable = false;
                     self.ctx
                         .publish(ReplicatorEvent::Cluster(ClusterStatus::Unstable));
-                    after(&myself, self.quiet_period, ClusterMsg::Quiet(state.generation));
+                    after(
+                        &myself,
+                        self.quiet_period,
+                        ClusterMsg::Quiet(state.generation),
+                    );
                 }
             }
             ClusterMsg::Heartbeat => {
