@@ -19,9 +19,7 @@ use replicator_support::*;
 use supervisors::{BoxError, Server};
 
 fn stopped(job: &str) -> ReplicatorEvent {
-    ReplicatorEvent::Stopped {
-        job_id: job.into(),
-    }
+    ReplicatorEvent::Stopped { job_id: job.into() }
 }
 
 #[tokio::test]
@@ -52,7 +50,9 @@ async fn bus_delivers_in_order_and_drops_dead_subscribers() {
 
 #[tokio::test(start_paused = true)]
 async fn rate_limiter_follows_the_aimd_table_step_by_step() {
-    let (rl, _) = supervisors::start(None, RateLimiterServer, ()).await.unwrap();
+    let (rl, _) = supervisors::start(None, RateLimiterServer, ())
+        .await
+        .unwrap();
     let t = call!(rl, RateLimiterMsg::Table).unwrap();
     let k = ("http://127.0.0.1:5984/db".to_owned(), "GET".to_owned());
     let ms = |d: Duration| d.as_millis() as u64;
@@ -132,9 +132,27 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             let ep = ep.clone();
             async move { call!(p, PoolMsg::Usage, ep).unwrap() }
         };
-        assert_eq!(acquire(&pool, &a, 3).await, Lease { granted: 3, overflow: false });
-        assert_eq!(acquire(&pool, &b, 3).await, Lease { granted: 2, overflow: false });
-        assert_eq!(acquire(&pool, &c, 1).await, Lease { granted: 1, overflow: true });
+        assert_eq!(
+            acquire(&pool, &a, 3).await,
+            Lease {
+                granted: 3,
+                overflow: false
+            }
+        );
+        assert_eq!(
+            acquire(&pool, &b, 3).await,
+            Lease {
+                granted: 2,
+                overflow: false
+            }
+        );
+        assert_eq!(
+            acquire(&pool, &c, 1).await,
+            Lease {
+                granted: 1,
+                overflow: true
+            }
+        );
         let u = usage(&pool).await.unwrap();
         assert_eq!((u.in_use, u.overflows), (6, 1));
         // Owner death releases its connections at the next sweep.
@@ -159,9 +177,7 @@ fn frontend_only() -> ReplicatorSettings {
     }
 }
 
-async fn next_cluster_event(
-    rx: &mut couch_replicator::replicator::EventReceiver,
-) -> ClusterStatus {
+async fn next_cluster_event(rx: &mut couch_replicator::replicator::EventReceiver) -> ClusterStatus {
     loop {
         if let ReplicatorEvent::Cluster(s) = rx.recv().await.unwrap() {
             return s;
