@@ -5,4 +5,5 @@
 pub mod aimd;
 pub mod backoff;
 pub mod churn;
+pub mod rep_doc;
 pub mod settings;
