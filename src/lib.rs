@@ -14,3 +14,8 @@ pub mod replication;
 pub mod replicator;
 pub mod steps;
 pub mod store;
+
+pub use replicator::{
+    JobKind, JobView, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError,
+    ReplicatorEvent, WaitFor,
+};

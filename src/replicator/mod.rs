@@ -1,9 +1,23 @@
 //! The replicator: the `rest_for_one` actor tree reproducing `couch_replicator_sup` (DESIGN.md
-//! section 5). The pure policy modules (AIMD intervals, job backoff, job-server rotation) are
-//! kept apart from the actors that apply them.
+//! section 5), and [`Replicator`], the handle a host embeds. The pure policy modules (AIMD
+//! intervals, job backoff, job-server rotation) are kept apart from the actors that apply
+//! them.
 
 pub mod aimd;
 pub mod backoff;
 pub mod churn;
+pub mod collision;
+pub mod context;
+pub mod error;
+pub mod event_bus;
+pub mod handle;
 pub mod rep_doc;
+pub mod rep_job;
 pub mod settings;
+pub mod tree;
+
+pub use error::{ReplicatorError, ReplicatorResult};
+pub use event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
+pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
+pub use rep_job::{JobKind, JobView, RepState};
+pub use settings::{NodeType, ReplicatorSettings};

@@ -1,0 +1,83 @@
+//! The collision index (digest C.2): `(LayerPrefix, 54, RepId) -> JobId` records which job
+//! owns a replication id, so the same replication never runs twice in a cluster.
+//!
+//! [`claim_tx`] runs inside the job's own start transaction and applies CouchDB's
+//! `check_ownership`: the other owner pending/running and transient → this job is
+//! rescheduled `crashing`; pending/running and persistent → this job `failed`; the other
+//! owner in any other state (or gone) → usurp the mapping.
+
+use crate::jobs::{JobsError, JobsResult};
+use crate::store::Tx;
+use crate::store::tuple::Bytes;
+
+use super::context::{NodeCtx, REP_IDS};
+use super::rep_job::{self, REP_JOBS, RepState};
+
+/// The outcome of [`claim_tx`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This job owns the replication id now.
+    Owned,
+    /// A pending/running transient job owns it: this job goes `crashing`.
+    DuplicateTransient(String),
+    /// A pending/running persistent job owns it: this job goes `failed`.
+    DuplicatePersistent(String),
+}
+
+fn key(ctx: &NodeCtx, rep_id: &str) -> Vec<u8> {
+    ctx.key(&(REP_IDS, Bytes::from(rep_id.as_bytes())))
+}
+
+/// The job owning `rep_id`, if any.
+pub async fn owner(ctx: &NodeCtx, rep_id: &str) -> JobsResult<Option<String>> {
+    let k = key(ctx, rep_id);
+    ctx.jobs()
+        .db()
+        .run(|tx| {
+            let k = k.clone();
+            async move { owner_tx(&tx, &k).await }
+        })
+        .await
+}
+
+async fn owner_tx(tx: &Tx, k: &[u8]) -> JobsResult<Option<String>> {
+    match tx.get(k, false).await? {
+        None => Ok(None),
+        Some(v) => String::from_utf8(v)
+            .map(Some)
+            .map_err(|_| JobsError::Encoding("collision index value is not UTF-8".into())),
+    }
+}
+
+/// Claims `rep_id` for `job_id` inside `tx` (see the module docs for the rules).
+pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> JobsResult<Claim> {
+    let k = key(ctx, rep_id);
+    if let Some(other) = owner_tx(tx, &k).await?.filter(|o| o != job_id) {
+        match ctx.jobs().get_job_data_tx(tx, REP_JOBS, &other).await {
+            Ok(d) => {
+                let st = rep_job::state_of(&d);
+                if matches!(st, RepState::Pending | RepState::Running) {
+                    return Ok(if rep_job::is_transient(&d) {
+                        Claim::DuplicateTransient(other)
+                    } else {
+                        Claim::DuplicatePersistent(other)
+                    });
+                }
+            }
+            // An orphan mapping: take it over.
+            Err(JobsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    tx.set(&k, job_id.as_bytes());
+    Ok(Claim::Owned)
+}
+
+/// Clears the mapping of `rep_id` if it points to `job_id`.
+pub async fn release_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> JobsResult<()> {
+    let k = key(ctx, rep_id);
+    if owner_tx(tx, &k).await?.as_deref() == Some(job_id) {
+        tx.clear(&k);
+    }
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! The errors the replicator handle and its actors return to callers.
+
+use crate::jobs::JobsError;
+use crate::replication::ReplicationError;
+
+/// What a [`crate::replicator::Replicator`] call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicatorError {
+    /// The replication document or `_replicate` body is invalid (a 400 for HTTP callers).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// No job with that job id or replication id.
+    #[error("not_found: no replication job {0}")]
+    NotFound(String),
+    /// A persistent job already owns this id (`POST /_replicate` for a persistent job id).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The job ended in `failed` (one-shot waits) with this reason.
+    #[error("replication failed: {0}")]
+    Failed(String),
+    /// A wait ran out of time.
+    #[error("timeout waiting for replication job {0}")]
+    Timeout(String),
+    /// The settings are invalid.
+    #[error("invalid [replicator] settings: {0}")]
+    Config(String),
+    /// An actor of the tree is not running (node starting or shutting down).
+    #[error("replicator unavailable: {0}")]
+    Unavailable(String),
+    /// couch_jobs failed.
+    #[error(transparent)]
+    Jobs(#[from] JobsError),
+}
+
+impl From<ReplicationError> for ReplicatorError {
+    fn from(e: ReplicationError) -> Self {
+        ReplicatorError::BadRequest(e.to_string())
+    }
+}
+
+impl From<crate::store::StoreError> for ReplicatorError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ReplicatorError::Jobs(JobsError::Store(e))
+    }
+}
+
+/// Result alias of the replicator.
+pub type ReplicatorResult<T> = Result<T, ReplicatorError>;

@@ -1,0 +1,148 @@
+//! event_bus: the replicator's typed publish/subscribe (digest B.11, CouchDB's
+//! `couch_replication` gen_event), the first child of the tree.
+//!
+//! Messages: [`EventBusMsg::Subscribe`] (a channel sender; the subscription dies with the
+//! subscriber: when its receiver is dropped — the subscribing task or actor ended — the entry
+//! is pruned), [`EventBusMsg::Publish`] (delivered in publish order to every live subscriber;
+//! delivery errors are swallowed, as `gen_event:notify` does), [`EventBusMsg::Count`].
+//! Subscriptions live in the actor, so a restarted bus starts empty and every subscriber
+//! sees its channel close (like gen_event handlers dying with their manager) and can
+//! subscribe again.
+
+use ractor::{ActorRef, RpcReplyPort};
+use serde_json::Value;
+use supervisors::{BoxError, Server};
+use tokio::sync::mpsc;
+
+/// Cluster stability (DESIGN.md 5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterStatus {
+    /// Membership changed less than `cluster_quiet_period` ago.
+    Unstable,
+    /// No membership change for `cluster_quiet_period`.
+    Stable,
+}
+
+/// One replicator event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplicatorEvent {
+    /// `{cluster, stable|unstable}`.
+    Cluster(ClusterStatus),
+    /// A job actor started running a job.
+    Started {
+        /// The couch_jobs id.
+        job_id: String,
+        /// The replication id.
+        rep_id: String,
+    },
+    /// `{finished, RepId, CheckpointHistory}`: a one-shot job completed.
+    Finished {
+        /// The couch_jobs id.
+        job_id: String,
+        /// The replication id.
+        rep_id: String,
+        /// Final stats.
+        stats: Value,
+    },
+    /// `{error, RepId, Reason}`: the job crashed and was rescheduled with backoff.
+    Crashed {
+        /// The couch_jobs id.
+        job_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The job failed permanently.
+    Failed {
+        /// The couch_jobs id.
+        job_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// `{stopped, RepId}`: the job was stopped (rotation, shutdown, cancel).
+    Stopped {
+        /// The couch_jobs id.
+        job_id: String,
+    },
+}
+
+impl ReplicatorEvent {
+    /// The job the event is about, if any.
+    pub fn job_id(&self) -> Option<&str> {
+        match self {
+            ReplicatorEvent::Cluster(_) => None,
+            ReplicatorEvent::Started { job_id, .. }
+            | ReplicatorEvent::Finished { job_id, .. }
+            | ReplicatorEvent::Crashed { job_id, .. }
+            | ReplicatorEvent::Failed { job_id, .. }
+            | ReplicatorEvent::Stopped { job_id } => Some(job_id),
+        }
+    }
+}
+
+/// The receiving end of a subscription. Dropping it unsubscribes.
+pub type EventReceiver = mpsc::UnboundedReceiver<ReplicatorEvent>;
+
+/// Messages of the event bus.
+#[derive(Debug)]
+pub enum EventBusMsg {
+    /// Add a subscriber.
+    Subscribe(mpsc::UnboundedSender<ReplicatorEvent>),
+    /// Deliver an event to every live subscriber.
+    Publish(ReplicatorEvent),
+    /// How many live subscribers there are.
+    Count(RpcReplyPort<usize>),
+}
+
+/// The event bus server.
+#[derive(Debug, Clone, Default)]
+pub struct EventBus;
+
+/// Live subscribers.
+#[derive(Debug, Default)]
+pub struct EventBusState {
+    subscribers: Vec<mpsc::UnboundedSender<ReplicatorEvent>>,
+}
+
+impl Server for EventBus {
+    type Msg = EventBusMsg;
+    type State = EventBusState;
+    type Args = ();
+
+    async fn init(&self, _: ActorRef<EventBusMsg>, _: ()) -> Result<EventBusState, BoxError> {
+        Ok(EventBusState::default())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<EventBusMsg>,
+        msg: EventBusMsg,
+        state: &mut EventBusState,
+    ) -> Result<(), BoxError> {
+        match msg {
+            EventBusMsg::Subscribe(tx) => state.subscribers.push(tx),
+            EventBusMsg::Publish(ev) => {
+                tracing::debug!(event = ?ev, "replicator event");
+                state.subscribers.retain(|s| s.send(ev.clone()).is_ok());
+            }
+            EventBusMsg::Count(reply) => {
+                state.subscribers.retain(|s| !s.is_closed());
+                let _ = reply.send(state.subscribers.len());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Subscribes on `bus`; the returned receiver yields every later event.
+pub fn subscribe(bus: &ActorRef<EventBusMsg>) -> Option<EventReceiver> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    bus.send_message(EventBusMsg::Subscribe(tx)).ok()?;
+    Some(rx)
+}
+
+/// Publishes on `bus`, ignoring a bus that is not running.
+pub fn publish(bus: Option<&ActorRef<EventBusMsg>>, ev: ReplicatorEvent) {
+    if let Some(bus) = bus {
+        let _ = bus.send_message(EventBusMsg::Publish(ev));
+    }
+}
