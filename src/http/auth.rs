@@ -201,7 +201,12 @@ mod tests {
             axum::http::StatusCode::UNAUTHORIZED
         );
         // An admin name with a user's password, wrong passwords, other schemes: all 401.
-        for h in [basic("adm", "b"), basic("bob", "pw"), "Bearer x".into(), "Basic !!".into()] {
+        for h in [
+            basic("adm", "b"),
+            basic("bob", "pw"),
+            "Bearer x".into(),
+            "Basic !!".into(),
+        ] {
             let e = users.authenticate(Some(&h)).unwrap_err();
             assert_eq!(e.status, axum::http::StatusCode::UNAUTHORIZED, "{h}");
             assert!(!e.reason.contains("pw:with"));

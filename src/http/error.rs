@@ -61,12 +61,20 @@ impl HttpError {
 
     /// 500 with a reason.
     pub fn internal(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", reason)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_server_error",
+            reason,
+        )
     }
 
     /// 503: the replicator is not available (starting, stopping, not an api_frontend).
     pub fn unavailable(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", reason)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            reason,
+        )
     }
 }
 
@@ -88,3 +96,28 @@ impl From<InvalidRepDoc> for HttpError {
 
 /// Result alias of the handlers.
 pub type HttpResult<T> = Result<T, HttpError>;
+
+impl From<crate::replicator::ReplicatorError> for HttpError {
+    fn from(e: crate::replicator::ReplicatorError) -> Self {
+        use crate::replicator::ReplicatorError as E;
+        match e {
+            E::BadRequest(r) => Self::bad_request(r),
+            E::NotFound(id) => Self::not_found(format!("no replication job {id}")),
+            E::Conflict(r) => Self::new(StatusCode::CONFLICT, "conflict", r),
+            // `tag: details` becomes CouchDB's {"error": tag, "reason": details}.
+            E::Failed(r) => match r.split_once(": ") {
+                Some((tag, rest)) if !tag.contains(' ') => {
+                    Self::new(StatusCode::INTERNAL_SERVER_ERROR, tag, rest)
+                }
+                _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "replication_failed", r),
+            },
+            E::Timeout(id) => Self::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                format!("replication job {id} did not reach the expected state in time"),
+            ),
+            E::Unavailable(r) => Self::unavailable(r),
+            other => Self::internal(other.to_string()),
+        }
+    }
+}

@@ -276,12 +276,6 @@ fn parse_spec(m: &Map<String, Value>) -> Result<ReplicationSpec, InvalidRepDoc> 
     Ok(spec)
 }
 
-/// The couch_jobs id of a persistent job: the `_replicator` database and the document id
-/// (digest C.2 uses the db uuid; our databases are URLs, so the redacted URL takes its place).
-pub fn persistent_job_id(db: &str, doc_id: &str) -> String {
-    format!("{db}|{doc_id}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,14 +412,6 @@ mod tests {
             "`source` is missing"
         );
         assert!(parse_replicate_body(&json!("x")).is_err());
-    }
-
-    #[test]
-    fn job_ids_join_db_and_doc() {
-        assert_eq!(
-            persistent_job_id("http://127.0.0.1:5984/_replicator", "a"),
-            "http://127.0.0.1:5984/_replicator|a"
-        );
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {
