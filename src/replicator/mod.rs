@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod churn;
 pub mod collision;
 pub mod context;
+pub mod doc_processor;
 pub mod error;
 pub mod event_bus;
 pub mod handle;
