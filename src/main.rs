@@ -4,6 +4,8 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod cli;
 use couch_replicator::replication::{self, Endpoint, Filter, ReplicationSpec};
 
 /// Apache CouchDB's replicator, re-implemented in Rust.
@@ -16,6 +18,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a replicator node with CouchDB's HTTP API.
+    Serve(cli::serve::ServeArgs),
     /// Replicate SRC into TGT (database URLs) once, or continuously.
     Replicate(ReplicateArgs),
 }
@@ -128,6 +132,17 @@ async fn handle_wait(h: &replication::ReplicationHandle) -> Result<(), String> {
     Ok(())
 }
 
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -142,6 +157,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Replicate(a) => rt.block_on(replicate(a)),
+        Command::Serve(a) => {
+            init_tracing();
+            rt.block_on(cli::serve::run(a))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

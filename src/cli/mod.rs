@@ -1,0 +1,4 @@
+//! Subcommands of the `couch-replicator` binary, one file each.
+
+pub mod config_file;
+pub mod serve;
