@@ -1,0 +1,190 @@
+//! Helpers of the HTTP API tests: a replicator node on a real on-disk embedded store with its
+//! API on a free loopback port, a Basic-auth client, and a pouchdb-server launcher (until the
+//! shared `tests/support` launcher is merged).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
+use couch_replicator::replicator::{Replicator, ReplicatorConfig};
+use couch_replicator::store::Db;
+use couch_replicator::store::embedded::EmbeddedStore;
+use serde_json::Value;
+
+pub const ADMIN: (&str, &str) = ("adm", "adm-secret");
+pub const BOB: (&str, &str) = ("bob", "bob-secret");
+pub const EVE: (&str, &str) = ("eve", "eve-secret");
+
+/// One node and its API.
+pub struct Node {
+    pub _dir: tempfile::TempDir,
+    pub replicator: Arc<Replicator>,
+    pub base: String,
+    pub client: reqwest::Client,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    pub async fn start(mut cfg: HttpConfig) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
+        let rep = Replicator::start(ReplicatorConfig::new(Db::new(Arc::new(store))))
+            .await
+            .unwrap();
+        let replicator = Arc::new(rep);
+        cfg.users = Users::new(
+            [(ADMIN.0.to_string(), ADMIN.1.to_string())],
+            [
+                (BOB.0.to_string(), BOB.1.to_string()),
+                (EVE.0.to_string(), EVE.1.to_string()),
+            ],
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let state = AppState::new(replicator.clone(), cfg, http::prometheus());
+        let server = tokio::spawn(async move {
+            let _ = http::serve(listener, state, std::future::pending()).await;
+        });
+        Node {
+            _dir: dir,
+            replicator,
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            server,
+        }
+    }
+
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        who: Option<(&str, &str)>,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let mut r = self.client.request(method, format!("{}{path}", self.base));
+        if let Some((u, p)) = who {
+            r = r.basic_auth(u, Some(p));
+        }
+        if let Some(b) = body {
+            r = r
+                .header("content-type", "application/json")
+                .body(b.to_owned());
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, v)
+    }
+
+    pub async fn get(&self, path: &str, who: Option<(&str, &str)>) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, who, None).await
+    }
+
+    pub async fn post(&self, path: &str, who: Option<(&str, &str)>, body: &str) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, who, Some(body))
+            .await
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// A pouchdb-server on a free loopback port, killed on drop.
+pub struct Pouch {
+    child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    pub url: String,
+}
+
+impl Pouch {
+    pub async fn start() -> Pouch {
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
+        let dir = tempfile::tempdir().unwrap();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let child = tokio::process::Command::new(bin)
+            .args([
+                "--in-memory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let c = reqwest::Client::new();
+        let up = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if c.get(&url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        assert!(up.is_ok(), "pouchdb-server did not start");
+        Pouch {
+            child,
+            _dir: dir,
+            url,
+        }
+    }
+
+    pub fn db(&self, name: &str) -> String {
+        format!("{}/{}", self.url, name)
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> Value {
+        let r = reqwest::Client::new()
+            .put(format!("{}/{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        r.json().await.unwrap()
+    }
+
+    pub async fn delete(&self, path: &str) -> Value {
+        let r = reqwest::Client::new()
+            .delete(format!("{}/{path}", self.url))
+            .send()
+            .await
+            .unwrap();
+        r.json().await.unwrap()
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = reqwest::Client::new()
+            .get(format!("{}/{path}", self.url))
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+}
+
+impl Drop for Pouch {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
