@@ -1,19 +1,31 @@
 //! `replicator_sup`: one node's replicator tree, `rest_for_one` (a crash restarts that child
 //! and every child after it; later children call earlier ones through the children table).
-//! Read top to bottom, this is the start order; node types decide which children run.
+//! Read top to bottom, this is the start order; node types decide which children run:
+//! every node runs the event bus and clustering, `replication` nodes run the connection
+//! pool, the rate limiter, the job server and job_sup. `api_frontend` children (doc
+//! processor, HTTP) are added by the host on top of the handle.
 
-use supervisors::{ChildSpec, Strategy, Supervisor, SupervisorRef};
+use std::time::Duration;
+
+use supervisors::{ChildSpec, Shutdown, Strategy, Supervisor, SupervisorRef};
 
 use crate::jobs::Jobs;
 
+use super::clustering::Clustering;
+use super::connection_pool::ConnectionPool;
 use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::EventBus;
-use super::settings::ReplicatorSettings;
+use super::job_server::JobServer;
+use super::job_sup::{JOB_SHUTDOWN, JobSup};
+use super::rate_limiter::RateLimiterServer;
+use super::settings::{NodeType, ReplicatorSettings};
 
 /// Restart intensity of `replicator_sup` (CouchDB 3.x: 10 restarts per second).
 const MAX_RESTARTS: u32 = 10;
-const PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+const PERIOD: Duration = Duration::from_secs(1);
+/// Connections per endpoint across all jobs of the node.
+pub const ENDPOINT_BUDGET: usize = 1000;
 
 /// Builds and starts the tree; returns it with the node context its actors share.
 pub async fn start(
@@ -23,11 +35,49 @@ pub async fn start(
     server_uuid: String,
     prefix: Vec<u8>,
 ) -> ReplicatorResult<(SupervisorRef, NodeCtx)> {
-    let sup = Supervisor::new(Strategy::RestForOne).intensity(MAX_RESTARTS, PERIOD);
+    let sup = Supervisor::new(Strategy::RestForOne)
+        .intensity(MAX_RESTARTS, PERIOD)
+        .name(format!("replicator_sup:{node}"));
     let ctx = NodeCtx::new(jobs, settings, node, server_uuid, prefix, sup.children());
-    let sup = sup
-        // 1. Publish/subscribe of replication events; everything below publishes on it.
-        .child(ChildSpec::server(ids::EVENT_BUS, EventBus, |_| ()));
+    let s = ctx.settings().clone();
+
+    // 1. Publish/subscribe of replication events; everything below publishes on it.
+    let mut sup = sup.child(ChildSpec::server(ids::EVENT_BUS, EventBus, |_| ()));
+
+    // 2. Membership, health keys, stable/unstable events, dead-neighbour removal.
+    sup = sup.child(ChildSpec::server(
+        ids::CLUSTERING,
+        Clustering::from_ctx(ctx.clone()),
+        |_| (),
+    ));
+
+    if s.runs(NodeType::Replication) {
+        // 3. Per-endpoint connection budget; owner death releases.
+        let pool = ConnectionPool {
+            budget: ENDPOINT_BUDGET,
+            close_interval: s.connection_close_interval(),
+        };
+        sup = sup
+            .child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
+            // 4. AIMD 429 limiter shared by every job's HTTP clients.
+            .child(ChildSpec::server(
+                ids::RATE_LIMITER,
+                RateLimiterServer,
+                |_| (),
+            ))
+            // 5. Acceptors, max_jobs, churn and trimming, transient cleanup, gauges.
+            .child(ChildSpec::server(
+                ids::JOB_SERVER,
+                JobServer { ctx: ctx.clone() },
+                |_| (),
+            ))
+            // 6. One actor per running replication; stopping it checkpoints every job.
+            .child(
+                ChildSpec::server(ids::JOB_SUP, JobSup { ctx: ctx.clone() }, |_| ())
+                    .shutdown(Shutdown::Timeout(JOB_SHUTDOWN + Duration::from_secs(1))),
+            );
+    }
+
     let tree = sup
         .start()
         .await

@@ -1,0 +1,203 @@
+//! connection_pool: the node-wide per-endpoint connection budget (digest B.9, CouchDB's
+//! `couch_replicator_connection`), on top of reqwest's own pool.
+//!
+//! Messages: [`PoolMsg::Acquire`] (an owner actor asks for up to `want` connections to an
+//! endpoint and gets what is left of the budget; when nothing is left it still gets one, as
+//! CouchDB's callers start a new worker on `all_allocated` so the pool never blocks — the
+//! overflow is counted), [`PoolMsg::Release`] (all of an owner's leases), [`PoolMsg::Usage`],
+//! and the actor's own [`PoolMsg::Sweep`] tick, which releases the leases of owners that have
+//! died (owner death releases) and forgets endpoints idle for `connection_close_interval`
+//! (idle close). Endpoints are keyed by scheme, host and port, without credentials.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ractor::{ActorCell, ActorId, ActorRef, ActorStatus, RpcReplyPort};
+use supervisors::{BoxError, Server};
+use tokio::time::Instant;
+
+/// How often dead owners and idle endpoints are looked for.
+pub const SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
+/// What an owner got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Connections granted (≥ 1).
+    pub granted: usize,
+    /// True when the budget was exhausted and one connection was granted over it.
+    pub overflow: bool,
+}
+
+/// Use of one endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Connections leased.
+    pub in_use: usize,
+    /// Grants beyond the budget so far.
+    pub overflows: u64,
+}
+
+/// Messages of the pool.
+#[derive(Debug)]
+pub enum PoolMsg {
+    /// Lease up to `want` connections to `endpoint` for `owner`.
+    Acquire {
+        /// `scheme://host:port` (see [`endpoint_key`]).
+        endpoint: String,
+        /// The actor the lease belongs to.
+        owner: ActorCell,
+        /// How many it would like.
+        want: usize,
+        /// The answer.
+        reply: RpcReplyPort<Lease>,
+    },
+    /// Release every lease of `owner`.
+    Release(ActorId),
+    /// The use of one endpoint (`None` when the pool has forgotten it).
+    Usage(String, RpcReplyPort<Option<Usage>>),
+    /// Timer tick.
+    Sweep,
+}
+
+/// The key of an endpoint URL: scheme, host and port, never credentials or path.
+pub fn endpoint_key(url: &url::Url) -> String {
+    format!(
+        "{}://{}:{}",
+        url.scheme(),
+        url.host_str().unwrap_or(""),
+        url.port_or_known_default().unwrap_or(0)
+    )
+}
+
+/// The pool server: `budget` connections per endpoint, idle endpoints forgotten after
+/// `close_interval`.
+#[derive(Debug, Clone)]
+pub struct ConnectionPool {
+    /// Connections per endpoint.
+    pub budget: usize,
+    /// Idle time after which an unused endpoint's entry is closed.
+    pub close_interval: Duration,
+}
+
+struct Endpoint {
+    leases: HashMap<ActorId, (ActorCell, usize)>,
+    overflows: u64,
+    idle_since: Instant,
+}
+
+impl Endpoint {
+    fn in_use(&self) -> usize {
+        self.leases.values().map(|(_, n)| n).sum()
+    }
+}
+
+/// The pool's state.
+pub struct PoolState {
+    endpoints: HashMap<String, Endpoint>,
+    timer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PoolState {
+    fn drop(&mut self) {
+        self.timer.abort();
+    }
+}
+
+impl PoolState {
+    fn release(&mut self, owner: ActorId) {
+        let now = Instant::now();
+        for ep in self.endpoints.values_mut() {
+            if ep.leases.remove(&owner).is_some() && ep.leases.is_empty() {
+                ep.idle_since = now;
+            }
+        }
+    }
+}
+
+impl Server for ConnectionPool {
+    type Msg = PoolMsg;
+    type State = PoolState;
+    type Args = ();
+
+    async fn init(&self, myself: ActorRef<PoolMsg>, _: ()) -> Result<PoolState, BoxError> {
+        let timer = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_PERIOD);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if myself.send_message(PoolMsg::Sweep).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(PoolState {
+            endpoints: HashMap::new(),
+            timer,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<PoolMsg>,
+        msg: PoolMsg,
+        state: &mut PoolState,
+    ) -> Result<(), BoxError> {
+        match msg {
+            PoolMsg::Acquire {
+                endpoint,
+                owner,
+                want,
+                reply,
+            } => {
+                let ep = state.endpoints.entry(endpoint).or_insert_with(|| Endpoint {
+                    leases: HashMap::new(),
+                    overflows: 0,
+                    idle_since: Instant::now(),
+                });
+                let left = self.budget.saturating_sub(ep.in_use());
+                let lease = if left == 0 {
+                    ep.overflows += 1;
+                    Lease {
+                        granted: 1,
+                        overflow: true,
+                    }
+                } else {
+                    Lease {
+                        granted: want.max(1).min(left),
+                        overflow: false,
+                    }
+                };
+                let id = owner.get_id();
+                let slot = ep.leases.entry(id).or_insert((owner, 0));
+                slot.1 += lease.granted;
+                let _ = reply.send(lease);
+            }
+            PoolMsg::Release(owner) => state.release(owner),
+            PoolMsg::Usage(endpoint, reply) => {
+                let u = state.endpoints.get(&endpoint).map(|ep| Usage {
+                    in_use: ep.in_use(),
+                    overflows: ep.overflows,
+                });
+                let _ = reply.send(u);
+            }
+            PoolMsg::Sweep => {
+                let dead: Vec<ActorId> = state
+                    .endpoints
+                    .values()
+                    .flat_map(|ep| ep.leases.values())
+                    .filter(|(cell, _)| cell.get_status() >= ActorStatus::Stopping)
+                    .map(|(cell, _)| cell.get_id())
+                    .collect();
+                for owner in dead {
+                    tracing::debug!(%owner, "connection owner died; releasing its connections");
+                    state.release(owner);
+                }
+                let close = self.close_interval;
+                state
+                    .endpoints
+                    .retain(|_, ep| !ep.leases.is_empty() || ep.idle_since.elapsed() < close);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,331 @@
+//! job_server: the 4.x acceptor model (digest C.4, CouchDB's `couch_replicator_job_server`).
+//!
+//! Keeps up to `max_acceptors` acceptor tasks waiting in `accept(max_sched_time = now)` while
+//! acceptors + running jobs < `max_jobs`; an acceptor that gets a job asks `job_sup` to start
+//! a job actor and reports [`JobServerMsg::Accepted`]. Every `interval` (+ up to a third of it
+//! at random) a [`JobServerMsg::Tick`]: trim the longest-running continuous jobs older than
+//! `min_run_time` back to `max_jobs` (never one-shot jobs), start up to `max_churn` extra
+//! acceptors when jobs are pending, remove finished transient jobs older than
+//! `transient_job_max_age`, refresh the gauges. The arithmetic is in [`super::churn`].
+//!
+//! Other messages: `WorkerExited` (from job_sup), `Status`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ractor::{ActorId, ActorRef, RpcReplyPort};
+use rand::Rng;
+use serde_json::Value;
+use supervisors::{BoxError, ExitReason, Server};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::jobs::{AcceptOpts, JobState, JobsError};
+
+use super::churn::{RunningJob, acceptors_to_add, extra_acceptor_budget, trim_victims};
+use super::context::{NodeCtx, ids};
+use super::job::JobMsg;
+use super::job_sup::JobSupMsg;
+use super::rep_job::{self, REP_JOBS};
+
+/// How long one accept call waits before the acceptor sleeps its jitter.
+const ACCEPT_WAIT: Duration = Duration::from_secs(5);
+/// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
+const HANDOFF_ATTEMPTS: u32 = 50;
+
+/// Messages of the job server.
+#[derive(Debug)]
+pub enum JobServerMsg {
+    /// Acceptor `acceptor` got a job and job_sup started `actor` for it.
+    Accepted {
+        /// The acceptor's number.
+        acceptor: u64,
+        /// The job actor.
+        actor: ActorRef<JobMsg>,
+        /// One-shot jobs are never trimmed.
+        continuous: bool,
+    },
+    /// Acceptor `acceptor` ended without a job.
+    AcceptorEnded(u64),
+    /// A job actor exited.
+    WorkerExited(ActorId),
+    /// The periodic cycle.
+    Tick,
+    /// Counts.
+    Status(RpcReplyPort<ServerStatus>),
+}
+
+/// What [`JobServerMsg::Status`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerStatus {
+    /// Acceptors waiting.
+    pub acceptors: usize,
+    /// Running job actors.
+    pub workers: usize,
+    /// Starts in the current cycle.
+    pub churn: usize,
+}
+
+/// The job server.
+#[derive(Debug, Clone)]
+pub struct JobServer {
+    /// The node.
+    pub ctx: NodeCtx,
+}
+
+struct Worker {
+    actor: ActorRef<JobMsg>,
+    continuous: bool,
+    started: Instant,
+}
+
+/// The job server's state.
+pub struct JobServerState {
+    acceptors: HashMap<u64, JoinHandle<()>>,
+    next_acceptor: u64,
+    workers: HashMap<ActorId, Worker>,
+    churn: usize,
+    timer: Option<JoinHandle<()>>,
+}
+
+impl Drop for JobServerState {
+    fn drop(&mut self) {
+        for a in self.acceptors.values() {
+            a.abort();
+        }
+        if let Some(t) = &self.timer {
+            t.abort();
+        }
+    }
+}
+
+impl JobServer {
+    fn spawn_acceptors(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState, n: usize) {
+        for _ in 0..n {
+            let id = st.next_acceptor;
+            st.next_acceptor += 1;
+            let task = tokio::spawn(acceptor(self.ctx.clone(), myself.clone(), id));
+            st.acceptors.insert(id, task);
+        }
+    }
+
+    fn refill(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
+        let s = self.ctx.settings();
+        let n = acceptors_to_add(
+            st.acceptors.len(),
+            st.workers.len(),
+            s.max_jobs,
+            s.max_acceptors,
+        );
+        self.spawn_acceptors(myself, st, n);
+    }
+
+    fn schedule_tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
+        let interval = self.ctx.settings().interval();
+        let jitter_ms = (interval.as_millis() as u64 / 3).max(1);
+        let wait = interval + Duration::from_millis(rand::rng().random_range(0..jitter_ms));
+        let me = myself.clone();
+        st.timer = Some(tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = me.send_message(JobServerMsg::Tick);
+        }));
+    }
+
+    async fn tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
+        let s = self.ctx.settings();
+        // A job that ended before its Accepted arrived leaves a stale entry.
+        st.workers
+            .retain(|_, w| w.actor.get_status() < ractor::ActorStatus::Stopping);
+        // 1. trim
+        let running: Vec<RunningJob<ActorId>> = st
+            .workers
+            .iter()
+            .map(|(id, w)| RunningJob {
+                id: *id,
+                continuous: w.continuous,
+                ran_for: w.started.elapsed(),
+            })
+            .collect();
+        let victims = trim_victims(&running, s.max_jobs, s.min_run_time());
+        for v in &victims {
+            if let Some(w) = st.workers.get(v) {
+                w.actor.stop(None);
+            }
+        }
+        st.churn += victims.len();
+        // 2. extra acceptors for pending work
+        let budget = extra_acceptor_budget(
+            st.acceptors.len(),
+            st.workers.len(),
+            s.max_jobs,
+            s.max_churn,
+            st.churn,
+        );
+        if budget > 0 {
+            let now = self.ctx.now_secs();
+            match self
+                .ctx
+                .jobs()
+                .pending_count(REP_JOBS, Some(now), Some(budget))
+                .await
+            {
+                Ok(pending) => self.spawn_acceptors(myself, st, budget.min(pending)),
+                Err(e) => tracing::warn!(error = %e, "pending_count failed"),
+            }
+        }
+        // 3. transient cleanup
+        if let Err(e) = self.cleanup_transient().await {
+            tracing::warn!(error = %e, "transient job cleanup failed");
+        }
+        // 4. gauges
+        metrics::gauge!("couch_replicator_jobs_accepting").set(st.acceptors.len() as f64);
+        metrics::gauge!("couch_replicator_jobs_running").set(st.workers.len() as f64);
+        metrics::counter!("couch_replicator_jobs_reschedules").increment(1);
+        st.churn = 0;
+        self.refill(myself, st);
+        self.schedule_tick(myself, st);
+    }
+
+    async fn cleanup_transient(&self) -> Result<(), JobsError> {
+        let max_age = self.ctx.settings().transient_job_max_age_sec as i64;
+        let limit = self.ctx.now_secs() - max_age;
+        let old: Vec<String> = self
+            .ctx
+            .jobs()
+            .fold_jobs(REP_JOBS, Vec::new(), |mut acc, j| {
+                if j.state == JobState::Finished
+                    && rep_job::is_transient(&j.data)
+                    && rep_job::int_field(&j.data, "last_updated") <= limit
+                {
+                    acc.push(j.id);
+                }
+                acc
+            })
+            .await?;
+        for id in old {
+            match self.ctx.jobs().remove(REP_JOBS, &id).await {
+                Ok(()) | Err(JobsError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
+async fn acceptor(ctx: NodeCtx, server: ActorRef<JobServerMsg>, id: u64) {
+    let jitter = ctx.settings().startup_jitter.max(1);
+    loop {
+        let opts = AcceptOpts::default()
+            .max_sched_time(ctx.now_secs())
+            .timeout(ACCEPT_WAIT);
+        match ctx.jobs().accept(REP_JOBS, opts).await {
+            Ok((job, data)) => {
+                let continuous = data
+                    .get("continuous")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                for _ in 0..HANDOFF_ATTEMPTS {
+                    if let Some(sup) = ctx.child::<JobSupMsg>(ids::JOB_SUP).get() {
+                        let (job, data) = (job.clone(), data.clone());
+                        if let Ok(Ok(actor)) =
+                            ractor::call!(sup, |reply| JobSupMsg::StartJob { job, data, reply })
+                        {
+                            let _ = server.send_message(JobServerMsg::Accepted {
+                                acceptor: id,
+                                actor,
+                                continuous,
+                            });
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // The lock stays with nobody: the activity monitor re-enqueues the job.
+                tracing::warn!(job = %job.id, "no job_sup to start an accepted job");
+                let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
+                return;
+            }
+            Err(JobsError::NotFound) => {
+                let ms = rand::rng().random_range(1..=jitter);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+impl Server for JobServer {
+    type Msg = JobServerMsg;
+    type State = JobServerState;
+    type Args = ();
+
+    async fn init(
+        &self,
+        myself: ActorRef<JobServerMsg>,
+        _: (),
+    ) -> Result<JobServerState, BoxError> {
+        let mut st = JobServerState {
+            acceptors: HashMap::new(),
+            next_acceptor: 0,
+            workers: HashMap::new(),
+            churn: 0,
+            timer: None,
+        };
+        self.refill(&myself, &mut st);
+        self.schedule_tick(&myself, &mut st);
+        Ok(st)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<JobServerMsg>,
+        msg: JobServerMsg,
+        st: &mut JobServerState,
+    ) -> Result<(), BoxError> {
+        match msg {
+            JobServerMsg::Accepted {
+                acceptor,
+                actor,
+                continuous,
+            } => {
+                st.acceptors.remove(&acceptor);
+                st.workers.insert(
+                    actor.get_id(),
+                    Worker {
+                        actor,
+                        continuous,
+                        started: Instant::now(),
+                    },
+                );
+                st.churn += 1;
+                self.refill(&myself, st);
+            }
+            JobServerMsg::AcceptorEnded(acceptor) => {
+                st.acceptors.remove(&acceptor);
+                self.refill(&myself, st);
+            }
+            JobServerMsg::WorkerExited(id) => {
+                st.workers.remove(&id);
+                self.refill(&myself, st);
+            }
+            JobServerMsg::Tick => self.tick(&myself, st).await,
+            JobServerMsg::Status(reply) => {
+                let _ = reply.send(ServerStatus {
+                    acceptors: st.acceptors.len(),
+                    workers: st.workers.len(),
+                    churn: st.churn,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn terminate(&self, _: ActorRef<JobServerMsg>, st: JobServerState, _: ExitReason) {
+        // Acceptors stop with the state; running jobs are job_sup's children.
+        drop(st);
+    }
+}

@@ -1,0 +1,169 @@
+//! rate_limiter: the node-wide AIMD 429 limiter (digest B.8) as an actor around
+//! [`super::aimd::AimdTable`].
+//!
+//! Like CouchDB's limiter process owning public ETS tables, the actor owns a [`SharedAimd`]
+//! table that every HTTP client of every job on the node reads and updates directly through
+//! the engine's [`RateLimiter`] hook (a request must not wait for an actor round trip); the
+//! actor hands the table out ([`RateLimiterMsg::Table`]) and runs the periodic cleanup of
+//! entries idle for longer than the maximum interval. A restarted limiter starts with an
+//! empty table, as a restarted ETS owner does. Reaching the 25 s maximum makes the engine
+//! fail the request with `max_backoff`, which crashes the job (see `job.rs`).
+//!
+//! Time is tokio's clock (milliseconds since the table was created), so tests step it with
+//! paused time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::{ActorRef, RpcReplyPort};
+use supervisors::{BoxError, Server};
+use tokio::time::Instant;
+
+use crate::replication::RateLimiter;
+use crate::replication::rate_limit::RateKey as EngineKey;
+
+use super::aimd::{AimdTable, MAX_INTERVAL_MS, RateKey};
+
+/// Cleanup period: twice the maximum interval (CouchDB: 50 s).
+pub const CLEANUP_PERIOD: Duration = Duration::from_millis(2 * MAX_INTERVAL_MS);
+/// Offset so no update ever happens at "time 0" (the table treats 0 as "never updated").
+const EPOCH_OFFSET_MS: u64 = 1_000_000;
+
+/// The shared AIMD table, usable as the engine's 429 hook.
+#[derive(Debug, Clone)]
+pub struct SharedAimd {
+    table: Arc<Mutex<AimdTable>>,
+    epoch: Instant,
+}
+
+impl Default for SharedAimd {
+    fn default() -> Self {
+        Self {
+            table: Arc::default(),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl SharedAimd {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + EPOCH_OFFSET_MS
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut AimdTable, u64) -> R) -> R {
+        let now = self.now_ms();
+        // Every operation is a single map update, so a poisoned table is still consistent.
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut t, now)
+    }
+
+    /// The current interval of `(endpoint, method)` in ms.
+    pub fn interval_ms(&self, endpoint: &str, method: &str) -> u64 {
+        self.with(|t, _| t.interval(&RateKey::new(endpoint, method)))
+    }
+
+    /// Drops idle entries; returns how many.
+    pub fn cleanup(&self) -> usize {
+        self.with(|t, now| t.cleanup(now))
+    }
+
+    /// How many keys have an interval.
+    pub fn len(&self) -> usize {
+        self.with(|t, _| t.len())
+    }
+
+    /// No key has an interval.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn key(k: &EngineKey) -> RateKey {
+    RateKey::new(k.0.clone(), k.1.clone())
+}
+
+impl RateLimiter for SharedAimd {
+    fn interval(&self, k: &EngineKey) -> Duration {
+        Duration::from_millis(self.with(|t, _| t.interval(&key(k))))
+    }
+
+    fn failure(&self, k: &EngineKey) -> Duration {
+        Duration::from_millis(self.with(|t, now| t.failure(&key(k), now)))
+    }
+
+    fn success(&self, k: &EngineKey) {
+        self.with(|t, now| t.success(&key(k), now));
+    }
+}
+
+/// Messages of the rate limiter.
+#[derive(Debug)]
+pub enum RateLimiterMsg {
+    /// The shared table (what a job passes to its replication as the 429 hook).
+    Table(RpcReplyPort<SharedAimd>),
+    /// Periodic cleanup (sent by the actor's own timer).
+    Cleanup,
+}
+
+/// The rate limiter server.
+#[derive(Debug, Clone, Default)]
+pub struct RateLimiterServer;
+
+/// Its state: the table and the cleanup timer.
+pub struct RateLimiterState {
+    table: SharedAimd,
+    _timer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RateLimiterState {
+    fn drop(&mut self) {
+        self._timer.abort();
+    }
+}
+
+impl Server for RateLimiterServer {
+    type Msg = RateLimiterMsg;
+    type State = RateLimiterState;
+    type Args = ();
+
+    async fn init(
+        &self,
+        myself: ActorRef<RateLimiterMsg>,
+        _: (),
+    ) -> Result<RateLimiterState, BoxError> {
+        let timer = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(CLEANUP_PERIOD);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if myself.send_message(RateLimiterMsg::Cleanup).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(RateLimiterState {
+            table: SharedAimd::default(),
+            _timer: timer,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<RateLimiterMsg>,
+        msg: RateLimiterMsg,
+        state: &mut RateLimiterState,
+    ) -> Result<(), BoxError> {
+        match msg {
+            RateLimiterMsg::Table(reply) => {
+                let _ = reply.send(state.table.clone());
+            }
+            RateLimiterMsg::Cleanup => {
+                let n = state.table.cleanup();
+                if n > 0 {
+                    tracing::debug!(removed = n, "rate limiter cleanup");
+                }
+            }
+        }
+        Ok(())
+    }
+}
