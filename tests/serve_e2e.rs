@@ -139,7 +139,10 @@ async fn serve_replicates_between_two_pouchdb_servers() {
             .await;
         assert_eq!(s, 202, "{started}");
         let local_id = started["_local_id"].as_str().unwrap().to_owned();
-        assert!(local_id.ends_with("+continuous+create_target"), "{local_id}");
+        assert!(
+            local_id.ends_with("+continuous+create_target"),
+            "{local_id}"
+        );
         bulk(&a, "src", "late", 30).await;
         until("the continuous copy", async || {
             (count(&b, "live").await == 150).then_some(())
