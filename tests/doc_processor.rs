@@ -212,3 +212,50 @@ async fn terminal_states_are_written_once_through_conflicts() {
     .await
     .unwrap();
 }
+
+/// Two documents asking for the same continuous replication: one runs, the other is marked
+/// `failed` with the reason (digest C.2), and data flows through the one that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_documents_fail_the_second_with_a_reason() {
+    tokio::time::timeout(DEADLINE, async {
+        let pouch = Pouch::start().await;
+        pouch.put("jobs_replicator", json!({})).await;
+        pouch.put("src", json!({})).await;
+        pouch.put("src/a", json!({"v": 1})).await;
+        let node = Node::start(Default::default()).await;
+        let rep = node.replicator.clone();
+        let body = json!({"source": pouch.db("src"), "target": pouch.db("dst"),
+            "create_target": true, "continuous": true});
+        pouch.put("jobs_replicator/one", body.clone()).await;
+        pouch.put("jobs_replicator/two", body).await;
+        let db = ReplicatorDb::from_url(&pouch.db("jobs_replicator")).unwrap();
+        let dp = DocProcessor::start(rep.clone(), fast(vec![db])).unwrap();
+        let (failed, reason) = until("one doc to be failed", async || {
+            for id in ["one", "two"] {
+                let (_, d) = pouch.get(&format!("jobs_replicator/{id}")).await;
+                if d["_replication_state"] == "failed" {
+                    return Some((id, d["_replication_state_reason"].as_str()?.to_owned()));
+                }
+            }
+            None
+        })
+        .await;
+        assert!(reason.contains("already started"), "{reason}");
+        let other = if failed == "one" { "two" } else { "one" };
+        let running = until("the other to run", async || {
+            let j = rep.get(&format!("jobs_replicator|{other}")).await.ok()?;
+            (j.state == RepState::Running).then_some(j)
+        })
+        .await;
+        assert!(running.rep_id.is_some());
+        until("the data", async || {
+            (pouch.get("dst/a").await.0 == 200).then_some(())
+        })
+        .await;
+        let (_, d) = pouch.get(&format!("jobs_replicator/{other}")).await;
+        assert!(d.get("_replication_state").is_none(), "{d}");
+        dp.stop().await;
+    })
+    .await
+    .unwrap();
+}

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
-use couch_replicator::replicator::{Replicator, ReplicatorConfig};
+use couch_replicator::jobs::JobsConfig;
+use couch_replicator::replicator::{Replicator, ReplicatorConfig, ReplicatorSettings};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use serde_json::Value;
@@ -18,6 +19,28 @@ use serde_json::Value;
 pub const ADMIN: (&str, &str) = ("adm", "adm-secret");
 pub const BOB: (&str, &str) = ("bob", "bob-secret");
 pub const EVE: (&str, &str) = ("eve", "eve-secret");
+
+/// Short intervals and little jitter so jobs start within a second.
+pub fn fast_settings() -> ReplicatorSettings {
+    ReplicatorSettings {
+        interval_sec: 1,
+        startup_jitter: 100,
+        min_run_time_sec: 1,
+        stats_update_interval_sec: 1,
+        job_timeout_sec: 3,
+        ..ReplicatorSettings::default()
+    }
+}
+
+/// couch_jobs discovers types and dead workers quickly.
+pub fn fast_jobs() -> JobsConfig {
+    JobsConfig {
+        type_check_period_msec: 300,
+        type_check_max_jitter_msec: 100,
+        activity_monitor_max_jitter_msec: 200,
+        ..JobsConfig::default()
+    }
+}
 
 /// One node and its API.
 pub struct Node {
@@ -32,9 +55,14 @@ impl Node {
     pub async fn start(mut cfg: HttpConfig) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
-        let rep = Replicator::start(ReplicatorConfig::new(Db::new(Arc::new(store))))
-            .await
-            .unwrap();
+        let mut config = ReplicatorConfig::new(Db::new(Arc::new(store)));
+        config.settings = fast_settings();
+        config.jobs.config = fast_jobs();
+        // Actor names are process-wide: every node of a test binary needs its own.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        config.node = format!("http{n}@127.0.0.1");
+        let rep = Replicator::start(config).await.unwrap();
         let replicator = Arc::new(rep);
         cfg.users = Users::new(
             [(ADMIN.0.to_string(), ADMIN.1.to_string())],
