@@ -9,7 +9,7 @@ use couch_replicator::http::HttpConfig;
 use couch_replicator::replicator::{JobKind, NewJob};
 use http_support::{ADMIN, BOB, EVE, Node};
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
