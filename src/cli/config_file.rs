@@ -107,19 +107,18 @@ impl ConfigFile {
 }
 
 fn unquote(v: &str) -> String {
-    // A trailing TOML/ini comment after a value.
-    let v = match v.find(" #").or_else(|| v.find(" ;")) {
-        Some(i) if !v.starts_with('"') => v[..i].trim_end(),
-        _ => v,
-    };
-    let bytes = v.as_bytes();
-    if v.len() >= 2
-        && ((bytes[0] == b'"' && bytes[v.len() - 1] == b'"')
-            || (bytes[0] == b'\'' && bytes[v.len() - 1] == b'\''))
-    {
-        v[1..v.len() - 1].to_owned()
-    } else {
-        v.to_owned()
+    // A quoted TOML string ends at its closing quote; anything after it is a comment.
+    for q in ['"', '\''] {
+        if let Some(rest) = v.strip_prefix(q)
+            && let Some(end) = rest.find(q)
+        {
+            return rest[..end].to_owned();
+        }
+    }
+    // An unquoted value may carry a trailing ` #` / ` ;` comment.
+    match v.find(" #").or_else(|| v.find(" ;")) {
+        Some(i) => v[..i].trim_end().to_owned(),
+        None => v.to_owned(),
     }
 }
 
@@ -134,6 +133,10 @@ mod tests {
                     [admins]\nadmin = \"s3cret\" # toml comment\n[chttpd]\nport = 6000\n";
         let mut c = ConfigFile::parse(text).unwrap();
         assert_eq!(c.get("admins", "admin"), Some("s3cret"));
+        let q = ConfigFile::parse("[a]\nx = 'p # q' ; c\ny = plain ; c\nz = a=b").unwrap();
+        assert_eq!(q.get("a", "x"), Some("p # q"));
+        assert_eq!(q.get("a", "y"), Some("plain"));
+        assert_eq!(q.get("a", "z"), Some("a=b"));
         c.apply_env([
             (
                 "COUCH_REPLICATOR__CHTTPD__PORT".to_string(),

@@ -40,7 +40,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub bind: Option<String>,
     /// A server admin `name:password` (repeatable); adds to [admins].
-    #[arg(long = "admin", env = "COUCH_REPLICATOR_ADMINS", value_delimiter = ',')]
+    #[arg(
+        long = "admin",
+        env = "COUCH_REPLICATOR_ADMINS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     pub admins: Vec<String>,
     /// A `_replicator` database URL to follow (repeatable); adds to [replicator_dbs].
     #[arg(long = "replicator-db")]
@@ -263,4 +268,97 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use couch_replicator::store::memory::MemoryStore;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn args(extra: &[&str]) -> ServeArgs {
+        let mut v = vec!["serve"];
+        v.extend_from_slice(extra);
+        Cmd::parse_from(v).serve
+    }
+
+    fn db() -> Db {
+        Db::new(Arc::new(MemoryStore::new()))
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("n.ini");
+        std::fs::write(
+            &file,
+            "[replicator]\nmax_jobs = 7\n[chttpd]\nport = 6001\n[admins]\nroot = r00t\n\
+             [replicator_dbs]\nmine_replicator = http://127.0.0.1:1/x\n[couchdb]\nuuid = u1\n",
+        )
+        .unwrap();
+        let a = args(&[
+            "--config",
+            file.to_str().unwrap(),
+            "--port",
+            "6003",
+            "--node-type",
+            "replication",
+            "--admin",
+            "cli:pw",
+            "--replicator-db",
+            "http://u:p@127.0.0.1:2/a%2F_replicator",
+        ]);
+        let env = vec![
+            ("COUCH_REPLICATOR__CHTTPD__PORT".into(), "6002".into()),
+            ("COUCH_REPLICATOR__REPLICATOR__MAX_JOBS".into(), "9".into()),
+        ];
+        let (cfg, admins) = load(&a, env).unwrap();
+        let s = setup(&a, &cfg, admins, db(), "gen".into()).unwrap();
+        assert_eq!(s.addr.port(), 6003);
+        assert_eq!(s.replicator.settings.max_jobs, 9);
+        assert_eq!(
+            s.replicator.settings.node_types,
+            vec![NodeType::Replication]
+        );
+        assert_eq!(s.replicator.server_uuid, "u1");
+        let names: Vec<&str> = s.dbs.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, vec!["mine_replicator", "a/_replicator"]);
+        assert_eq!(s.http.replicator_dbs, names);
+        assert!(!s.http.users.has_no_admins());
+        assert!(!format!("{:?}", s.http.users).contains("r00t"));
+    }
+
+    #[test]
+    fn bad_settings_are_reported() {
+        let bad = |extra: &[&str], text: &str| {
+            let a = args(extra);
+            let mut cfg = ConfigFile::parse(text).unwrap();
+            cfg.apply_env(Vec::new());
+            setup(&a, &cfg, Vec::new(), db(), "u".into()).unwrap_err()
+        };
+        assert!(bad(&[], "[replicator]\nmax_jobs = 0").contains("max_jobs"));
+        assert!(bad(&[], "[chttpd]\nport = http").contains("port"));
+        assert!(bad(&[], "[chttpd]\nbind_address = localhost").contains("bind_address"));
+        assert!(bad(&[], "[replicator_dbs]\nplain = http://127.0.0.1:1/x").contains("_replicator"));
+        assert!(
+            bad(
+                &[
+                    "--replicator-db",
+                    "http://127.0.0.1:1/_replicator",
+                    "--replicator-db",
+                    "http://127.0.0.1:2/_replicator"
+                ],
+                ""
+            )
+            .contains("two replicator databases")
+        );
+        let a = args(&["--admin", "nocolon"]);
+        assert!(load(&a, Vec::new()).unwrap_err().contains("name:password"));
+    }
 }
