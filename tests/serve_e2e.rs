@@ -28,7 +28,7 @@ impl Serve {
             &cfg,
             format!(
                 "[replicator]\ninterval_sec = 1\nstartup_jitter = 100\nstats_update_interval_sec = 1\n\
-                 [admins]\n{} = {}\n[replicator_dbs]\njobs_replicator = {repdb}\n",
+                 [admins]\n{} = {}\n[users]\nbob = bob-pw\n[replicator_dbs]\njobs_replicator = {repdb}\n",
                 ADMIN.0, ADMIN.1
             ),
         )
@@ -64,10 +64,20 @@ impl Serve {
     }
 
     async fn call(&self, m: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_as(ADMIN, m, path, body).await
+    }
+
+    async fn call_as(
+        &self,
+        who: (&str, &str),
+        m: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut r = self
             .http
             .request(m, format!("{}{path}", self.base))
-            .basic_auth(ADMIN.0, Some(ADMIN.1));
+            .basic_auth(who.0, Some(who.1));
         if let Some(b) = body {
             r = r.json(&b);
         }
@@ -172,6 +182,46 @@ async fn serve_replicates_between_two_pouchdb_servers() {
         .await;
         assert_eq!(task["type"], "replication");
         assert_eq!(task["continuous"], true);
+
+        // A plain user runs their own replication and sees only it.
+        let bob = ("bob", "bob-pw");
+        let (s, bobs) = node
+            .call_as(
+                bob,
+                reqwest::Method::POST,
+                "/_replicate",
+                Some(json!({"source": a.db("src"), "target": b.db("bobs"),
+                    "create_target": true, "continuous": true})),
+            )
+            .await;
+        assert_eq!(s, 202, "{bobs}");
+        let bob_tasks = until("bob's task", async || {
+            let (_, t) = node
+                .call_as(bob, reqwest::Method::GET, "/_active_tasks", None)
+                .await;
+            let t = t.as_array()?.clone();
+            (!t.is_empty()).then_some(t)
+        })
+        .await;
+        assert_eq!(bob_tasks.len(), 1, "{bob_tasks:?}");
+        assert!(bob_tasks[0]["target"].as_str().unwrap().ends_with("/bobs"));
+        let (_, bob_jobs) = node
+            .call_as(bob, reqwest::Method::GET, "/_scheduler/jobs", None)
+            .await;
+        assert_eq!(bob_jobs["total_rows"], 1, "{bob_jobs}");
+        let (_, all_jobs) = node
+            .call(reqwest::Method::GET, "/_scheduler/jobs", None)
+            .await;
+        assert_eq!(all_jobs["total_rows"], 2, "{all_jobs}");
+        let (s, _) = node
+            .call_as(
+                bob,
+                reqwest::Method::POST,
+                "/_replicate",
+                Some(json!({"cancel": true, "replication_id": local_id})),
+            )
+            .await;
+        assert_eq!(s, 404, "bob must not cancel the admin's job");
 
         // A _replicator document replicates and is marked completed with stats.
         a.put(
