@@ -1,4 +1,5 @@
-//! The HTTP API of one node (real on-disk store, real replicator handle, real sockets): JSON
+//! The HTTP API of one node (real on-disk store, real replicator handle, real sockets; an
+//! `api_frontend`-only node where job states must not move): JSON
 //! shapes of every endpoint, authentication and authorization, bad bodies, 413, masking.
 
 mod http_support;
@@ -55,7 +56,7 @@ async fn add_persistent(node: &Node, doc: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoint_shapes() {
     tokio::time::timeout(DEADLINE, async {
-        let node = Node::start(cfg()).await;
+        let node = Node::frontend(cfg()).await;
         let (s, up) = node.get("/_up", None).await;
         assert_eq!((s, up["status"].as_str()), (200, Some("ok")));
 
@@ -140,11 +141,22 @@ async fn endpoint_shapes() {
         let (s, d) = node
             .get("/_scheduler/docs/_replicator/doc1", Some(ADMIN))
             .await;
-        assert_eq!((s, d["state"].as_str()), (200, Some("pending")));
+        assert_eq!(s, 200);
+        assert_eq!(d["state"], "pending", "{d}");
         let (s, d) = node
-            .get("/_scheduler/docs/_replicator?states=running", Some(ADMIN))
+            .get(
+                "/_scheduler/docs/_replicator?states=completed,failed",
+                Some(ADMIN),
+            )
             .await;
         assert_eq!((s, d["total_rows"].as_u64()), (200, Some(0)));
+        let (s, d) = node
+            .get(
+                "/_scheduler/docs/_replicator?states=pending,running,crashing",
+                Some(ADMIN),
+            )
+            .await;
+        assert_eq!((s, d["total_rows"].as_u64()), (200, Some(1)));
         let (s, d) = node
             .get("/_scheduler/docs/_replicator?states=bogus", Some(ADMIN))
             .await;
@@ -177,6 +189,8 @@ async fn endpoint_shapes() {
             text.contains("couch_replicator_jobs{state=\"pending\"}"),
             "{text}"
         );
+        let counted = "couch_replicator_http_requests_total{method=\"GET\",status=\"200\"}";
+        assert!(text.contains(counted), "{text}");
 
         // Nothing secret in any reply.
         let all = format!(
@@ -202,7 +216,7 @@ async fn endpoint_shapes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_and_ownership() {
     tokio::time::timeout(DEADLINE, async {
-        let node = Node::start(cfg()).await;
+        let node = Node::frontend(cfg()).await;
         let bobs = add_transient(&node, "bob", "a").await;
         let eves = add_transient(&node, "eve", "b").await;
         let _ = add_persistent(&node, "d").await;
@@ -284,7 +298,7 @@ async fn authentication_and_ownership() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bodies_and_limits() {
     tokio::time::timeout(DEADLINE, async {
-        let node = Node::start(cfg()).await;
+        let node = Node::frontend(cfg()).await;
         let cases: [(&str, &str); 7] = [
             ("", "empty"),
             ("{not json", "not valid JSON"),

@@ -1,5 +1,6 @@
-//! `GET /_up` (is this node's replicator tree alive) and `GET /metrics` (Prometheus text:
-//! the process-wide recorder, with job gauges refreshed at every scrape).
+//! `GET /_up` (is this node's replicator tree alive), `GET /metrics` (Prometheus text: the
+//! process-wide recorder, with job gauges refreshed at every scrape), and the middleware
+//! counting requests by method and status (`couch_replicator_http_requests_total`).
 
 use axum::Json;
 use axum::extract::State;
@@ -23,6 +24,19 @@ pub async fn up(State(st): State<AppState>) -> Response {
         )
             .into_response()
     }
+}
+
+/// Counts every request by method and status code.
+pub async fn count_requests(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().as_str().to_owned();
+    let resp = next.run(req).await;
+    metrics::counter!(
+        "couch_replicator_http_requests_total",
+        "method" => method,
+        "status" => resp.status().as_u16().to_string()
+    )
+    .increment(1);
+    resp
 }
 
 /// `GET /metrics`: Prometheus exposition text.

@@ -124,6 +124,7 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(health::count_requests))
         .with_state(state)
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::jobs::JobsConfig;
-use couch_replicator::replicator::{Replicator, ReplicatorConfig, ReplicatorSettings};
+use couch_replicator::replicator::{NodeType, Replicator, ReplicatorConfig, ReplicatorSettings};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use serde_json::Value;
@@ -52,11 +52,25 @@ pub struct Node {
 }
 
 impl Node {
-    pub async fn start(mut cfg: HttpConfig) -> Node {
+    /// A node that runs jobs (both node types).
+    pub async fn start(cfg: HttpConfig) -> Node {
+        Self::with_settings(cfg, fast_settings()).await
+    }
+
+    /// An `api_frontend`-only node: jobs are created but never run, so states stay put.
+    pub async fn frontend(cfg: HttpConfig) -> Node {
+        let settings = ReplicatorSettings {
+            node_types: vec![NodeType::ApiFrontend],
+            ..fast_settings()
+        };
+        Self::with_settings(cfg, settings).await
+    }
+
+    pub async fn with_settings(mut cfg: HttpConfig, settings: ReplicatorSettings) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
         let mut config = ReplicatorConfig::new(Db::new(Arc::new(store)));
-        config.settings = fast_settings();
+        config.settings = settings;
         config.jobs.config = fast_jobs();
         // Actor names are process-wide: every node of a test binary needs its own.
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
