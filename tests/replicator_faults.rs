@@ -264,7 +264,7 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
         let store = Store::open();
         let n1 = node(&store.db, "n1", test_settings()).await;
         let rep = json!({"source": pouch.url("s"), "target": pouch.url("t"),
-                         "create_target": true, "continuous": true});
+                         "create_target": true, "continuous": true, "checkpoint_interval": 500});
         let id = n1.add(persistent("g", rep)).await.unwrap().job_id;
         wait_until(&n1, &id, "ran", |v| v.state == RepState::Running).await;
         pouch.wait_count("t", 30, Duration::from_secs(20)).await;
@@ -275,7 +275,11 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
         assert_eq!(v.state, RepState::Pending);
         assert_eq!(v.history[0].kind, "pending");
         assert_eq!(v.history[1].kind, "stopped");
-        assert_eq!(v.info["docs_written"], 30, "final stats were saved");
+        assert_eq!(
+            v.info["docs_written"], 30,
+            "final stats were saved: {:#?}",
+            v
+        );
         let n2 = node(&store.db, "n2", test_settings()).await;
         let moved = wait_until(&n2, &id, "moved", |v| {
             v.state == RepState::Running && v.node.as_deref() == Some("n2")
@@ -284,9 +288,14 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
         assert_eq!(moved.error_count, 0);
         pouch.put_docs("s", "b", 5).await;
         pouch.wait_count("t", 35, Duration::from_secs(20)).await;
-        // The checkpoint let n2 start where n1 stopped: it read only the new changes.
-        let later = wait_until(&n2, &id, "counted", |v| v.info["docs_written"] == 5).await;
-        assert_eq!(later.info["docs_written"], 5);
+        // Stats carry over, and the checkpoint let n2 start where n1 stopped: it checked only
+        // the 5 new revisions (from scratch it would have checked 30 + 35).
+        let later = wait_until(&n2, &id, "counted", |v| {
+            v.info["docs_written"] == 35 && v.info["checkpointed_source_seq"] == 35
+        })
+        .await;
+        assert_eq!(later.info["revisions_checked"], 35);
+        assert_eq!(later.info["checkpointed_source_seq"], 35);
         let _ = n2
             .wait(&id, WaitFor::Running, Duration::from_secs(1))
             .await

@@ -366,6 +366,8 @@ async fn run(
             joined = tasks.join_next() => match joined {
                 None => break,
                 Some(Ok(Ok(()))) => {}
+                // Tasks aborted by a stop request: not a failure, the final checkpoint follows.
+                Some(Err(e)) if stopped && e.is_cancelled() => {}
                 Some(Ok(Err(e))) => {
                     tasks.abort_all();
                     tracing::warn!(rep_id = %rep_id, error = %e, "replication failed");

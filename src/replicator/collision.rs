@@ -4,7 +4,9 @@
 //! [`claim_tx`] runs inside the job's own start transaction and applies CouchDB's
 //! `check_ownership`: the other owner pending/running and transient → this job is
 //! rescheduled `crashing`; pending/running and persistent → this job `failed`; the other
-//! owner in any other state (or gone) → usurp the mapping.
+//! owner in any other state (or gone) → usurp the mapping. One divergence, asked for by the
+//! issue: a *transient* job whose id is owned by a persistent one goes `crashing` too (the
+//! archived code fails it), see `job.rs`.
 
 use crate::jobs::{JobsError, JobsResult};
 use crate::store::Tx;

@@ -266,6 +266,12 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     match claimed {
         Err(JobsError::Halt) | Err(JobsError::NotFound) => return halt(myself, st),
         Err(e) => return Err(e.into()),
+        Ok(Err(Claim::DuplicatePersistent(other))) if rep_job::is_transient(&st.data) => {
+            // The issue asks for `crashing` here (the archived 4.x code fails it): a
+            // `_replicate` call may retry once the document's job is gone.
+            st.error_tag = Some("duplicate_job");
+            return Err(format!("Duplicate job running: {other}").into());
+        }
         Ok(Err(Claim::DuplicatePersistent(other))) => {
             let reason = format!(
                 "Replication `{full}` specified by document `{job_id}` already started, \
