@@ -136,6 +136,8 @@ async fn serve_replicates_between_two_pouchdb_servers() {
             .await;
         assert_eq!(s, 200, "{done}");
         assert_eq!(done["ok"], true);
+        assert_eq!(done["history"][0]["docs_written"], 120, "{done}");
+        assert!(done["source_last_seq"].is_string() || done["source_last_seq"].is_number());
         assert_eq!(count(&b, "once").await, 120);
 
         // Continuous: 202 with the replication id once running; later writes follow.

@@ -108,20 +108,81 @@ fn local_id(view: &JobView) -> String {
     view.rep_id.clone().unwrap_or_else(|| view.job_id.clone())
 }
 
-/// A completed one-shot job's reply: the checkpoint history, as CouchDB's `_replicate`.
+/// A completed one-shot job's reply, shaped like CouchDB's: `ok`, `session_id`,
+/// `source_last_seq`, `replication_id_version`, and `history` entries with CouchDB's names
+/// (`missing_checked`, `missing_found`, `docs_read`, `docs_written`, `doc_write_failures`,
+/// `start_last_seq`/`end_last_seq`/`recorded_seq`, RFC 1123 `start_time`/`end_time`).
 fn completion_body(view: &JobView) -> Value {
-    let mut out = match &view.checkpoint_history {
-        Value::Object(m) => Value::Object(m.clone()),
-        Value::Array(a) => json!({"history": a}),
-        _ => json!({"history": []}),
+    let entries: Vec<Value> = match &view.checkpoint_history {
+        Value::Array(a) => a.clone(),
+        Value::Object(_) => vec![view.checkpoint_history.clone()],
+        _ => Vec::new(),
     };
-    if let Some(m) = out.as_object_mut() {
-        m.insert("ok".into(), json!(true));
-        m.entry("replication_id")
-            .or_insert_with(|| json!(local_id(view)));
-        if !view.info.is_null() {
-            m.entry("stats").or_insert_with(|| view.info.clone());
-        }
+    let session_id = uuid::Uuid::new_v4().simple().to_string();
+    let history: Vec<Value> = entries
+        .iter()
+        .map(|e| history_entry(e, &session_id))
+        .collect();
+    let source_last_seq = history
+        .first()
+        .map_or(Value::Null, |h| h["recorded_seq"].clone());
+    json!({
+        "ok": true,
+        "session_id": session_id,
+        "source_last_seq": source_last_seq,
+        "replication_id_version": 4,
+        "replication_id": local_id(view),
+        "history": history,
+    })
+}
+
+fn history_entry(stats: &Value, session_id: &str) -> Value {
+    let n = |k: &str| stats.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let time = |k: &str| {
+        let secs = n(k);
+        httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+    };
+    let seq = |k: &str| stats.get(k).cloned().unwrap_or(Value::Null);
+    json!({
+        "session_id": session_id,
+        "start_time": time("started_on"),
+        "end_time": time("updated_on"),
+        "start_last_seq": seq("checkpointed_source_seq"),
+        "end_last_seq": seq("through_seq"),
+        "recorded_seq": seq("through_seq"),
+        "missing_checked": n("revisions_checked"),
+        "missing_found": n("missing_revisions_found"),
+        "docs_read": n("docs_read"),
+        "docs_written": n("docs_written"),
+        "doc_write_failures": n("doc_write_failures"),
+        "bulk_get_attempts": n("bulk_get_attempts"),
+        "bulk_get_docs": n("bulk_get_docs"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_reply_uses_couchdb_names() {
+        let stats = json!({"docs_read": 3, "docs_written": 3, "revisions_checked": 4,
+            "missing_revisions_found": 3, "through_seq": "3-x", "checkpointed_source_seq": 0,
+            "started_on": 0, "updated_on": 1});
+        let data: crate::jobs::JobData = serde_json::from_value(json!({
+            "state": "completed", "rep_id": "abc+create_target",
+            "checkpoint_history": [stats]}))
+        .unwrap();
+        let view = JobView::from_data("j", &data);
+        let body = completion_body(&view);
+        assert_eq!(body["ok"], true);
+        assert_eq!(body["source_last_seq"], "3-x");
+        assert_eq!(body["replication_id"], "abc+create_target");
+        let h = &body["history"][0];
+        assert_eq!(h["missing_checked"], 4);
+        assert_eq!(h["missing_found"], 3);
+        assert_eq!(h["docs_written"], 3);
+        assert_eq!(h["start_time"], "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(h["session_id"], body["session_id"]);
     }
-    out
 }
