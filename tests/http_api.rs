@@ -376,3 +376,80 @@ async fn one_shot_failures_and_timeouts_are_reported() {
     .await
     .unwrap();
 }
+
+/// Random JSON bodies (and random bytes) never crash the API nor get a 5xx other than the
+/// 504 of a valid replication that cannot start on this frontend-only node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_bodies_get_client_errors() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    tokio::time::timeout(DEADLINE, async {
+        let node = Node::frontend(HttpConfig {
+            start_timeout: Duration::from_millis(20),
+            completion_timeout: Duration::from_millis(20),
+            ..cfg()
+        })
+        .await;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            prop_oneof![
+                Just("http://127.0.0.1:9/db".to_string()),
+                Just("http://u:p@127.0.0.1:9/x".to_string()),
+                ".{0,10}",
+            ]
+            .prop_map(serde_json::Value::String),
+        ];
+        let keys = prop_oneof![
+            Just("source".to_string()),
+            Just("target".to_string()),
+            Just("cancel".to_string()),
+            Just("id".to_string()),
+            Just("continuous".to_string()),
+            Just("doc_ids".to_string()),
+            Just("selector".to_string()),
+            Just("filter".to_string()),
+            Just("url".to_string()),
+            Just("headers".to_string()),
+            ".{0,5}",
+        ];
+        let strategy = leaf.prop_recursive(3, 24, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                prop::collection::btree_map(keys.clone(), inner, 0..6)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        });
+        let mut runner = TestRunner::deterministic();
+        for _ in 0..150 {
+            let body = strategy
+                .new_tree(&mut runner)
+                .unwrap()
+                .current()
+                .to_string();
+            let (s, e) = node.post("/_replicate", Some(ADMIN), &body).await;
+            assert!(s < 500 || s == 504, "{body} -> {s} {e}");
+            assert!(e["error"].is_string() || s < 300, "{body} -> {s} {e}");
+        }
+        let bytes = prop::collection::vec(any::<u8>(), 0..64);
+        for _ in 0..50 {
+            let raw = bytes.new_tree(&mut runner).unwrap().current();
+            let r = node
+                .client
+                .post(format!("{}/_replicate", node.base))
+                .basic_auth(ADMIN.0, Some(ADMIN.1))
+                .body(raw)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 400);
+        }
+        let (s, _) = node.get("/_up", None).await;
+        assert_eq!(s, 200);
+    })
+    .await
+    .unwrap();
+}
