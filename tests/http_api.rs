@@ -290,6 +290,19 @@ async fn authentication_and_ownership() {
             .await;
         assert_eq!(s, 200, "{e}");
         assert!(node.replicator.get(&eves).await.is_err());
+        // An admin cancels anyone's transient job by its source/target too.
+        let again = add_transient(&node, "bob", "c").await;
+        let by_spec = json!({"cancel": true, "source": "http://bob:pw-bob@127.0.0.1:9/c",
+            "target": "http://127.0.0.1:9/t", "continuous": true});
+        let (s, e) = node
+            .post("/_replicate", Some(EVE), &by_spec.to_string())
+            .await;
+        assert_eq!(s, 404, "eve must not find bob's job: {e}");
+        let (s, e) = node
+            .post("/_replicate", Some(ADMIN), &by_spec.to_string())
+            .await;
+        assert_eq!(s, 200, "{e}");
+        assert!(node.replicator.get(&again).await.is_err());
     })
     .await
     .unwrap();

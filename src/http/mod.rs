@@ -11,6 +11,7 @@ pub mod health;
 pub mod mask;
 pub mod replicate;
 pub mod scheduler;
+// pub mod steps; (`/_steps`, added by the steps branch)
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,6 +15,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
+use crate::replication::ReplicationSpec;
 use crate::replicator::rep_doc::{ReplicateRequest, UserCtx, parse_replicate_body};
 use crate::replicator::rep_job::transient_job_id;
 use crate::replicator::{JobKind, JobView, NewJob, WaitFor};
@@ -46,7 +47,7 @@ pub async fn post_replicate(
     match parse_replicate_body(&body)? {
         ReplicateRequest::CancelById(id) => cancel(&st, &user, &id).await,
         ReplicateRequest::CancelBySpec(spec) => {
-            let id = transient_job_id(&spec, user.name.as_deref());
+            let id = job_id_by_spec(&st, &user, &spec).await?;
             cancel(&st, &user, &id).await
         }
         ReplicateRequest::Start(spec) => {
@@ -85,6 +86,26 @@ pub async fn post_replicate(
             }
         }
     }
+}
+
+/// The transient job a cancel request's source/target/options name. Job ids include the
+/// user, so an admin's request also matches the jobs of every other user.
+async fn job_id_by_spec(
+    st: &AppState,
+    user: &UserCtx,
+    spec: &ReplicationSpec,
+) -> HttpResult<String> {
+    let mine = transient_job_id(spec, user.name.as_deref());
+    if !user.is_admin() || st.replicator().get(&mine).await.is_ok() {
+        return Ok(mine);
+    }
+    let jobs = st.replicator().list().await?;
+    Ok(jobs
+        .iter()
+        .filter(|j| j.is_transient())
+        .map(|j| (j, transient_job_id(spec, j.user.as_deref())))
+        .find(|(j, id)| *id == j.job_id)
+        .map_or(mine, |(_, id)| id))
 }
 
 async fn cancel(st: &AppState, user: &UserCtx, id: &str) -> HttpResult<Response> {
