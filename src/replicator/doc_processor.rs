@@ -366,29 +366,34 @@ impl Writer {
         loop {
             let wake = async {
                 match events.as_mut() {
-                    Some(rx) => rx.recv().await.map(|e| {
-                        matches!(
-                            e,
-                            ReplicatorEvent::Finished { .. } | ReplicatorEvent::Failed { .. }
-                        )
+                    Some(rx) => rx.recv().await.map(|e| match e {
+                        ReplicatorEvent::Finished { job_id, .. }
+                        | ReplicatorEvent::Failed { job_id, .. } => Some(job_id),
+                        _ => None,
                     }),
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
                 ev = wake => match ev {
-                    Some(true) => {}
-                    Some(false) => continue,
+                    // A job of this node ended: write just that one.
+                    Some(Some(job_id)) => {
+                        if let Ok(j) = self.rep.get(&job_id).await {
+                            self.write_if_ours(j).await;
+                        }
+                    }
+                    Some(None) => {}
                     // The bus restarted: subscribe again at the next tick.
-                    None => { events = None; continue; }
+                    None => events = None,
                 },
+                // Jobs may end on other nodes: rescan everything now and then.
                 _ = tick.tick() => {
                     if events.is_none() {
                         events = self.rep.subscribe();
                     }
+                    self.scan().await;
                 }
             }
-            self.scan().await;
         }
     }
 
@@ -396,22 +401,30 @@ impl Writer {
         let Ok(jobs) = self.rep.list().await else {
             return;
         };
-        for j in jobs.into_iter().filter(|j| j.state.is_terminal()) {
-            let Some((_, client)) = self
-                .dbs
-                .iter()
-                .find(|(n, _)| j.database.as_deref() == Some(n.as_str()))
-            else {
-                continue;
-            };
-            let key = (j.job_id.clone(), j.last_updated);
-            if self.written.contains(&key) {
-                continue;
-            }
-            let client = client.clone();
-            if self.write_job(&client, &j).await {
-                self.written.insert(key);
-            }
+        for j in jobs {
+            self.write_if_ours(j).await;
+        }
+    }
+
+    /// Writes a terminal job of one of our databases, once per (job, update).
+    async fn write_if_ours(&mut self, j: JobView) {
+        if !j.state.is_terminal() {
+            return;
+        }
+        let Some((_, client)) = self
+            .dbs
+            .iter()
+            .find(|(n, _)| j.database.as_deref() == Some(n.as_str()))
+        else {
+            return;
+        };
+        let key = (j.job_id.clone(), j.last_updated);
+        if self.written.contains(&key) {
+            return;
+        }
+        let client = client.clone();
+        if self.write_job(&client, &j).await {
+            self.written.insert(key);
         }
     }
 
