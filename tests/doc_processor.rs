@@ -81,7 +81,7 @@ async fn documents_become_jobs_and_bad_ones_fail() {
         })
         .await;
         let reason = bad["_replication_state_reason"].as_str().unwrap();
-        assert!(reason.contains("`target` is missing"), "{reason}");
+        assert!(reason.contains("`target' property must exist"), "{reason}");
         assert!(bad["_replication_state_time"].is_string());
         // Invalid, design and already-terminal docs have no job.
         assert!(rep.get("jobs_replicator|bad").await.is_err());

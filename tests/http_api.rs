@@ -316,7 +316,7 @@ async fn bad_bodies_and_limits() {
             ("", "empty"),
             ("{not json", "not valid JSON"),
             ("[1,2]", "JSON object"),
-            (r#"{"target":"http://127.0.0.1:9/b"}"#, "`source` is missing"),
+            (r#"{"target":"http://127.0.0.1:9/b"}"#, "`source' property must exist"),
             (r#"{"source":"ftp://u:hush@h/a","target":"http://127.0.0.1:9/b"}"#, "unsupported protocol"),
             (r#"{"source":"http://127.0.0.1:9/a","target":"http://127.0.0.1:9/b","worker_processes":0}"#, "worker_processes"),
             (r#"{"cancel":"yes"}"#, "`cancel` must be a boolean"),

@@ -259,11 +259,11 @@ pub fn parse_replicate_body(body: &Value) -> Result<ReplicateRequest, InvalidRep
 fn parse_spec(m: &Map<String, Value>) -> Result<ReplicationSpec, InvalidRepDoc> {
     for key in ["source", "target"] {
         match m.get(key) {
-            None | Some(Value::Null) => return Err(bad(format!("`{key}` is missing"))),
             Some(Value::String(_) | Value::Object(_)) => {}
-            Some(_) => {
+            // CouchDB's wording, which existing clients may look for.
+            _ => {
                 return Err(bad(format!(
-                    "`{key}` must be a database URL string or an object with a `url`"
+                    "The `{key}' property must exist and be either a string or an object."
                 )));
             }
         }
@@ -363,9 +363,9 @@ mod tests {
         };
         assert_eq!(
             reason(json!({"_id": "r", "target": "http://127.0.0.1:1/b"})),
-            "`source` is missing"
+            "The `source' property must exist and be either a string or an object."
         );
-        assert!(reason(base(json!({"source": 42}))).contains("`source` must be"));
+        assert!(reason(base(json!({"source": 42}))).contains("`source' property must exist"));
         assert!(reason(base(json!({"target": "ftp://h/db"}))).contains("unsupported protocol"));
         assert!(reason(base(json!({"worker_processes": 0}))).contains("worker_processes"));
         assert!(reason(base(json!({"cancel": true}))).contains("cancel"));
@@ -409,7 +409,7 @@ mod tests {
             parse_replicate_body(&json!({"cancel": true}))
                 .unwrap_err()
                 .0,
-            "`source` is missing"
+            "The `source' property must exist and be either a string or an object."
         );
         assert!(parse_replicate_body(&json!("x")).is_err());
     }
