@@ -1,5 +1,238 @@
-//! Placeholder: the `replication` benchmark is written by its issue.
+//! Replication benchmark (issue 4 item 5): fills a pouchdb-server source with the data set of
+//! `data.rs` (100,000 docs of ~1 KB by default, `BENCH_DOCS=N` for quick runs), then in the
+//! same run measures
+//! - the read ceiling: the source read alone (`_changes` + `_bulk_get`, batches of 500);
+//! - the write ceiling: a fresh target's `_bulk_docs` ingest of the same docs alone;
+//! - our engine, in-process, one-shot into a fresh target (CPU from getrusage of this process:
+//!   the servers and node are children; peak RSS from VmHWM reset just before);
+//! - PouchDB's replicator (node, HTTP to HTTP) into a fresh target;
+//!
+//! verifies both targets, prints a table with each process's CPU use, then the ratios as
+//! `RESULT` lines. Each target is a fresh pouchdb-server so no run inherits another's heap.
+//! Options for our engine: `BENCH_WORKERS`, `BENCH_BATCH`, `BENCH_CONNS` (CouchDB's
+//! `worker_processes`, `worker_batch_size`, `http_connections`); PouchDB's: `BATCH_SIZE`,
+//! `BATCHES_LIMIT`. The values used are printed.
+
+#[path = "replication/data.rs"]
+mod data;
+#[path = "replication/load.rs"]
+mod load;
+#[path = "replication/measure.rs"]
+mod measure;
+#[path = "replication/pouchdb.rs"]
+mod pouchdb;
+#[path = "replication/servers.rs"]
+mod servers;
+#[path = "replication/verify.rs"]
+mod verify;
+
+use std::time::Instant;
+
+use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
+use servers::Server;
+
+/// One measured run.
+struct Row {
+    name: &'static str,
+    wall_s: f64,
+    /// Replicator (or client) process CPU seconds, if measured.
+    cpu_s: Option<f64>,
+    src_cpu_s: f64,
+    tgt_cpu_s: f64,
+}
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn main() {
-    eprintln!("the replication benchmark is not built yet");
-    std::process::exit(1);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("replication bench: cannot start tokio: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("replication bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let n = env_num("BENCH_DOCS", 100_000) as u64;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let source = Server::start(&http).await?;
+    source.create_db(&http, "source").await?;
+    let src_db = source.db("source");
+    eprintln!("filling the source with {n} documents...");
+    let fill = load::fill(&http, &src_db, n).await?;
+    let checked = verify::verify(&http, &src_db, n).await?;
+    eprintln!(
+        "source filled in {:.1} s and verified ({checked:?})",
+        fill.as_secs_f64()
+    );
+    let mut rows = Vec::new();
+
+    // Read ceiling: the source alone.
+    let c0 = source.cpu_seconds();
+    let (docs, revs, took) = load::read_all(&http, &src_db).await?;
+    if docs != n {
+        return Err(format!("read ceiling saw {docs} docs, expected {n}"));
+    }
+    rows.push(Row {
+        name: "ceiling: source read",
+        wall_s: took.as_secs_f64(),
+        cpu_s: None,
+        src_cpu_s: source.cpu_seconds() - c0,
+        tgt_cpu_s: 0.0,
+    });
+    eprintln!(
+        "read ceiling: {revs} revisions in {:.1} s",
+        took.as_secs_f64()
+    );
+
+    // Write ceiling: a fresh target alone.
+    {
+        let target = Server::start(&http).await?;
+        target.create_db(&http, "ceiling").await?;
+        let c0 = target.cpu_seconds();
+        let took = load::fill(&http, &target.db("ceiling"), n).await?;
+        rows.push(Row {
+            name: "ceiling: target write",
+            wall_s: took.as_secs_f64(),
+            cpu_s: None,
+            src_cpu_s: 0.0,
+            tgt_cpu_s: target.cpu_seconds() - c0,
+        });
+    }
+
+    // Our engine.
+    let workers = env_num("BENCH_WORKERS", 4);
+    let batch = env_num("BENCH_BATCH", 500);
+    let conns = env_num("BENCH_CONNS", 20);
+    let ours_rss;
+    {
+        let target = Server::start(&http).await?;
+        target.create_db(&http, "ours").await?;
+        let src_ep = Endpoint::parse(&src_db).map_err(|e| e.to_string())?;
+        let tgt_ep = Endpoint::parse(&target.db("ours")).map_err(|e| e.to_string())?;
+        let mut spec = ReplicationSpec::new(src_ep, tgt_ep);
+        spec.options.worker_processes = workers;
+        spec.options.worker_batch_size = batch;
+        spec.options.http_connections = conns;
+        let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
+        let exact_peak = measure::reset_peak_rss();
+        let cpu0 = measure::self_cpu_seconds();
+        let t = Instant::now();
+        let stats = replicate(spec, Context::default())
+            .await
+            .map_err(|e| format!("our replication failed: {e}"))?;
+        let wall = t.elapsed().as_secs_f64();
+        let cpu = measure::self_cpu_seconds() - cpu0;
+        ours_rss = measure::peak_rss_mb();
+        if !exact_peak {
+            eprintln!("note: could not reset VmHWM; peak RSS covers the whole bench process");
+        }
+        rows.push(Row {
+            name: "ours (in-process)",
+            wall_s: wall,
+            cpu_s: Some(cpu),
+            src_cpu_s: source.cpu_seconds() - s0,
+            tgt_cpu_s: target.cpu_seconds() - t0c,
+        });
+        eprintln!(
+            "ours: docs_written={} failures={} docs_read={}",
+            stats.docs_written, stats.doc_write_failures, stats.docs_read
+        );
+        let c = verify::verify(&http, &target.db("ours"), n).await?;
+        eprintln!("ours: target verified ({c:?})");
+    }
+
+    // PouchDB's replicator.
+    let pouch_options;
+    {
+        let target = Server::start(&http).await?;
+        target.create_db(&http, "pouch").await?;
+        let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
+        let p = pouchdb::replicate(&src_db, &target.db("pouch")).await?;
+        rows.push(Row {
+            name: "PouchDB 9 (node)",
+            wall_s: p.wall_s,
+            cpu_s: Some(p.cpu_s),
+            src_cpu_s: source.cpu_seconds() - s0,
+            tgt_cpu_s: target.cpu_seconds() - t0c,
+        });
+        eprintln!("pouchdb: docs_written={}", p.docs_written);
+        pouch_options = p.options;
+        let c = verify::verify(&http, &target.db("pouch"), n).await?;
+        eprintln!("pouchdb: target verified ({c:?})");
+    }
+
+    println!(
+        "replication benchmark: {n} docs (~1 KB; 10% several revisions, 1/3 of those \
+         conflicted; 1% with a 20 KB attachment), pouchdb-server 4.2.0 --in-memory, {} cores",
+        std::thread::available_parallelism().map_or(0, |p| p.get())
+    );
+    println!(
+        "ours: worker_processes={workers} worker_batch_size={batch} http_connections={conns} \
+         (CouchDB defaults 4/500/20); PouchDB: {pouch_options}"
+    );
+    println!(
+        "{:<24} {:>10} {:>9} {:>12} {:>10} {:>10} {:>10}",
+        "run", "docs/s", "wall s", "client CPU s", "µs CPU/doc", "src busy", "tgt busy"
+    );
+    for r in &rows {
+        let cpu = r.cpu_s.map_or("-".into(), |c| format!("{c:.2}"));
+        let per = r
+            .cpu_s
+            .map_or("-".into(), |c| format!("{:.0}", c * 1e6 / n as f64));
+        println!(
+            "{:<24} {:>10.0} {:>9.2} {:>12} {:>10} {:>9.0}% {:>9.0}%",
+            r.name,
+            n as f64 / r.wall_s,
+            r.wall_s,
+            cpu,
+            per,
+            100.0 * r.src_cpu_s / r.wall_s,
+            100.0 * r.tgt_cpu_s / r.wall_s
+        );
+    }
+    let rate = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map_or(0.0, |r| n as f64 / r.wall_s)
+    };
+    let cpu = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.cpu_s)
+            .unwrap_or(0.0)
+    };
+    let ceiling = rate("ceiling: source read").min(rate("ceiling: target write"));
+    let ours = rate("ours (in-process)");
+    println!("ceiling (lower of read and write alone): {ceiling:.0} docs/s");
+    println!(
+        "RESULT docs_per_s_ours_over_pouchdb = {:.2}",
+        ours / rate("PouchDB 9 (node)")
+    );
+    println!(
+        "RESULT docs_per_s_ours_over_ceiling = {:.2}",
+        ours / ceiling
+    );
+    println!(
+        "RESULT cpu_s_ours_over_pouchdb = {:.3}",
+        cpu("ours (in-process)") / cpu("PouchDB 9 (node)")
+    );
+    println!("RESULT peak_rss_mb_ours = {ours_rss:.1}");
+    Ok(())
 }

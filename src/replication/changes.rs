@@ -123,7 +123,17 @@ impl ChangesReader {
             let t = (self.opts.connection_timeout.as_millis() / 3).max(1000);
             q.push_str(&format!("&timeout={t}&heartbeat={t}"));
         }
-        let mut req = match &self.opts.filter {
+        let mut req = self.filtered(q);
+        if feed == "continuous" {
+            // A compressing server (pouchdb-server's express) buffers a gzip stream until it
+            // ends, so a live feed would never arrive: ask for it uncompressed.
+            req.headers.push(("accept-encoding", "identity".to_owned()));
+        }
+        req
+    }
+
+    fn filtered(&self, mut q: String) -> Req {
+        match &self.opts.filter {
             Filter::None => Req::get(q),
             Filter::DocIds(ids) => {
                 q.push_str("&filter=_doc_ids");
@@ -144,14 +154,7 @@ impl ChangesReader {
                 }
                 Req::get(q)
             }
-        };
-        if feed == "continuous" {
-            // A compressed continuous feed is held back by the server's gzip buffer until it
-            // fills (pouchdb-server's compression middleware): changes would arrive minutes
-            // late. Ask for the stream uncompressed.
-            req.headers.push(("accept-encoding", "identity".into()));
         }
-        req
     }
 
     fn to_change(&self, row: Row) -> Option<Change> {

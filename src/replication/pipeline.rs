@@ -373,6 +373,8 @@ async fn run(
                     tracing::warn!(rep_id = %rep_id, error = %e, "replication failed");
                     return Err(e);
                 }
+                // Tasks aborted by a stop end as cancelled: that is the expected ending.
+                Some(Err(e)) if stopped && e.is_cancelled() => {}
                 Some(Err(e)) => {
                     tasks.abort_all();
                     return Err(ReplicationError::WorkerDied(e.to_string()));

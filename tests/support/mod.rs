@@ -1,0 +1,37 @@
+//! Helpers shared by the integration tests: a real pouchdb-server per test ([`server`]), small
+//! CouchDB client helpers to fill and compare databases ([`couch`]), and an in-process
+//! fault-injecting reverse proxy for faults a real server cannot produce on demand ([`proxy`]).
+//! Each test binary uses only part of this, hence the dead-code allowance.
+#![allow(dead_code)]
+
+pub mod couch;
+pub mod proxy;
+pub mod server;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Runs `f` with a deadline; on expiry panics naming what the test was waiting for.
+pub async fn deadline<T>(secs: u64, what: &str, f: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("deadline of {secs} s passed while waiting for: {what}"),
+    }
+}
+
+/// Polls `check` every 50 ms until it yields `Some`, panicking after `secs` with `what`.
+pub async fn wait_for<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    deadline(secs, what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
