@@ -4,6 +4,7 @@
 //! (including conflicts).
 
 mod http_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;

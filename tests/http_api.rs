@@ -3,6 +3,7 @@
 //! shapes of every endpoint, authentication and authorization, bad bodies, 413, masking.
 
 mod http_support;
+mod support;
 
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 //! replicates and gets `completed` written back; SIGTERM stops the node cleanly.
 
 mod http_support;
+mod support;
 
 use std::process::Stdio;
 use std::time::Duration;

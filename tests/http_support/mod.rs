@@ -1,13 +1,10 @@
 //! Helpers of the HTTP API tests: a replicator node on a real on-disk embedded store with its
-//! API on a free loopback port, a Basic-auth client, and a pouchdb-server launcher (until the
-//! shared `tests/support` launcher is merged).
+//! API on a free loopback port, a Basic-auth client, and JSON helpers around the shared
+//! pouchdb-server launcher (`tests/support`, declared by each test file next to this one).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::jobs::JobsConfig;
@@ -139,54 +136,18 @@ impl Drop for Node {
     }
 }
 
-/// A pouchdb-server on a free loopback port, killed on drop.
+/// A pouchdb-server (the shared launcher of `tests/support`) with JSON helpers.
 pub struct Pouch {
-    child: tokio::process::Child,
-    _dir: tempfile::TempDir,
+    _server: crate::support::server::PouchServer,
     pub url: String,
 }
 
 impl Pouch {
     pub async fn start() -> Pouch {
-        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server");
-        let dir = tempfile::tempdir().unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let child = tokio::process::Command::new(bin)
-            .args([
-                "--in-memory",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-            ])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let url = format!("http://127.0.0.1:{port}");
-        let c = reqwest::Client::new();
-        let up = tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                if c.get(&url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-                {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-        .await;
-        assert!(up.is_ok(), "pouchdb-server did not start");
+        let server = crate::support::server::PouchServer::start().await;
+        let url = server.root().trim_end_matches('/').to_owned();
         Pouch {
-            child,
-            _dir: dir,
+            _server: server,
             url,
         }
     }
@@ -222,11 +183,5 @@ impl Pouch {
             .unwrap();
         let s = r.status().as_u16();
         (s, r.json().await.unwrap_or(Value::Null))
-    }
-}
-
-impl Drop for Pouch {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
     }
 }
