@@ -1,7 +1,8 @@
 //! `POST /_replicate` (digest B.14, C.6): starts a transient replication as the caller, or
 //! cancels one. Continuous: 202 `{"ok", "_local_id"}` once the job runs. One-shot: waits for
 //! completion, then 200 with the checkpoint history, or the job's error. `cancel: true`: by
-//! `id`/`_local_id`/`replication_id`, or by the same source/target/options.
+//! `id`/`_local_id`/`replication_id`, or by the same source/target/options. A replication
+//! that another (persistent or transient) job already runs is a 409.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -16,9 +17,11 @@ use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
 use crate::replication::ReplicationSpec;
+use crate::replicator::handle::reason_text;
 use crate::replicator::rep_doc::{ReplicateRequest, UserCtx, parse_replicate_body};
 use crate::replicator::rep_job::transient_job_id;
-use crate::replicator::{JobKind, JobView, NewJob, WaitFor};
+use crate::replicator::{JobKind, JobView, NewJob, RepState, ReplicatorError, WaitFor};
+use std::time::Duration;
 
 /// Reads a JSON object body, turning size and syntax problems into 413 / 400.
 pub fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> HttpResult<Value> {
@@ -66,25 +69,64 @@ pub async fn post_replicate(
                 })
                 .await?;
             if spec.options.continuous {
-                let view = rep
-                    .wait(&job.job_id, WaitFor::Running, st.config().start_timeout)
-                    .await?;
+                let view = wait(
+                    &st,
+                    &job.job_id,
+                    WaitFor::Running,
+                    st.config().start_timeout,
+                )
+                .await?;
                 Ok((
                     StatusCode::ACCEPTED,
                     Json(json!({"ok": true, "_local_id": local_id(&view)})),
                 )
                     .into_response())
             } else {
-                let view = rep
-                    .wait(
-                        &job.job_id,
-                        WaitFor::Completed,
-                        st.config().completion_timeout,
-                    )
-                    .await?;
+                let view = wait(
+                    &st,
+                    &job.job_id,
+                    WaitFor::Completed,
+                    st.config().completion_timeout,
+                )
+                .await?;
                 Ok(Json(masked(completion_body(&view))).into_response())
             }
         }
+    }
+}
+
+/// How often a waiting `_replicate` call re-reads its job.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// Waits until the job runs or completes, like [`crate::replicator::Replicator::wait`], but
+/// also ends the wait when the job is `crashing` because another job owns its replication:
+/// that is a 409 the caller can act on, not something to wait out.
+async fn wait(
+    st: &AppState,
+    job_id: &str,
+    until: WaitFor,
+    timeout: Duration,
+) -> HttpResult<JobView> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let view = st.replicator().get(job_id).await?;
+        match (view.state, until) {
+            (RepState::Failed, _) => {
+                return Err(ReplicatorError::Failed(reason_text(&view.state_info)).into());
+            }
+            (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => return Ok(view),
+            (RepState::Crashing, _) => {
+                let reason = reason_text(&view.state_info);
+                if reason.starts_with("Duplicate job running") {
+                    return Err(HttpError::new(StatusCode::CONFLICT, "conflict", reason));
+                }
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ReplicatorError::Timeout(job_id.to_owned()).into());
+        }
+        tokio::time::sleep(WAIT_POLL).await;
     }
 }
 
