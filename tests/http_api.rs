@@ -60,6 +60,9 @@ async fn endpoint_shapes() {
         let node = Node::frontend(cfg()).await;
         let (s, up) = node.get("/_up", None).await;
         assert_eq!((s, up["status"].as_str()), (200, Some("ok")));
+        let (s, hello) = node.get("/", None).await;
+        assert_eq!((s, hello["couchdb"].as_str()), (200, Some("Welcome")));
+        assert!(hello["node"].is_string());
 
         let (s, empty) = node.get("/_scheduler/jobs", Some(ADMIN)).await;
         assert_eq!(s, 200);

@@ -1,4 +1,4 @@
-//! `GET /_up` (is this node's replicator tree alive), `GET /metrics` (Prometheus text: the
+//! `GET /` (welcome), `GET /_up` (is this node's replicator tree alive), `GET /metrics` (Prometheus text: the
 //! process-wide recorder, with job gauges refreshed at every scrape), and the middleware
 //! counting requests by method and status (`couch_replicator_http_requests_total`).
 
@@ -11,6 +11,17 @@ use serde_json::json;
 use super::AppState;
 use super::error::{HttpError, HttpResult};
 use crate::replicator::RepState;
+
+/// `GET /`: CouchDB's welcome object, so clients probing the server recognise it.
+pub async fn welcome(State(st): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({
+        "couchdb": "Welcome",
+        "version": env!("CARGO_PKG_VERSION"),
+        "vendor": {"name": "couch-replicator", "version": env!("CARGO_PKG_VERSION")},
+        "node": st.replicator().node(),
+        "features": ["scheduler"],
+    }))
+}
 
 /// `GET /_up`: 200 `{"status":"ok"}` while the tree's event bus runs, else 503.
 pub async fn up(State(st): State<AppState>) -> Response {

@@ -113,6 +113,7 @@ pub fn router(state: AppState) -> Router {
         .route("/_scheduler/docs", get(scheduler::list_all_docs))
         .route("/_scheduler/docs/{*rest}", get(scheduler::docs_path))
         .route("/_active_tasks", get(active_tasks::active_tasks))
+        .route("/", get(health::welcome))
         .route("/_up", get(health::up))
         .route("/metrics", get(health::metrics))
         // steps: `.merge(crate::http::steps::routes())` goes here (/_steps, other branch).
