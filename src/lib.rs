@@ -9,6 +9,7 @@
 //! - [`replicator`]: the replicator application: policies, settings, the supervision tree.
 //! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
 
+pub mod http;
 pub mod jobs;
 pub mod replication;
 pub mod replicator;

@@ -1,14 +1,12 @@
-//! The `couch-replicator` command line: runs a replicator node, one-off replications and job
-//! administration. Subcommands live in one clap enum so `serve` and `jobs` can be added.
+//! The `couch-replicator` command line: runs a replicator node (`serve`), one-off replications
+//! (`replicate`) and steps jobs. This file only holds the clap enum and the dispatch; each
+//! subcommand lives in its own file under `src/cli/`.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Subcommand implementations, one file each under `src/cli/`.
-mod cli {
-    pub mod replicate;
-}
+mod cli;
 
 /// Apache CouchDB's replicator, re-implemented in Rust.
 #[derive(Debug, Parser)]
@@ -20,8 +18,21 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a replicator node with CouchDB's HTTP API.
+    Serve(cli::serve::ServeArgs),
     /// Replicate SRC into TGT (database URLs) once, or continuously.
     Replicate(cli::replicate::ReplicateArgs),
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 fn main() -> ExitCode {
@@ -38,6 +49,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Replicate(a) => rt.block_on(cli::replicate::run(a)),
+        Command::Serve(a) => {
+            init_tracing();
+            rt.block_on(cli::serve::run(a))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,5 @@
+//! Subcommands of the `couch-replicator` binary, one file each.
+
+pub mod config_file;
+pub mod replicate;
+pub mod serve;

@@ -1,0 +1,364 @@
+//! `couch-replicator serve`: runs one replicator node with CouchDB's HTTP API. The job store
+//! is the embedded engine under `--data-dir` (or FoundationDB with `--fdb-cluster-file` when
+//! built with `fdb`); settings come from a config file ([`super::config_file`]), environment
+//! overrides, then command-line flags, in that order of increasing precedence. Prints
+//! `listening on http://ADDR` once the API accepts connections; stops gracefully on Ctrl-C or
+//! SIGTERM (running jobs checkpoint and go back to pending).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
+use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::{NodeType, Replicator, ReplicatorConfig};
+use couch_replicator::store::Db;
+use couch_replicator::store::embedded::EmbeddedStore;
+
+use super::config_file::ConfigFile;
+
+/// `serve` flags.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Directory of the embedded job store (created if missing).
+    #[arg(long, env = "COUCH_REPLICATOR_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Use FoundationDB through this cluster file instead of the embedded store.
+    #[cfg(feature = "fdb")]
+    #[arg(long, env = "FDB_CLUSTER_FILE")]
+    pub fdb_cluster_file: Option<PathBuf>,
+    /// Config file (CouchDB ini, or flat TOML) with [replicator], [admins], [chttpd], ...
+    #[arg(long, short = 'c', env = "COUCH_REPLICATOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What this node runs: api_frontend, replication, or both (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub node_type: Option<Vec<String>>,
+    /// HTTP port (0 = any free port); default [chttpd] port or 5984.
+    #[arg(long, short = 'p')]
+    pub port: Option<u16>,
+    /// Address to bind; default [chttpd] bind_address or 127.0.0.1.
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// A server admin `name:password` (repeatable); adds to [admins].
+    #[arg(
+        long = "admin",
+        env = "COUCH_REPLICATOR_ADMINS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub admins: Vec<String>,
+    /// A `_replicator` database URL to follow (repeatable); adds to [replicator_dbs].
+    #[arg(long = "replicator-db")]
+    pub replicator_dbs: Vec<String>,
+    /// This node's name in the cluster; default [couchdb] node_name or node1@127.0.0.1.
+    #[arg(long)]
+    pub node: Option<String>,
+}
+
+/// Everything `serve` needs, resolved from file, environment and flags.
+#[derive(Debug)]
+pub struct NodeSetup {
+    pub replicator: ReplicatorConfig,
+    pub http: HttpConfig,
+    pub addr: SocketAddr,
+    pub dbs: Vec<ReplicatorDb>,
+}
+
+fn pairs(v: &[(String, String)]) -> Vec<(String, String)> {
+    v.to_vec()
+}
+
+/// Reads the config file and environment and applies the flags.
+pub fn load(
+    args: &ServeArgs,
+    env: Vec<(String, String)>,
+) -> Result<(ConfigFile, Vec<(String, String)>), String> {
+    let mut cfg = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            ConfigFile::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    cfg.apply_env(env);
+    if let Some(types) = &args.node_type {
+        cfg.set("replicator", "node_types", types.join(","));
+    }
+    if let Some(p) = args.port {
+        cfg.set("chttpd", "port", p.to_string());
+    }
+    if let Some(b) = &args.bind {
+        cfg.set("chttpd", "bind_address", b.clone());
+    }
+    if let Some(n) = &args.node {
+        cfg.set("couchdb", "node_name", n.clone());
+    }
+    let mut admins = pairs(cfg.section("admins"));
+    for a in &args.admins {
+        let (n, p) = a
+            .split_once(':')
+            .ok_or_else(|| "--admin takes name:password".to_string())?;
+        admins.push((n.to_owned(), p.to_owned()));
+    }
+    Ok((cfg, admins))
+}
+
+/// Turns the configuration into the node's parts.
+pub fn setup(
+    args: &ServeArgs,
+    cfg: &ConfigFile,
+    admins: Vec<(String, String)>,
+    db: Db,
+    server_uuid: String,
+) -> Result<NodeSetup, String> {
+    let settings = cfg.replicator_settings()?;
+    let mut replicator = ReplicatorConfig::new(db);
+    replicator.settings = settings;
+    replicator.server_uuid = cfg
+        .get("couchdb", "uuid")
+        .map_or(server_uuid, str::to_owned);
+    if let Some(n) = cfg.get("couchdb", "node_name") {
+        replicator.node = n.to_owned();
+    }
+    let port: u16 = cfg
+        .get("chttpd", "port")
+        .unwrap_or("5984")
+        .parse()
+        .map_err(|_| "[chttpd] port must be a port number".to_string())?;
+    let bind = cfg.get("chttpd", "bind_address").unwrap_or("127.0.0.1");
+    let addr: SocketAddr = format!("{bind}:{port}")
+        .parse()
+        .map_err(|_| format!("[chttpd] bind_address `{bind}` is not an IP address"))?;
+    let mut dbs = Vec::new();
+    for (name, url) in cfg.section("replicator_dbs") {
+        dbs.push(ReplicatorDb {
+            name: name.clone(),
+            url: url.clone(),
+        });
+    }
+    for url in &args.replicator_dbs {
+        dbs.push(ReplicatorDb::from_url(url).map_err(|e| e.to_string())?);
+    }
+    for d in &dbs {
+        if !d.name.ends_with("_replicator") {
+            return Err(format!(
+                "replicator database `{}`: the name must end with `_replicator`",
+                d.name
+            ));
+        }
+        if dbs.iter().filter(|o| o.name == d.name).count() > 1 {
+            return Err(format!(
+                "two replicator databases are named `{}`: name them in [replicator_dbs] (name = URL)",
+                d.name
+            ));
+        }
+    }
+    let mut http = HttpConfig {
+        users: Users::new(admins, pairs(cfg.section("users"))),
+        replicator_dbs: dbs.iter().map(|d| d.name.clone()).collect(),
+        ..HttpConfig::default()
+    };
+    if let Some(v) = cfg.get("chttpd", "max_http_request_size") {
+        http.max_body_bytes = v
+            .parse()
+            .map_err(|_| "[chttpd] max_http_request_size must be a byte count".to_string())?;
+    }
+    Ok(NodeSetup {
+        replicator,
+        http,
+        addr,
+        dbs,
+    })
+}
+
+/// The server uuid kept in the data directory, so replication ids survive restarts.
+fn server_uuid(dir: &Path) -> Result<String, String> {
+    let p = dir.join("server_uuid");
+    match std::fs::read_to_string(&p) {
+        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+        _ => {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            std::fs::write(&p, &id).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            Ok(id)
+        }
+    }
+}
+
+fn open_store(args: &ServeArgs) -> Result<Db, String> {
+    #[cfg(feature = "fdb")]
+    if let Some(f) = &args.fdb_cluster_file {
+        return Err(format!(
+            "FoundationDB ({}) is not available yet: the store adapter is not implemented; \
+             run without --fdb-cluster-file to use the embedded store",
+            f.display()
+        ));
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
+    let store = EmbeddedStore::open(args.data_dir.join("jobs.redb"))
+        .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?;
+    Ok(Db::new(Arc::new(store)))
+}
+
+/// Runs the node until Ctrl-C / SIGTERM.
+pub async fn run(args: ServeArgs) -> Result<(), String> {
+    let (cfg, admins) = load(&args, std::env::vars().collect())?;
+    let db = open_store(&args)?;
+    let uuid = server_uuid(&args.data_dir)?;
+    let setup = setup(&args, &cfg, admins, db, uuid)?;
+    if setup.http.users.has_no_admins() {
+        tracing::warn!(
+            "no server admin configured (--admin name:password or [admins]): requests that change state need one"
+        );
+    }
+    let frontend = setup.replicator.settings.runs(NodeType::ApiFrontend);
+    let replicator = Arc::new(
+        Replicator::start(setup.replicator)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let docs = if frontend && !setup.dbs.is_empty() {
+        let cfg = DocProcessorConfig {
+            dbs: setup.dbs,
+            ..DocProcessorConfig::default()
+        };
+        Some(DocProcessor::start(replicator.clone(), cfg).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let listener = tokio::net::TcpListener::bind(setup.addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", setup.addr))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let state = AppState::new(replicator.clone(), setup.http, http::prometheus());
+    let server = tokio::spawn(http::serve(listener, state, shutdown_signal()));
+    println!("listening on http://{local}");
+    tracing::info!(node = %replicator.node(), %local, "replicator node running");
+    let served = server.await;
+    if let Some(d) = docs {
+        d.stop().await;
+    }
+    match Arc::try_unwrap(replicator) {
+        Ok(r) => r.shutdown().await,
+        Err(_) => tracing::warn!("replicator still referenced at exit; skipping graceful shutdown"),
+    }
+    match served {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("HTTP server: {e}")),
+        Err(e) => Err(format!("HTTP server task: {e}")),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use couch_replicator::store::memory::MemoryStore;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn args(extra: &[&str]) -> ServeArgs {
+        let mut v = vec!["serve"];
+        v.extend_from_slice(extra);
+        Cmd::parse_from(v).serve
+    }
+
+    fn db() -> Db {
+        Db::new(Arc::new(MemoryStore::new()))
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("n.ini");
+        std::fs::write(
+            &file,
+            "[replicator]\nmax_jobs = 7\n[chttpd]\nport = 6001\n[admins]\nroot = r00t\n\
+             [replicator_dbs]\nmine_replicator = http://127.0.0.1:1/x\n[couchdb]\nuuid = u1\n",
+        )
+        .unwrap();
+        let a = args(&[
+            "--config",
+            file.to_str().unwrap(),
+            "--port",
+            "6003",
+            "--node-type",
+            "replication",
+            "--admin",
+            "cli:pw",
+            "--replicator-db",
+            "http://u:p@127.0.0.1:2/a%2F_replicator",
+        ]);
+        let env = vec![
+            ("COUCH_REPLICATOR__CHTTPD__PORT".into(), "6002".into()),
+            ("COUCH_REPLICATOR__REPLICATOR__MAX_JOBS".into(), "9".into()),
+        ];
+        let (cfg, admins) = load(&a, env).unwrap();
+        let s = setup(&a, &cfg, admins, db(), "gen".into()).unwrap();
+        assert_eq!(s.addr.port(), 6003);
+        assert_eq!(s.replicator.settings.max_jobs, 9);
+        assert_eq!(
+            s.replicator.settings.node_types,
+            vec![NodeType::Replication]
+        );
+        assert_eq!(s.replicator.server_uuid, "u1");
+        let names: Vec<&str> = s.dbs.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, vec!["mine_replicator", "a/_replicator"]);
+        assert_eq!(s.http.replicator_dbs, names);
+        assert!(!s.http.users.has_no_admins());
+        assert!(!format!("{:?}", s.http.users).contains("r00t"));
+    }
+
+    #[test]
+    fn bad_settings_are_reported() {
+        let bad = |extra: &[&str], text: &str| {
+            let a = args(extra);
+            let mut cfg = ConfigFile::parse(text).unwrap();
+            cfg.apply_env(Vec::new());
+            setup(&a, &cfg, Vec::new(), db(), "u".into()).unwrap_err()
+        };
+        assert!(bad(&[], "[replicator]\nmax_jobs = 0").contains("max_jobs"));
+        assert!(bad(&[], "[chttpd]\nport = http").contains("port"));
+        assert!(bad(&[], "[chttpd]\nbind_address = localhost").contains("bind_address"));
+        assert!(bad(&[], "[replicator_dbs]\nplain = http://127.0.0.1:1/x").contains("_replicator"));
+        assert!(
+            bad(
+                &[
+                    "--replicator-db",
+                    "http://127.0.0.1:1/_replicator",
+                    "--replicator-db",
+                    "http://127.0.0.1:2/_replicator"
+                ],
+                ""
+            )
+            .contains("two replicator databases")
+        );
+        let a = args(&["--admin", "nocolon"]);
+        assert!(load(&a, Vec::new()).unwrap_err().contains("name:password"));
+    }
+}

@@ -1,0 +1,123 @@
+//! The HTTP API's error type: every failure becomes a CouchDB-style `{"error", "reason"}` body
+//! with the status CouchDB uses. Reasons come from typed errors that already redact
+//! credentials, so nothing secret reaches a client.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::replicator::rep_doc::InvalidRepDoc;
+
+/// An error reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// CouchDB's short error tag (`bad_request`, `not_found`, ...).
+    pub error: String,
+    /// Human-readable reason.
+    pub reason: String,
+}
+
+impl HttpError {
+    /// A reply with this status, tag and reason.
+    pub fn new(status: StatusCode, error: &str, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            error: error.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", reason)
+    }
+
+    /// 401: no or wrong credentials.
+    pub fn unauthorized(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+    }
+
+    /// 403: authenticated, but not allowed.
+    pub fn forbidden(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", reason)
+    }
+
+    /// 404.
+    pub fn not_found(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", reason)
+    }
+
+    /// 413: the body is larger than the configured limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request entity is larger than {limit} bytes"),
+        )
+    }
+
+    /// 500 with a reason.
+    pub fn internal(reason: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_server_error",
+            reason,
+        )
+    }
+
+    /// 503: the replicator is not available (starting, stopping, not an api_frontend).
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            reason,
+        )
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.error, "reason": self.reason})),
+        )
+            .into_response()
+    }
+}
+
+impl From<InvalidRepDoc> for HttpError {
+    fn from(e: InvalidRepDoc) -> Self {
+        Self::bad_request(e.0)
+    }
+}
+
+/// Result alias of the handlers.
+pub type HttpResult<T> = Result<T, HttpError>;
+
+impl From<crate::replicator::ReplicatorError> for HttpError {
+    fn from(e: crate::replicator::ReplicatorError) -> Self {
+        use crate::replicator::ReplicatorError as E;
+        match e {
+            E::BadRequest(r) => Self::bad_request(r),
+            E::NotFound(id) => Self::not_found(format!("no replication job {id}")),
+            E::Conflict(r) => Self::new(StatusCode::CONFLICT, "conflict", r),
+            // `tag: details` becomes CouchDB's {"error": tag, "reason": details}.
+            E::Failed(r) => match r.split_once(": ") {
+                Some((tag, rest)) if !tag.contains(' ') => {
+                    Self::new(StatusCode::INTERNAL_SERVER_ERROR, tag, rest)
+                }
+                _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "replication_failed", r),
+            },
+            E::Timeout(id) => Self::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                format!("replication job {id} did not reach the expected state in time"),
+            ),
+            E::Unavailable(r) => Self::unavailable(r),
+            other => Self::internal(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The HTTP API (axum), CouchDB-compatible: this module owns the [`Router`] and its shared
+//! [`AppState`]; each endpoint group has its own file. Every reply is JSON; errors are
+//! `{"error", "reason"}` ([`error::HttpError`]); callers are identified by HTTP Basic
+//! ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
+//! passes through [`mask`] so no password leaves the node.
+
+pub mod active_tasks;
+pub mod auth;
+pub mod error;
+pub mod health;
+pub mod mask;
+pub mod replicate;
+pub mod scheduler;
+// pub mod steps; (`/_steps`, added by the steps branch)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::replicator::Replicator;
+use auth::{HasUsers, Users};
+use error::HttpError;
+
+/// Settings of the HTTP API.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Who may call.
+    pub users: Users,
+    /// Larger request bodies are refused with 413.
+    pub max_body_bytes: usize,
+    /// How long `POST /_replicate` waits for a continuous job to be running.
+    pub start_timeout: Duration,
+    /// How long `POST /_replicate` waits for a one-shot job to complete.
+    pub completion_timeout: Duration,
+    /// The `_replicator` databases the doc processor follows (names as `_scheduler/docs`
+    /// shows them).
+    pub replicator_dbs: Vec<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            users: Users::default(),
+            max_body_bytes: 1 << 20,
+            start_timeout: Duration::from_secs(60),
+            completion_timeout: Duration::from_secs(3600),
+            replicator_dbs: Vec::new(),
+        }
+    }
+}
+
+/// What every handler shares: the replicator handle, the users, the metrics recorder.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    replicator: Arc<Replicator>,
+    config: HttpConfig,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl AppState {
+    /// State for a node's API.
+    pub fn new(
+        replicator: Arc<Replicator>,
+        config: HttpConfig,
+        metrics: Option<PrometheusHandle>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                replicator,
+                config,
+                metrics,
+            }),
+        }
+    }
+
+    /// The replicator handle.
+    pub fn replicator(&self) -> &Replicator {
+        &self.inner.replicator
+    }
+
+    /// The API settings.
+    pub fn config(&self) -> &HttpConfig {
+        &self.inner.config
+    }
+
+    /// The Prometheus recorder, if one is installed.
+    pub fn metrics(&self) -> Option<&PrometheusHandle> {
+        self.inner.metrics.as_ref()
+    }
+}
+
+impl HasUsers for AppState {
+    fn users(&self) -> &Users {
+        &self.inner.config.users
+    }
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    let limit = state.config().max_body_bytes;
+    Router::new()
+        .route("/_replicate", post(replicate::post_replicate))
+        .route("/_scheduler/jobs", get(scheduler::list_jobs))
+        .route("/_scheduler/jobs/{id}", get(scheduler::get_job))
+        .route("/_scheduler/docs", get(scheduler::list_all_docs))
+        .route("/_scheduler/docs/{*rest}", get(scheduler::docs_path))
+        .route("/_active_tasks", get(active_tasks::active_tasks))
+        .route("/", get(health::welcome))
+        .route("/_up", get(health::up))
+        .route("/metrics", get(health::metrics))
+        // steps: `.merge(crate::http::steps::routes())` goes here (/_steps, other branch).
+        .fallback(|| async { HttpError::not_found("missing") })
+        .method_not_allowed_fallback(|| async {
+            HttpError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this method is not allowed here",
+            )
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(health::count_requests))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Installs the process-wide Prometheus recorder once and returns its handle (later calls
+/// return the same handle; `None` if another recorder was installed by the host).
+pub fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok()
+        })
+        .clone()
+}

@@ -1,0 +1,251 @@
+//! `POST /_replicate` (digest B.14, C.6): starts a transient replication as the caller, or
+//! cancels one. Continuous: 202 `{"ok", "_local_id"}` once the job runs. One-shot: waits for
+//! completion, then 200 with the checkpoint history, or the job's error. `cancel: true`: by
+//! `id`/`_local_id`/`replication_id`, or by the same source/target/options. A replication
+//! that another (persistent or transient) job already runs is a 409.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{HttpError, HttpResult};
+use super::mask::masked;
+use crate::replication::ReplicationSpec;
+use crate::replicator::handle::reason_text;
+use crate::replicator::rep_doc::{ReplicateRequest, UserCtx, parse_replicate_body};
+use crate::replicator::rep_job::transient_job_id;
+use crate::replicator::{JobKind, JobView, NewJob, RepState, ReplicatorError, WaitFor};
+use std::time::Duration;
+
+/// Reads a JSON object body, turning size and syntax problems into 413 / 400.
+pub fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> HttpResult<Value> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            HttpError::too_large(limit)
+        } else {
+            HttpError::bad_request(format!("cannot read the request body: {}", r.body_text()))
+        }
+    })?;
+    if bytes.is_empty() {
+        return Err(HttpError::bad_request("the request body is empty"));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| HttpError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// `POST /_replicate`.
+pub async fn post_replicate(
+    State(st): State<AppState>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult<Response> {
+    let user = caller.require_user()?.clone();
+    let mut body = json_body(body, st.config().max_body_bytes)?;
+    match parse_replicate_body(&body)? {
+        ReplicateRequest::CancelById(id) => cancel(&st, &user, &id).await,
+        ReplicateRequest::CancelBySpec(spec) => {
+            let id = job_id_by_spec(&st, &user, &spec).await?;
+            cancel(&st, &user, &id).await
+        }
+        ReplicateRequest::Start(spec) => {
+            // The job runs as the caller; a `user_ctx` in the body is not trusted.
+            if let Some(m) = body.as_object_mut() {
+                m.remove("user_ctx");
+                m.remove("cancel");
+            }
+            let rep = st.replicator();
+            let job = rep
+                .add(NewJob {
+                    kind: JobKind::Transient {
+                        user: user.name.clone(),
+                    },
+                    rep: body,
+                })
+                .await?;
+            if spec.options.continuous {
+                let view = wait(
+                    &st,
+                    &job.job_id,
+                    WaitFor::Running,
+                    st.config().start_timeout,
+                )
+                .await?;
+                Ok((
+                    StatusCode::ACCEPTED,
+                    Json(json!({"ok": true, "_local_id": local_id(&view)})),
+                )
+                    .into_response())
+            } else {
+                let view = wait(
+                    &st,
+                    &job.job_id,
+                    WaitFor::Completed,
+                    st.config().completion_timeout,
+                )
+                .await?;
+                Ok(Json(masked(completion_body(&view))).into_response())
+            }
+        }
+    }
+}
+
+/// How often a waiting `_replicate` call re-reads its job.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// Waits until the job runs or completes, like [`crate::replicator::Replicator::wait`], but
+/// also ends the wait when the job is `crashing` because another job owns its replication:
+/// that is a 409 the caller can act on, not something to wait out.
+async fn wait(
+    st: &AppState,
+    job_id: &str,
+    until: WaitFor,
+    timeout: Duration,
+) -> HttpResult<JobView> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let view = st.replicator().get(job_id).await?;
+        match (view.state, until) {
+            (RepState::Failed, _) => {
+                return Err(ReplicatorError::Failed(reason_text(&view.state_info)).into());
+            }
+            (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => return Ok(view),
+            (RepState::Crashing, _) => {
+                let reason = reason_text(&view.state_info);
+                if reason.starts_with("Duplicate job running") {
+                    return Err(HttpError::new(StatusCode::CONFLICT, "conflict", reason));
+                }
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ReplicatorError::Timeout(job_id.to_owned()).into());
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
+/// The transient job a cancel request's source/target/options name. Job ids include the
+/// user, so an admin's request also matches the jobs of every other user.
+async fn job_id_by_spec(
+    st: &AppState,
+    user: &UserCtx,
+    spec: &ReplicationSpec,
+) -> HttpResult<String> {
+    let mine = transient_job_id(spec, user.name.as_deref());
+    if !user.is_admin() || st.replicator().get(&mine).await.is_ok() {
+        return Ok(mine);
+    }
+    let jobs = st.replicator().list().await?;
+    Ok(jobs
+        .iter()
+        .filter(|j| j.is_transient())
+        .map(|j| (j, transient_job_id(spec, j.user.as_deref())))
+        .find(|(j, id)| *id == j.job_id)
+        .map_or(mine, |(_, id)| id))
+}
+
+async fn cancel(st: &AppState, user: &UserCtx, id: &str) -> HttpResult<Response> {
+    let rep = st.replicator();
+    let view = rep.get(id).await?;
+    if !view.is_transient() {
+        return Err(HttpError::forbidden(
+            "a persistent replication is cancelled by deleting its _replicator document",
+        ));
+    }
+    // Another user's job is reported as missing rather than revealed.
+    if !user.is_admin() && (view.user.is_none() || view.user != user.name) {
+        return Err(HttpError::not_found(format!("no replication job {id}")));
+    }
+    let view = rep.cancel(&view.job_id).await?;
+    Ok(Json(json!({"ok": true, "_local_id": local_id(&view)})).into_response())
+}
+
+/// The id CouchDB returns as `_local_id`: the replication id once known, else the job id.
+fn local_id(view: &JobView) -> String {
+    view.rep_id.clone().unwrap_or_else(|| view.job_id.clone())
+}
+
+/// A completed one-shot job's reply, shaped like CouchDB's: `ok`, `session_id`,
+/// `source_last_seq`, `replication_id_version`, and `history` entries with CouchDB's names
+/// (`missing_checked`, `missing_found`, `docs_read`, `docs_written`, `doc_write_failures`,
+/// `start_last_seq`/`end_last_seq`/`recorded_seq`, RFC 1123 `start_time`/`end_time`).
+fn completion_body(view: &JobView) -> Value {
+    let entries: Vec<Value> = match &view.checkpoint_history {
+        Value::Array(a) => a.clone(),
+        Value::Object(_) => vec![view.checkpoint_history.clone()],
+        _ => Vec::new(),
+    };
+    let session_id = uuid::Uuid::new_v4().simple().to_string();
+    let history: Vec<Value> = entries
+        .iter()
+        .map(|e| history_entry(e, &session_id))
+        .collect();
+    let source_last_seq = history
+        .first()
+        .map_or(Value::Null, |h| h["recorded_seq"].clone());
+    json!({
+        "ok": true,
+        "session_id": session_id,
+        "source_last_seq": source_last_seq,
+        "replication_id_version": 4,
+        "replication_id": local_id(view),
+        "history": history,
+    })
+}
+
+fn history_entry(stats: &Value, session_id: &str) -> Value {
+    let n = |k: &str| stats.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let time = |k: &str| {
+        let secs = n(k);
+        httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+    };
+    let seq = |k: &str| stats.get(k).cloned().unwrap_or(Value::Null);
+    json!({
+        "session_id": session_id,
+        "start_time": time("started_on"),
+        "end_time": time("updated_on"),
+        "start_last_seq": seq("checkpointed_source_seq"),
+        "end_last_seq": seq("through_seq"),
+        "recorded_seq": seq("through_seq"),
+        "missing_checked": n("revisions_checked"),
+        "missing_found": n("missing_revisions_found"),
+        "docs_read": n("docs_read"),
+        "docs_written": n("docs_written"),
+        "doc_write_failures": n("doc_write_failures"),
+        "bulk_get_attempts": n("bulk_get_attempts"),
+        "bulk_get_docs": n("bulk_get_docs"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_reply_uses_couchdb_names() {
+        let stats = json!({"docs_read": 3, "docs_written": 3, "revisions_checked": 4,
+            "missing_revisions_found": 3, "through_seq": "3-x", "checkpointed_source_seq": 0,
+            "started_on": 0, "updated_on": 1});
+        let data: crate::jobs::JobData = serde_json::from_value(json!({
+            "state": "completed", "rep_id": "abc+create_target",
+            "checkpoint_history": [stats]}))
+        .unwrap();
+        let view = JobView::from_data("j", &data);
+        let body = completion_body(&view);
+        assert_eq!(body["ok"], true);
+        assert_eq!(body["source_last_seq"], "3-x");
+        assert_eq!(body["replication_id"], "abc+create_target");
+        let h = &body["history"][0];
+        assert_eq!(h["missing_checked"], 4);
+        assert_eq!(h["missing_found"], 3);
+        assert_eq!(h["docs_written"], 3);
+        assert_eq!(h["start_time"], "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(h["session_id"], body["session_id"]);
+    }
+}

@@ -1,0 +1,489 @@
+//! doc_processor (digest B.12, C.6): turns the documents of configured `_replicator`
+//! databases (URLs of CouchDB/PouchDB servers) into persistent jobs, and writes terminal
+//! states back to them.
+//!
+//! One follower task per database reads its `_changes` feed (`feed=longpoll`,
+//! `include_docs=true`) and, per row, as [`rep_doc::classify_change`] decides: creates or
+//! updates the job `db|doc_id` through the [`Replicator`] handle, removes it when the
+//! document is deleted, or writes `failed` with the reason when the document is invalid. When
+//! the database disappears (404) every job of that database is removed; when it comes back,
+//! it is read again from the start. A writer task watches the handle's events (and rescans
+//! jobs periodically, because a job may finish on another node) and writes `completed` (with
+//! stats) or `failed` (with the reason) to the document, retrying on conflicts; no other
+//! state is ever written (`update_docs = false`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+
+use crate::replication::client::{ClientConfig, HttpClient, Req};
+use crate::replication::endpoint::{encode_doc_id, encode_query};
+use crate::replication::{Aimd, Endpoint, ReplicationError};
+
+use super::rep_doc::{self, DocAction};
+use super::rep_job::{REP_JOBS, iso8601, persistent_job_id};
+use super::{JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent};
+
+/// One `_replicator` database to follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicatorDb {
+    /// The name its jobs carry (`database` in `_scheduler/docs`); ends with `_replicator`.
+    pub name: String,
+    /// The database URL (credentials allowed; they are never shown).
+    pub url: String,
+}
+
+impl ReplicatorDb {
+    /// A database named after its URL's path (`http://h/a%2F_replicator` → `a/_replicator`).
+    pub fn from_url(url: &str) -> Result<Self, ReplicationError> {
+        let ep = Endpoint::parse(url)?;
+        let path = ep.parsed_url().path().trim_start_matches('/');
+        let name = percent_encoding::percent_decode_str(path)
+            .decode_utf8_lossy()
+            .into_owned();
+        Ok(Self {
+            name,
+            url: url.to_owned(),
+        })
+    }
+}
+
+/// How the processor polls.
+#[derive(Debug, Clone)]
+pub struct DocProcessorConfig {
+    /// The databases to follow.
+    pub dbs: Vec<ReplicatorDb>,
+    /// `timeout` of each longpoll `_changes` request.
+    pub poll_timeout: Duration,
+    /// Wait after an error or while a database is missing.
+    pub retry_delay: Duration,
+    /// Period of the terminal-state rescan (jobs finished on other nodes).
+    pub rescan_interval: Duration,
+}
+
+impl Default for DocProcessorConfig {
+    fn default() -> Self {
+        Self {
+            dbs: Vec::new(),
+            poll_timeout: Duration::from_secs(10),
+            retry_delay: Duration::from_secs(2),
+            rescan_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The running processor; [`DocProcessor::stop`] ends its tasks.
+pub struct DocProcessor {
+    tasks: JoinSet<()>,
+}
+
+impl DocProcessor {
+    /// Starts one follower per database and the writer.
+    pub fn start(rep: Arc<Replicator>, cfg: DocProcessorConfig) -> Result<Self, ReplicationError> {
+        let mut tasks = JoinSet::new();
+        let mut dbs = Vec::new();
+        for db in &cfg.dbs {
+            let client = Arc::new(db_client(&db.url, &cfg)?);
+            dbs.push((db.name.clone(), client));
+        }
+        for (name, client) in &dbs {
+            let f = Follower {
+                rep: rep.clone(),
+                name: name.clone(),
+                client: client.clone(),
+                cfg: cfg.clone(),
+            };
+            tasks.spawn(f.run());
+        }
+        let w = Writer {
+            rep,
+            dbs,
+            cfg,
+            written: HashSet::new(),
+        };
+        tasks.spawn(w.run());
+        Ok(Self { tasks })
+    }
+
+    /// Stops every task (at its next await point; a write in flight may be lost and is
+    /// redone by the next processor's rescan).
+    pub async fn stop(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, ReplicationError> {
+    let ep = Endpoint::parse(url)?;
+    HttpClient::new(
+        ep,
+        ClientConfig {
+            // The longpoll answers within `poll_timeout`; leave room for a slow server.
+            connection_timeout: cfg.poll_timeout * 2 + Duration::from_secs(5),
+            request_timeout: None,
+            retries_per_request: 3,
+            http_connections: 4,
+            proxy: None,
+            tcp_nodelay: true,
+        },
+        Arc::new(Aimd::new()),
+    )
+}
+
+/// Follows one database's `_changes`.
+struct Follower {
+    rep: Arc<Replicator>,
+    name: String,
+    client: Arc<HttpClient>,
+    cfg: DocProcessorConfig,
+}
+
+impl Follower {
+    async fn run(self) {
+        let mut since = Value::from(0);
+        let mut seen = false;
+        loop {
+            match self.poll(&since).await {
+                Ok(Some((rows, last_seq))) => {
+                    seen = true;
+                    for row in rows {
+                        self.handle_row(&row).await;
+                    }
+                    since = last_seq;
+                    continue;
+                }
+                Ok(None) => {
+                    if seen {
+                        tracing::info!(db = %self.name, "_replicator database deleted");
+                        self.remove_all().await;
+                        seen = false;
+                    }
+                    since = Value::from(0);
+                }
+                Err(e) => tracing::warn!(db = %self.name, error = %e, "reading _changes failed"),
+            }
+            tokio::time::sleep(self.cfg.retry_delay).await;
+        }
+    }
+
+    /// One longpoll; `None` when the database does not exist.
+    async fn poll(&self, since: &Value) -> Result<Option<(Vec<Value>, Value)>, ReplicationError> {
+        let since = match since {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let path = format!(
+            "_changes?feed=longpoll&include_docs=true&style=main_only&timeout={}&since={}",
+            self.cfg.poll_timeout.as_millis(),
+            encode_query(&since)
+        );
+        let r = self.client.send(&Req::get(path)).await?;
+        match r.status {
+            StatusCode::OK => {
+                let v: Value = r.json("_changes")?;
+                let rows = v
+                    .get("results")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let last = v.get("last_seq").cloned().unwrap_or(Value::from(0));
+                Ok(Some((rows, last)))
+            }
+            StatusCode::NOT_FOUND => Ok(None),
+            s => Err(ReplicationError::BadResponse(format!(
+                "{}: _changes answered {s}",
+                self.client.endpoint()
+            ))),
+        }
+    }
+
+    async fn handle_row(&self, row: &Value) {
+        let deleted = row.get("deleted").and_then(Value::as_bool) == Some(true);
+        let doc = match (row.get("doc"), row.get("id")) {
+            (_, Some(id)) if deleted => json!({"_id": id, "_deleted": true}),
+            (Some(d @ Value::Object(_)), _) => d.clone(),
+            _ => return,
+        };
+        match rep_doc::classify_change(&doc) {
+            DocAction::Skip | DocAction::Terminal { .. } => {}
+            DocAction::Remove { doc_id } => self.remove(&doc_id).await,
+            DocAction::Schedule(d) => {
+                let mut body = doc.clone();
+                if let Some(m) = body.as_object_mut() {
+                    // Fields older replicators (or `update_docs`) wrote are not options.
+                    m.retain(|k, _| !k.starts_with("_replication_"));
+                }
+                let job = NewJob {
+                    kind: JobKind::Persistent {
+                        db_name: self.name.clone(),
+                        doc_id: d.doc_id.clone(),
+                    },
+                    rep: body,
+                };
+                match self.rep.add(job).await {
+                    Ok(v) => tracing::debug!(job = %v.job_id, "replication document scheduled"),
+                    Err(ReplicatorError::BadRequest(reason)) => {
+                        let _ =
+                            write_state(&self.client, &d.doc_id, Terminal::Failed(reason)).await;
+                    }
+                    Err(e) => tracing::warn!(db = %self.name, doc = %d.doc_id, error = %e,
+                        "adding the replication job failed"),
+                }
+            }
+            DocAction::Fail { doc_id, reason, .. } => {
+                // The document was edited into something invalid: its old job goes too.
+                self.remove(&doc_id).await;
+                if let Err(e) = write_state(&self.client, &doc_id, Terminal::Failed(reason.0)).await
+                {
+                    tracing::warn!(db = %self.name, doc = %doc_id, error = %e,
+                        "writing `failed` failed");
+                }
+            }
+        }
+    }
+
+    async fn remove(&self, doc_id: &str) {
+        let id = persistent_job_id(&self.name, doc_id);
+        match self.rep.cancel(&id).await {
+            Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
+            Err(e) => tracing::warn!(job = %id, error = %e, "removing the job failed"),
+        }
+    }
+
+    async fn remove_all(&self) {
+        let Ok(jobs) = self.rep.list().await else {
+            return;
+        };
+        for j in jobs
+            .iter()
+            .filter(|j| j.database.as_deref() == Some(self.name.as_str()))
+        {
+            if let Some(doc_id) = &j.doc_id {
+                self.remove(doc_id).await;
+            }
+        }
+    }
+}
+
+/// A terminal state to write to a document.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Terminal {
+    /// `completed` with these stats.
+    Completed(Value),
+    /// `failed` with this reason.
+    Failed(String),
+}
+
+/// How often a conflicting write is retried.
+const WRITE_ATTEMPTS: u32 = 6;
+
+/// Writes a terminal state to `doc_id`, re-reading and retrying on conflict. Returns `false`
+/// when the document no longer exists or already carries a terminal state.
+pub async fn write_state(
+    client: &HttpClient,
+    doc_id: &str,
+    state: Terminal,
+) -> Result<bool, ReplicationError> {
+    write_state_if(client, doc_id, state, |_| true).await
+}
+
+async fn write_state_if(
+    client: &HttpClient,
+    doc_id: &str,
+    state: Terminal,
+    still_same: impl Fn(&Map<String, Value>) -> bool,
+) -> Result<bool, ReplicationError> {
+    let path = encode_doc_id(doc_id);
+    for attempt in 0..WRITE_ATTEMPTS {
+        let r = client.send(&Req::get(path.clone())).await?;
+        if r.status == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
+        let mut doc: Map<String, Value> = r.json("replication document")?;
+        let current = doc.get("_replication_state").and_then(Value::as_str);
+        if matches!(current, Some("completed" | "failed")) || !still_same(&doc) {
+            return Ok(false);
+        }
+        doc.insert(
+            "_replication_state_time".into(),
+            json!(iso8601(crate::replication::stats::unix_now() as i64)),
+        );
+        match &state {
+            Terminal::Completed(stats) => {
+                doc.insert("_replication_state".into(), json!("completed"));
+                doc.insert("_replication_stats".into(), stats.clone());
+                doc.remove("_replication_state_reason");
+            }
+            Terminal::Failed(reason) => {
+                doc.insert("_replication_state".into(), json!("failed"));
+                doc.insert("_replication_state_reason".into(), json!(reason));
+            }
+        }
+        let body = serde_json::to_vec(&doc)
+            .map_err(|e| ReplicationError::BadResponse(format!("cannot encode document: {e}")))?;
+        let w = client
+            .send(&Req::json(Method::PUT, path.clone(), body))
+            .await?;
+        match w.status {
+            s if s.is_success() => return Ok(true),
+            StatusCode::CONFLICT => {
+                let ms = rand::random_range(10..=100u64) << attempt.min(6);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            // A validation function refused the write: log and give up, as CouchDB does.
+            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => return Ok(false),
+            s => {
+                return Err(ReplicationError::BadResponse(format!(
+                    "{}: writing the state of `{doc_id}` answered {s}",
+                    client.endpoint()
+                )));
+            }
+        }
+    }
+    Err(ReplicationError::BadResponse(format!(
+        "{}: `{doc_id}` kept conflicting while writing its state",
+        client.endpoint()
+    )))
+}
+
+/// Writes terminal job states back to documents.
+struct Writer {
+    rep: Arc<Replicator>,
+    dbs: Vec<(String, Arc<HttpClient>)>,
+    cfg: DocProcessorConfig,
+    /// `(job id, last_updated)` already written, so a rescan does not re-read documents.
+    written: HashSet<(String, i64)>,
+}
+
+impl Writer {
+    async fn run(mut self) {
+        let mut events = self.rep.subscribe();
+        let mut tick = tokio::time::interval(self.cfg.rescan_interval);
+        loop {
+            let wake = async {
+                match events.as_mut() {
+                    Some(rx) => rx.recv().await.map(|e| match e {
+                        ReplicatorEvent::Finished { job_id, .. }
+                        | ReplicatorEvent::Failed { job_id, .. } => Some(job_id),
+                        _ => None,
+                    }),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = wake => match ev {
+                    // A job of this node ended: write just that one.
+                    Some(Some(job_id)) => {
+                        if let Ok(j) = self.rep.get(&job_id).await {
+                            self.write_if_ours(j).await;
+                        }
+                    }
+                    Some(None) => {}
+                    // The bus restarted: subscribe again at the next tick.
+                    None => events = None,
+                },
+                // Jobs may end on other nodes: rescan everything now and then.
+                _ = tick.tick() => {
+                    if events.is_none() {
+                        events = self.rep.subscribe();
+                    }
+                    self.scan().await;
+                }
+            }
+        }
+    }
+
+    async fn scan(&mut self) {
+        let Ok(jobs) = self.rep.list().await else {
+            return;
+        };
+        for j in jobs {
+            self.write_if_ours(j).await;
+        }
+    }
+
+    /// Writes a terminal job of one of our databases, once per (job, update).
+    async fn write_if_ours(&mut self, j: JobView) {
+        if !j.state.is_terminal() {
+            return;
+        }
+        let Some((_, client)) = self
+            .dbs
+            .iter()
+            .find(|(n, _)| j.database.as_deref() == Some(n.as_str()))
+        else {
+            return;
+        };
+        let key = (j.job_id.clone(), j.last_updated);
+        if self.written.contains(&key) {
+            return;
+        }
+        let client = client.clone();
+        if self.write_job(&client, &j).await {
+            self.written.insert(key);
+        }
+    }
+
+    /// Writes one finished job's state; true when done (written or nothing to write).
+    async fn write_job(&self, client: &HttpClient, j: &JobView) -> bool {
+        let Some(doc_id) = &j.doc_id else {
+            return true;
+        };
+        let state = match j.state {
+            RepState::Completed => {
+                let mut stats = match &j.info {
+                    Value::Object(m) => m.clone(),
+                    _ => Map::new(),
+                };
+                stats.insert("start_time".into(), json!(iso8601(j.start_time)));
+                Terminal::Completed(Value::Object(stats))
+            }
+            RepState::Failed => Terminal::Failed(super::handle::reason_text(&j.state_info)),
+            _ => return true,
+        };
+        // Only if the document still asks for the replication this job ran.
+        let rep = self
+            .rep
+            .jobs()
+            .get_job_data(REP_JOBS, &j.job_id)
+            .await
+            .ok()
+            .and_then(|d| d.get("rep").cloned());
+        let same = |doc: &Map<String, Value>| {
+            let mut d = doc.clone();
+            d.retain(|k, _| {
+                !matches!(k.as_str(), "_id" | "_rev" | "cancel") && !k.starts_with("_replication")
+            });
+            rep.as_ref() == Some(&Value::Object(d))
+        };
+        match write_state_if(client, doc_id, state, same).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(job = %j.job_id, error = %e, "writing the terminal state failed");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn db_names_come_from_the_url_path() {
+        let d = ReplicatorDb::from_url("http://u:p@127.0.0.1:5984/a%2F_replicator").unwrap();
+        assert_eq!(d.name, "a/_replicator");
+        assert_eq!(
+            ReplicatorDb::from_url("http://127.0.0.1:1/_replicator")
+                .unwrap()
+                .name,
+            "_replicator"
+        );
+        assert!(ReplicatorDb::from_url("http://127.0.0.1:1/").is_err());
+    }
+}
