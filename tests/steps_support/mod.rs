@@ -214,3 +214,22 @@ pub async fn deadline<T>(secs: u64, f: impl std::future::Future<Output = T>) -> 
         .await
         .expect("test deadline exceeded")
 }
+
+/// The admin of the test HTTP servers.
+pub const ADMIN: (&str, &str) = ("adm", "s3cret");
+
+/// Serves the `/_steps` routes of `steps` on a free loopback port; returns the base URL.
+/// The server lives until the returned task is aborted (or the runtime ends).
+pub async fn serve_steps(steps: Steps) -> (String, tokio::task::JoinHandle<()>) {
+    use couch_replicator::http::steps::{StepsHttp, basic_admin, router};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(StepsHttp {
+        steps,
+        admin: basic_admin(ADMIN.0, ADMIN.1),
+    });
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (format!("http://{addr}"), task)
+}

@@ -1,0 +1,3 @@
+//! The HTTP API (axum).
+
+pub mod steps;
