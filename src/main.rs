@@ -4,6 +4,11 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+/// Subcommands' code, one file each under `src/cli/`.
+mod cli {
+    pub mod steps;
+}
 use couch_replicator::replication::{self, Endpoint, Filter, ReplicationSpec};
 
 /// Apache CouchDB's replicator, re-implemented in Rust.
@@ -18,6 +23,8 @@ struct Cli {
 enum Command {
     /// Replicate SRC into TGT (database URLs) once, or continuously.
     Replicate(ReplicateArgs),
+    /// Steps jobs on a node: submit a job file (and watch it), get one, list them.
+    Steps(cli::steps::StepsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -142,6 +149,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Replicate(a) => rt.block_on(replicate(a)),
+        Command::Steps(a) => rt.block_on(cli::steps::run(a)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
