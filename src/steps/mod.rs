@@ -28,6 +28,7 @@ pub mod sleep_action;
 pub mod stats;
 pub mod txn;
 pub mod worker;
+pub mod worker_actor;
 
 pub use action::{Action, ActionContext, ActionError, ActionOutcome, DisabledAction};
 pub use api::{JobList, JobSummary, JobView, ListOptions, Steps, StepsState};
