@@ -105,6 +105,18 @@ impl Cluster {
         n.background.kill().await;
     }
 
+    /// A running node.
+    pub fn node(&self, name: &str) -> &StepsNode {
+        &self.nodes[name].node
+    }
+
+    /// Stops one node gracefully (running steps may end within `grace`).
+    pub async fn stop_node(&mut self, name: &str, grace: Duration) {
+        let n = self.nodes.remove(name).unwrap();
+        n.node.stop(grace).await;
+        n.background.stop().await;
+    }
+
     pub async fn stop_all(&mut self) {
         for (_, n) in self.nodes.drain() {
             n.node.stop(Duration::from_secs(5)).await;
@@ -131,7 +143,7 @@ pub struct Event {
 /// Runs test commands in-process and records every run:
 /// `sleep <secs>` exits 0 after the sleep; `exit <code>` exits at once with `code`;
 /// `flaky <n>` fails (exit 1) on attempts 1..=n and then exits 0; `panic once` panics the
-/// first time it runs in the process and exits 0 afterwards.
+/// first time it runs in the process and exits 0 afterwards; `panic always` always panics.
 #[derive(Default, Clone)]
 pub struct Recorder {
     pub log: Arc<Mutex<Vec<Event>>>,
@@ -187,6 +199,7 @@ impl Action for Recorder {
                     }
                     ActionOutcome::exited(0, "no panic this time")
                 }
+                ["panic", "always"] => panic!("test action always panics"),
                 ["flaky", n] => {
                     let n: u32 = n
                         .parse()
