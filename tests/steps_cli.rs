@@ -1,6 +1,7 @@
 //! `couch-replicator steps ...`: the built binary against a real `/_steps` server on a
 //! loopback port (real store, real steps nodes): submit with `--watch` to success and to
-//! failure (exit status 1), `get`, `list --state`, a rejected job file, wrong credentials.
+//! failure (exit status 1), from standard input, `get`, `list --state`, a rejected job
+//! file, wrong credentials.
 
 mod steps_support;
 
@@ -145,6 +146,27 @@ async fn rejected_files_and_wrong_credentials_fail_clearly() {
         let err = text(&out.stderr);
         assert!(err.contains("401") && err.contains("unauthorized"), "{err}");
         assert!(!err.contains("hunter2"), "a password was printed: {err}");
+        // A job on standard input (`-`), submitted without watching.
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
+            .args(["steps", "--url", &with_admin(&base), "submit", "-"])
+            .env_remove("COUCH_REPLICATOR_AUTH")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut stdin,
+            br#"{"steps": [{"target": "z", "command": "x"}]}"#,
+        )
+        .await
+        .unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
+        assert!(out.status.success());
+        let piped_id = text(&out.stdout).trim().to_string();
+        assert_eq!(piped_id.len(), 32);
         // Credentials from the environment work as well as in the URL.
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
             .args(["steps", "--url", &base, "list"])
@@ -153,10 +175,12 @@ async fn rejected_files_and_wrong_credentials_fail_clearly() {
             .await
             .unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));
-        assert_eq!(
-            text(&out.stdout).lines().count(),
-            1,
-            "only the header: nothing was created"
+        let listing = text(&out.stdout);
+        assert_eq!(listing.lines().count(), 2, "{listing}");
+        let row = listing.lines().nth(1).unwrap();
+        assert!(
+            row.starts_with(&piped_id) && row.contains("pending") && row.contains(" z"),
+            "{row}"
         );
         // A node that is not there: a clear error, no password.
         server.abort();

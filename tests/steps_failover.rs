@@ -248,3 +248,51 @@ async fn a_panicking_worker_is_restarted_and_its_step_is_run_again() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_longer_than_the_activity_timeout_keep_the_step_on_its_worker() {
+    deadline(60, async {
+        // 1 s activity timeout; the step's retries take about 2.1 s of sleeps.
+        let mut c = Cluster::open(test_config()).await;
+        let rec = Recorder::default();
+        c.start_node("a", 1, Arc::new(rec.clone())).await;
+        c.start_node("b", 1, Arc::new(rec.clone())).await;
+        let api = c.api("front");
+        let retry = couch_replicator::steps::RetryStrategy {
+            max_retries: 3,
+            sleep: 0.7,
+            sleep_factor: 1.0,
+            sleep_max: None,
+        };
+        let id = api
+            .submit(JobSpec::new(vec![
+                StepSpec::new("any", "flaky 3").with_retry(retry),
+            ]))
+            .await
+            .unwrap();
+        let v = api
+            .wait_done(&id, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(v.state, StepsState::Success);
+        let s = &v.doc.steps[0];
+        assert_eq!(
+            (s.runs, s.attempts),
+            (1, 4),
+            "kept alive through the retry sleeps"
+        );
+        let ev = rec.events();
+        assert_eq!(ev.len(), 4);
+        assert!(ev.iter().all(|e| e.worker == ev[0].worker), "{ev:?}");
+        assert_eq!(
+            ev.iter().map(|e| e.attempt).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
+        for w in ev.windows(2) {
+            assert!(w[1].start.duration_since(w[0].start) >= Duration::from_millis(700));
+        }
+        c.stop_all().await;
+    })
+    .await;
+}

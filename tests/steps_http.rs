@@ -171,6 +171,14 @@ async fn bad_bodies_and_queries_get_couchdb_style_errors() {
             assert_eq!(s, StatusCode::BAD_REQUEST, "{q}: {v}");
             assert_eq!(v["error"], "bad_request");
         }
+        let r = client()
+            .delete(format!("{url}/x"))
+            .basic_auth(ADMIN.0, Some(ADMIN.1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(r.json::<Value>().await.unwrap()["error"], "method_not_allowed");
         // Nothing was stored by any of them.
         let (_, all) = admin_get(&url).await;
         assert_eq!(all["jobs"], json!([]));

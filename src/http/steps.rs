@@ -164,6 +164,7 @@ pub fn router(state: StepsHttp) -> Router {
     Router::new()
         .route("/_steps", get(list).post(create))
         .route("/_steps/{id}", get(get_one))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -215,6 +216,14 @@ async fn list(
         limit,
     };
     Ok(Json(s.steps.list(opts).await?).into_response())
+}
+
+async fn method_not_allowed() -> StepsHttpError {
+    StepsHttpError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "Only GET and POST are allowed on /_steps, and only GET on /_steps/{id}",
+    )
 }
 
 fn json_rejection(e: JsonRejection) -> StepsHttpError {
