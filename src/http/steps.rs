@@ -127,11 +127,9 @@ fn decode_basic(h: &str) -> Option<(String, String)> {
     let raw = base64::engine::general_purpose::STANDARD
         .decode(rest.trim())
         .ok()?;
-    let (n, p) = String::from_utf8(raw)
-        .ok()?
-        .split_once(':')
-        .map(|(n, p)| (n.to_string(), p.to_string()))?;
-    Some((n, p))
+    let text = String::from_utf8(raw).ok()?;
+    let (n, p) = text.split_once(':')?;
+    Some((n.to_string(), p.to_string()))
 }
 
 fn same(a: &[u8], b: &[u8]) -> bool {
