@@ -171,6 +171,14 @@ async fn bad_bodies_and_queries_get_couchdb_style_errors() {
             assert_eq!(s, StatusCode::BAD_REQUEST, "{q}: {v}");
             assert_eq!(v["error"], "bad_request");
         }
+        // Larger than axum's default body limit (2 MiB): 413 in CouchDB's form.
+        let huge = format!(
+            r#"{{"steps": [{{"target": "a", "command": "{}"}}]}}"#,
+            "x".repeat(3 << 20)
+        );
+        let (s, v) = admin_post(&url, &huge).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+        assert_eq!(v["error"], "too_large");
         let r = client()
             .delete(format!("{url}/x"))
             .basic_auth(ADMIN.0, Some(ADMIN.1))

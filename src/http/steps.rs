@@ -231,6 +231,11 @@ fn json_rejection(e: JsonRejection) -> StepsHttpError {
             "bad_content_type",
             "Content-Type must be application/json",
         ),
+        other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => StepsHttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the job is larger than the request body limit",
+        ),
         other => StepsHttpError::bad_request(other.body_text()),
     }
 }
