@@ -22,6 +22,8 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Replicate SRC into TGT (database URLs) once, or continuously.
     Replicate(cli::replicate::ReplicateArgs),
+    /// Steps jobs on a node: submit a job file (and watch it), get one, list them.
+    Steps(cli::steps::StepsArgs),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Replicate(a) => rt.block_on(cli::replicate::run(a)),
+        Command::Steps(a) => rt.block_on(cli::steps::run(a)),
         Command::Serve(a) => {
             init_tracing();
             rt.block_on(cli::serve::run(a))

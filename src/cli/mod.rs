@@ -3,3 +3,4 @@
 pub mod config_file;
 pub mod replicate;
 pub mod serve;
+pub mod steps;
