@@ -53,7 +53,6 @@ pub(crate) async fn start(jobs: Jobs) -> JobsResult<Background> {
     // Its monitors and notifiers stop with it; give them time to finish a round.
     .shutdown(Shutdown::Timeout(Duration::from_secs(10)));
     let sup = Supervisor::new(Strategy::RestForOne)
-        .name("couch_jobs_sup")
         .intensity(MAX_RESTARTS, MAX_SECONDS)
         .child(type_server)
         .start()
