@@ -207,10 +207,20 @@ async fn verify(path: &str, history: &[BTreeMap<u32, u64>]) {
                 .map(|last| scratch_key(round, writer, last))
                 .into_iter()
                 .collect();
-            let scratch: Vec<Vec<u8>> = scratch.into_iter().map(|kv| kv.key).collect();
-            assert_eq!(
-                scratch, expected,
-                "round {round} writer {writer}: scratch range"
+            let scratch: Vec<String> = scratch
+                .iter()
+                .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+                .collect();
+            let expected: Vec<String> = expected
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect();
+            assert!(
+                scratch == expected,
+                "round {round} writer {writer}: scratch range holds {} keys (first {:?}), expected {:?}",
+                scratch.len(),
+                scratch.first(),
+                expected
             );
             // One versionstamped key per durable commit, in commit order.
             let prefix = stamped_prefix(round, writer);
