@@ -18,8 +18,8 @@ use couch_replicator::store::{Db, StoreError};
 use redb::ReadableTable;
 
 const WRITERS: usize = 16;
-const ROUNDS: usize = 3;
-const ROUND: Duration = Duration::from_millis(1500);
+const ROUNDS: usize = 5;
+const ROUND: Duration = Duration::from_millis(1000);
 const TABLE: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("bench");
 
 fn doc(writer: usize, n: u64) -> Vec<u8> {

@@ -3,7 +3,8 @@
 //! acknowledged commit; the parent kills it with SIGKILL at a random moment (seeded; the seed
 //! is printed and can be forced with `STORE_CRASH_SEED`), reopens the store and checks that
 //! every acknowledged commit is there, that each writer's durable commits form a gap-free
-//! prefix, and that the atomic counter matches them. Several rounds reuse the same file, so
+//! prefix, and that the atomic counter, a cleared-and-rewritten range and versionstamped keys
+//! written by the same commits match them. Several rounds reuse the same file, so
 //! each round also starts from a store recovered after a kill.
 
 mod store_support;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::store::embedded::EmbeddedStore;
-use couch_replicator::store::{Db, RangeOptions, StoreError};
+use couch_replicator::store::{Db, RangeOptions, StoreError, tuple};
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -39,6 +40,31 @@ fn doc_value(round: u32, writer: u32, n: u64) -> Vec<u8> {
 
 const COUNTER: &[u8] = b"counter";
 
+/// Each commit clears the writer's scratch range and leaves one key in it.
+fn scratch_range(round: u32, writer: u32) -> (Vec<u8>, Vec<u8>) {
+    let begin = format!("s{round}/w{writer}/").into_bytes();
+    let mut end = begin.clone();
+    end.push(0xFF);
+    (begin, end)
+}
+
+fn scratch_key(round: u32, writer: u32, n: u64) -> Vec<u8> {
+    format!("s{round}/w{writer}/{n:010}").into_bytes()
+}
+
+/// Each commit also writes a versionstamped key under this tuple prefix.
+fn stamped_prefix(round: u32, writer: u32) -> Vec<u8> {
+    tuple::pack(&("vs", format!("{round}/{writer}")))
+}
+
+fn stamped_key(round: u32, writer: u32) -> Vec<u8> {
+    tuple::pack_with_versionstamp(&(
+        "vs",
+        format!("{round}/{writer}"),
+        tuple::Versionstamp::incomplete(0),
+    ))
+}
+
 /// The child: commit forever, printing `ACK round writer n` after each acknowledged commit.
 async fn child(path: String, round: u32) -> Result<(), StoreError> {
     let store = EmbeddedStore::open(&path)?;
@@ -51,6 +77,10 @@ async fn child(path: String, round: u32) -> Result<(), StoreError> {
                     db.run(|tx| async move {
                         tx.set(&doc_key(round, writer, n), &doc_value(round, writer, n));
                         tx.atomic_add(COUNTER, 1);
+                        let (begin, end) = scratch_range(round, writer);
+                        tx.clear_range(&begin, &end);
+                        tx.set(&scratch_key(round, writer, n), b"latest");
+                        tx.set_versionstamped_key(&stamped_key(round, writer), &n.to_be_bytes());
                         Ok::<_, StoreError>(())
                     })
                     .await?;
@@ -164,7 +194,51 @@ async fn verify(path: &str, history: &[BTreeMap<u32, u64>]) {
             } else {
                 assert!(rows.len() <= 1, "more commits than the writer issued");
             }
-            durable_total += rows.len() as u64;
+            let count = rows.len() as u64;
+            durable_total += count;
+            // The cleared-and-rewritten scratch range holds only the last durable commit's key.
+            let (begin, end) = scratch_range(round, writer);
+            let scratch = tx
+                .get_range(&begin, &end, RangeOptions::all())
+                .await
+                .unwrap();
+            let expected: Vec<Vec<u8>> = count
+                .checked_sub(1)
+                .map(|last| scratch_key(round, writer, last))
+                .into_iter()
+                .collect();
+            let scratch: Vec<String> = scratch
+                .iter()
+                .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+                .collect();
+            let expected: Vec<String> = expected
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect();
+            assert!(
+                scratch == expected,
+                "round {round} writer {writer}: scratch range holds {} keys (first {:?}), expected {:?}",
+                scratch.len(),
+                scratch.first(),
+                expected
+            );
+            // One versionstamped key per durable commit, in commit order.
+            let prefix = stamped_prefix(round, writer);
+            let mut end = prefix.clone();
+            end.push(0xFF);
+            let stamped = tx
+                .get_range(&prefix, &end, RangeOptions::all())
+                .await
+                .unwrap();
+            let order: Vec<u64> = stamped
+                .iter()
+                .map(|kv| u64::from_be_bytes(kv.value.as_slice().try_into().unwrap()))
+                .collect();
+            assert_eq!(
+                order,
+                (0..count).collect::<Vec<_>>(),
+                "round {round} writer {writer}: versionstamped keys"
+            );
         }
     }
     let counter = tx.get(COUNTER, false).await.unwrap().unwrap_or_default();

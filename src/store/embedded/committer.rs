@@ -2,7 +2,8 @@
 //! into durable commits (group commit).
 //!
 //! Takes [`Request::Commit`] from transactions and [`Request::Close`] from the store. A batch
-//! collects requests while transactions that may still join are open. For each batch it (1)
+//! collects requests until it is as large as the last one and no open transaction may still
+//! join (or no request came for a short gap). For each batch it (1)
 //! rejects requests whose read-conflict ranges meet writes committed after their read
 //! version, including writes of earlier requests accepted into the same batch, (2) applies the
 //! accepted ones in order in ONE redb write transaction and makes the batch durable with one
@@ -32,8 +33,9 @@ const CHECKPOINT_BATCHES: u32 = 256;
 const CHECKPOINT_BYTES: u64 = 16 << 20;
 /// Most requests in one batch (the batch order is 2 bytes).
 const MAX_BATCH: usize = 4096;
-/// A batch closes as soon as no open transaction is left to join it, or when no request
-/// arrived for this long (a busy CPU can delay a writer by more than a few microseconds)...
+/// A batch closes as soon as it is as large as the last one and no open transaction is left
+/// to join it, or when no request arrived for this long (a busy CPU can delay a writer by
+/// more than a few microseconds)...
 const ARRIVAL_GAP: Duration = Duration::from_micros(250);
 /// ...or when its first request waited this long.
 const MAX_LINGER: Duration = Duration::from_millis(1);
@@ -71,6 +73,8 @@ pub(crate) struct Committer {
     wal: LogWriter,
     /// Batches made durable by the log since the last checkpoint.
     logged: u32,
+    /// Size of the last batch: its writers are likely to come back with their next commit.
+    expected: usize,
     /// Set when a batch reached redb but not the log: redb is then ahead of what is durable,
     /// so nothing more may be committed on top of it.
     broken: Option<StoreError>,
@@ -94,6 +98,7 @@ impl Committer {
             wal,
             logged: 0,
             broken: None,
+            expected: 1,
         }
     }
 
@@ -116,8 +121,10 @@ impl Committer {
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
                         let now = Instant::now();
-                        let nobody_left =
-                            shared.as_ref().is_none_or(|s| s.open_transactions() == 0);
+                        // Writers acknowledged by the last batch may not have begun their next
+                        // transaction yet, so the open count alone would close too early.
+                        let nobody_left = batch.len() >= self.expected
+                            && shared.as_ref().is_none_or(|s| s.open_transactions() == 0);
                         if nobody_left {
                             // A request sent just before its sender counted itself off.
                             match requests.try_recv() {
@@ -140,6 +147,7 @@ impl Committer {
                 }
             }
             if !batch.is_empty() {
+                self.expected = batch.len();
                 self.process(batch);
             }
             if let Some(done) = close {
