@@ -172,6 +172,19 @@ async fn serve_replicates_between_two_pouchdb_servers() {
             .unwrap_or_else(|| panic!("{local_id} not in {jobs}"))
             .clone();
         assert_eq!(live["state"], "running");
+        // The replication id (with its `+`s) finds the job too.
+        let (s, by_rep_id) = node
+            .call(
+                reqwest::Method::GET,
+                &format!("/_scheduler/jobs/{local_id}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, &by_rep_id["job_id"]),
+            (200, &live["job_id"]),
+            "{by_rep_id}"
+        );
         assert!(live["node"].is_string());
         let task = until("the active task", async || {
             let (_, t) = node
