@@ -197,6 +197,30 @@ async fn serve_replicates_between_two_pouchdb_servers() {
         })
         .await;
         assert_eq!(task["type"], "replication");
+        // The D.8 fields.
+        for k in [
+            "replication_id",
+            "source",
+            "target",
+            "source_seq",
+            "through_seq",
+            "checkpoint_interval",
+            "revisions_checked",
+            "missing_revisions_found",
+            "docs_read",
+            "docs_written",
+            "doc_write_failures",
+            "changes_pending",
+            "started_on",
+            "updated_on",
+            "node",
+            "pid",
+            "database",
+            "doc_id",
+        ] {
+            assert!(task.get(k).is_some(), "task lacks `{k}`: {task}");
+        }
+        assert_eq!(task["replication_id"], local_id.as_str());
         assert_eq!(task["continuous"], true);
 
         // A plain user runs their own replication and sees only it.
