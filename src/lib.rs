@@ -8,6 +8,7 @@
 //! - [`replication`]: the CouchDB replication protocol engine (one replication, no scheduling).
 //! - [`replicator`]: the replicator application: policies, settings, the supervision tree.
 //! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
+//! - [`http`]: the HTTP API.
 
 pub mod http;
 pub mod jobs;

@@ -1,7 +1,7 @@
 //! The store contract's conformance suite: every promise of `couch_replicator::store`, written
 //! once and run against each engine. The embedded engine runs every case; the serial memory
 //! engine the cases that never hold two transactions open in one task; FoundationDB all of
-//! them once the FoundationDB adapter exists (not yet).
+//! them when built with `--features fdb` and `FDB_CLUSTER_FILE` is set.
 
 mod store_support;
 
@@ -599,8 +599,35 @@ conformance!(
     ]
 );
 
-/// The FoundationDB adapter is not written yet, so its run is skipped, saying so.
+#[cfg(feature = "fdb")]
+conformance!(
+    foundationdb,
+    store_support::Fdb::new(),
+    [
+        get_set_clear,
+        range_limits_and_reverse,
+        read_your_writes,
+        read_write_conflict,
+        run_retries_until_all_commit,
+        snapshot_reads_do_not_conflict,
+        explicit_read_conflict_ranges,
+        range_read_conflicts_on_covered_part,
+        blind_writes_and_atomic_adds_never_conflict,
+        versionstamps,
+        watch_fires_after_commit_not_before,
+        watch_fires_on_change,
+        watch_on_dropped_transaction_errors,
+        durable_across_reopen,
+    ]
+);
+
+/// Without the `fdb` feature the FoundationDB run is skipped, saying so.
+#[cfg(not(feature = "fdb"))]
 #[test]
-fn foundationdb_conformance_is_skipped() {
-    println!("skipping FoundationDB conformance: the fdb adapter is not built yet");
+fn foundationdb_conformance_needs_the_fdb_feature() {
+    if std::env::var_os("FDB_CLUSTER_FILE").is_some() {
+        println!("skipping FoundationDB conformance: built without --features fdb");
+    } else {
+        println!("skipping FoundationDB conformance: FDB_CLUSTER_FILE not set");
+    }
 }

@@ -1,4 +1,6 @@
 //! Subcommands of the `couch-replicator` binary, one file each.
 
 pub mod config_file;
+pub mod replicate;
 pub mod serve;
+pub mod steps;

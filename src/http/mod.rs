@@ -11,7 +11,7 @@ pub mod health;
 pub mod mask;
 pub mod replicate;
 pub mod scheduler;
-// pub mod steps; (`/_steps`, added by the steps branch)
+pub mod steps;
 
 use std::sync::Arc;
 use std::time::Duration;

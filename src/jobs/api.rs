@@ -1,7 +1,7 @@
 //! The public job API on [`Jobs`]: each call as its own retried transaction, and a `*_tx`
 //! form that runs inside the caller's transaction (digest A.5).
 
-use crate::store::Tx;
+use crate::store::{RangeOptions, Tx, Watch};
 
 use super::accept::{AcceptOpts, try_accept, wait_timeout};
 use super::error::{JobsError, JobsResult};
@@ -204,6 +204,26 @@ impl Jobs {
             limit.unwrap_or(PENDING_COUNT_LIMIT),
         )
         .await
+    }
+
+    /// The most urgent pending job of `ty` (smallest scheduled time): `(stime, id)`. A
+    /// snapshot read, so peeking adds no conflict with concurrent enqueues; a caller that
+    /// then accepts (e.g. [`Jobs::accept_tx`] with that `max_sched_time`) gets the conflict on
+    /// the key it takes. Lets a worker serving several types pick the most urgent one.
+    pub async fn pending_head_tx(&self, tx: &Tx, ty: &str) -> JobsResult<Option<(i64, String)>> {
+        let (begin, end) = self.keys().pending_range(ty, super::accept::MAX_SCHED_TIME);
+        let head = tx
+            .get_range(&begin, &end, RangeOptions::all().snapshot().limit(1))
+            .await?;
+        head.first()
+            .map(|kv| self.keys().decode_pending_key(&kv.key))
+            .transpose()
+    }
+
+    /// A watch that fires once a job of `ty` is enqueued (added, resubmitted or
+    /// re-enqueued by the activity monitor) after this transaction's read version.
+    pub fn watch_pending_tx(&self, tx: &Tx, ty: &str) -> Watch {
+        tx.watch(&self.keys().watches_pending(ty))
     }
 
     /// Dequeues and locks a job; waits for one as digest A.6 says. `NotFound` when the wait

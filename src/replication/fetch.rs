@@ -207,8 +207,7 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
         .unwrap_or("")
         .to_owned();
     if ctype.starts_with("multipart/") {
-        let boundary = multer::parse_boundary(&ctype)
-            .map_err(|e| ReplicationError::BadResponse(format!("multipart boundary: {e}")))?;
+        let boundary = boundary_of(&ctype)?;
         let stream = resp
             .bytes_stream()
             .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
@@ -219,6 +218,27 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
         .await
         .map_err(|e| ReplicationError::OpenDocRevsFailed(describe(&e)))?;
     parse_json_revs(&body)
+}
+
+/// The `boundary` parameter of any `multipart/*` content type (`multer::parse_boundary`
+/// accepts only `multipart/form-data`, CouchDB sends `multipart/mixed` and `/related`).
+pub fn boundary_of(ctype: &str) -> Result<String> {
+    let mut params = ctype.split(';');
+    let is_multipart = params
+        .next()
+        .is_some_and(|m| m.trim().to_ascii_lowercase().starts_with("multipart/"));
+    let boundary = params.find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_owned())
+    });
+    match boundary {
+        Some(b) if is_multipart && !b.is_empty() => Ok(b),
+        _ => Err(ReplicationError::BadResponse(format!(
+            "no multipart boundary in content type `{ctype}`"
+        ))),
+    }
 }
 
 /// Parses the JSON form: `[{"ok": doc} | {"missing": rev}]`.
@@ -250,8 +270,7 @@ async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<
             .to_owned();
         let data = field.bytes().await.map_err(err)?;
         if ctype.starts_with("multipart/related") {
-            let boundary = multer::parse_boundary(&ctype)
-                .map_err(|e| ReplicationError::BadResponse(format!("multipart boundary: {e}")))?;
+            let boundary = boundary_of(&ctype)?;
             let inner = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(data) });
             out.push(parse_related(multer::Multipart::new(inner, boundary), id).await?);
         } else {

@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod rate_limit;
 pub mod rep_id;
 pub mod revs_diff;
+pub mod selector;
 pub mod stats;
 pub mod write;
 

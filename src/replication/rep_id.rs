@@ -196,7 +196,7 @@ pub fn replication_id(
                     .collect(),
             ));
         }
-        Filter::Selector(sel) => parts.push(ejson(sel, true)),
+        Filter::Selector(sel) => parts.push(ejson(&super::selector::normalize(sel), true)),
         Filter::Named { name, query_params } => {
             let head = if name.starts_with('_') {
                 name.as_str()

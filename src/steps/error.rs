@@ -51,6 +51,9 @@ pub enum StepsError {
     /// The worker's couch_jobs lock was lost: another worker owns the step now.
     #[error("step lock lost (halt)")]
     Halt,
+    /// The node's worker pool could not start.
+    #[error("steps worker pool: {0}")]
+    Pool(String),
     /// couch_jobs failed.
     #[error("jobs: {0}")]
     Jobs(JobsError),

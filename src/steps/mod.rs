@@ -10,7 +10,8 @@
 //! worker's step is re-enqueued by the activity monitor.
 //!
 //! - [`Steps`]: the API (submit, get, list, wait) and shared handle;
-//! - [`StepsNode`]: a node's supervised pool of workers;
+//! - [`StepsNode`]: a node's pool of workers, each a [`worker_actor::StepWorker`] child of a
+//!   `supervisors::Supervisor`;
 //! - [`Action`]: what a command does — [`DisabledAction`] by default, [`ShellAction`] or
 //!   [`SleepAction`] when chosen, or the host's own.
 
@@ -28,6 +29,7 @@ pub mod sleep_action;
 pub mod stats;
 pub mod txn;
 pub mod worker;
+pub mod worker_actor;
 
 pub use action::{Action, ActionContext, ActionError, ActionOutcome, DisabledAction};
 pub use api::{JobList, JobSummary, JobView, ListOptions, Steps, StepsState};

@@ -292,7 +292,10 @@ pub struct StepDoc {
     pub finished_at: Option<i64>,
     /// Attempts of the command in the run that finished (1 + retries used).
     pub attempts: u32,
-    /// How many times a worker accepted the step (more than 1 after a worker died).
+    /// How many times the step was dispatched: counted when a worker accepts it (in the
+    /// same write that marks it running), so a worker that dies after accepting but before
+    /// its command starts still counts. More than 1 only after a worker died or stalled;
+    /// the command itself ran at most `runs` times.
     pub runs: u32,
     /// Exit status of the last attempt (`None`: killed, timed out, or not run).
     pub exit_status: Option<i32>,

@@ -1,39 +1,39 @@
-//! A steps node: a small supervised pool of step workers serving the node's own queue and
-//! `any` (the thesis' work manager with its fixed set of workers).
+//! A steps node: a small pool of step workers serving the node's own queue and `any` (the
+//! thesis' work manager with its fixed set of workers), supervised by a
+//! [`supervisors::Supervisor`] (one_for_one, permanent children, at most [`MAX_RESTARTS`]
+//! restarts in [`INTENSITY_PERIOD`], [`RESTART_PAUSE`] between a crash and the restart).
 //!
-//! The pool restarts a worker that fails or panics (one_for_one, permanent), with a short
-//! pause, and gives up when restarts exceed the intensity limit (10 in 10 s), as an OTP
-//! supervisor would. [`StepsNode::stop`] lets running steps end (up to a grace period);
-//! [`StepsNode::kill`] drops everything at once, like a crashed node: its running steps
-//! are re-enqueued by the couch_jobs activity monitor and run elsewhere.
+//! [`StepsNode::stop`] lets running steps end (up to a grace period); [`StepsNode::kill`]
+//! drops everything at once, like a crashed node: its running steps are re-enqueued by the
+//! couch_jobs activity monitor and run elsewhere.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use supervisors::{ChildSpec, Restart, Shutdown, Strategy, Supervisor, SupervisorRef};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 use super::action::Action;
 use super::api::Steps;
-use super::error::StepsResult;
+use super::error::{StepsError, StepsResult};
 use super::model::Target;
-use super::worker::{WorkerCtx, run_worker};
+use super::worker_actor::{PoolShared, StepWorker};
 
 /// Restarts allowed within [`INTENSITY_PERIOD`] before the pool gives up.
-pub const MAX_RESTARTS: usize = 10;
+pub const MAX_RESTARTS: u32 = 10;
 pub const INTENSITY_PERIOD: Duration = Duration::from_secs(10);
-const RESTART_PAUSE: Duration = Duration::from_millis(100);
+/// Pause between a worker's crash and its restart.
+pub const RESTART_PAUSE: Duration = Duration::from_millis(100);
 
 /// A running pool of step workers on one node.
 pub struct StepsNode {
     name: String,
     shutdown: watch::Sender<bool>,
-    pool: tokio::task::JoinHandle<()>,
+    alive: watch::Receiver<usize>,
+    shared: PoolShared,
+    sup: SupervisorRef,
     restarts: Arc<AtomicU64>,
-    failed: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for StepsNode {
@@ -51,25 +51,51 @@ impl StepsNode {
             .ensure_queue(&Target::Node(steps.node().to_string()))
             .await?;
         steps.ensure_queue(&Target::Any).await?;
-        let (shutdown, rx) = watch::channel(false);
+        let workers = workers.max(1);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (alive_tx, alive) = watch::channel(0usize);
         let restarts = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicBool::new(false));
         let name = steps.node().to_string();
-        tracing::info!(node = %name, workers, action = action.name(), "steps node started");
-        let pool = tokio::spawn(supervise(
+        let shared = PoolShared {
             steps,
             action,
-            workers.max(1),
-            rx,
-            restarts.clone(),
-            failed.clone(),
-        ));
+            shutdown: shutdown_rx,
+            alive: Arc::new(alive_tx),
+            loops: Arc::new(Mutex::new(vec![None; workers])),
+        };
+        let mut sup = Supervisor::new(Strategy::OneForOne)
+            .intensity(MAX_RESTARTS, INTENSITY_PERIOD)
+            .restart_delay(RESTART_PAUSE);
+        for index in 0..workers {
+            let worker = StepWorker {
+                shared: shared.clone(),
+                index,
+            };
+            let (restarts, started) = (restarts.clone(), Arc::new(AtomicU64::new(0)));
+            let args = move |_: &supervisors::ChildContext| {
+                if started.fetch_add(1, Ordering::Relaxed) > 0 {
+                    restarts.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            // Stopping waits for running steps itself (see `stop`), so the supervisor's own
+            // shutdown of a worker is quick.
+            let spec = ChildSpec::server(format!("worker/{index}"), worker, args)
+                .restart(Restart::Permanent)
+                .shutdown(Shutdown::Timeout(Duration::from_secs(1)));
+            sup = sup.child(spec);
+        }
+        let sup = sup
+            .start()
+            .await
+            .map_err(|e| StepsError::Pool(e.to_string()))?;
+        tracing::info!(node = %name, workers, action = shared.action.name(), "steps node started");
         Ok(Self {
             name,
             shutdown,
-            pool,
+            alive,
+            shared,
+            sup,
             restarts,
-            failed,
         })
     }
 
@@ -84,78 +110,36 @@ impl StepsNode {
 
     /// False once the pool gave up (restart intensity exceeded) or was stopped.
     pub fn is_running(&self) -> bool {
-        !self.pool.is_finished() && !self.failed.load(Ordering::Relaxed)
+        self.sup.actor().get_status() == ractor::ActorStatus::Running
     }
 
     /// Stops taking steps; waits up to `grace` for running steps to finish, then kills.
     pub async fn stop(self, grace: Duration) {
         let _ = self.shutdown.send(true);
-        let mut pool = self.pool;
-        if tokio::time::timeout(grace, &mut pool).await.is_err() {
-            pool.abort();
-            let _ = pool.await;
+        let mut alive = self.alive.clone();
+        if tokio::time::timeout(grace, alive.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!(node = %self.name, "steps still running after the grace period; dropping them");
+            self.abort_loops();
         }
+        self.sup.stop().await;
     }
 
     /// Drops every worker at once, mid-step, with no clean-up (a crashed node).
     pub async fn kill(self) {
-        self.pool.abort();
-        let _ = self.pool.await;
+        // The shutdown flag keeps the supervisor from restarting the killed loops.
+        let _ = self.shutdown.send(true);
+        self.abort_loops();
+        self.sup.stop().await;
     }
-}
 
-async fn supervise(
-    steps: Steps,
-    action: Arc<dyn Action>,
-    workers: usize,
-    shutdown: watch::Receiver<bool>,
-    restarts: Arc<AtomicU64>,
-    failed: Arc<AtomicBool>,
-) {
-    let mut set = JoinSet::new();
-    let mut index_of = HashMap::new();
-    let spawn = |set: &mut JoinSet<StepsResult<()>>, index_of: &mut HashMap<_, _>, i: usize| {
-        let ctx = WorkerCtx {
-            steps: steps.clone(),
-            action: action.clone(),
-            worker: format!("{}/{i}", steps.node()),
-        };
-        let handle = set.spawn(run_worker(ctx, shutdown.clone()));
-        index_of.insert(handle.id(), i);
-    };
-    for i in 0..workers {
-        spawn(&mut set, &mut index_of, i);
-    }
-    let mut recent: VecDeque<Instant> = VecDeque::new();
-    while let Some(done) = set.join_next_with_id().await {
-        let (id, why) = match done {
-            Ok((id, Ok(()))) => (id, None),
-            Ok((id, Err(e))) => (id, Some(e.to_string())),
-            Err(e) => (e.id(), Some(format!("panicked or aborted: {e}"))),
-        };
-        let Some(i) = index_of.remove(&id) else {
-            continue;
-        };
-        if *shutdown.borrow() {
-            continue;
+    fn abort_loops(&self) {
+        if let Ok(loops) = self.shared.loops.lock() {
+            for h in loops.iter().flatten() {
+                h.abort();
+            }
         }
-        let why = why.unwrap_or_else(|| "exited".into());
-        let now = Instant::now();
-        recent.push_back(now);
-        while recent
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > INTENSITY_PERIOD)
-        {
-            recent.pop_front();
-        }
-        if recent.len() > MAX_RESTARTS {
-            tracing::error!(node = %steps.node(), "step workers keep failing; giving up: {why}");
-            failed.store(true, Ordering::Relaxed);
-            return;
-        }
-        tracing::warn!(node = %steps.node(), worker = i, "step worker died ({why}); restarting");
-        restarts.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(RESTART_PAUSE).await;
-        spawn(&mut set, &mut index_of, i);
     }
 }

@@ -10,9 +10,8 @@
 //!
 //! [`Db::run`]: crate::store::Db::run
 
-use crate::jobs::accept::MAX_SCHED_TIME;
 use crate::jobs::{AcceptOpts, Job, Jobs};
-use crate::store::{RangeOptions, Tx, Watch};
+use crate::store::{Tx, Watch};
 
 use super::error::{StepsError, StepsResult};
 use super::execute::StepResult;
@@ -98,26 +97,18 @@ pub async fn take_step_tx(
     who: &Executor,
     now_ms: i64,
 ) -> StepsResult<Taken> {
-    let jkeys = jobs.keys();
     let mut best: Option<(i64, &String)> = None;
     for q in queues {
-        let (begin, end) = jkeys.pending_range(q, MAX_SCHED_TIME);
-        // Snapshot: peeking at the head must not conflict with other enqueues; couch_jobs'
-        // accept below adds the conflict on the key it takes.
-        let head = tx
-            .get_range(&begin, &end, RangeOptions::all().snapshot().limit(1))
-            .await?;
-        if let Some(kv) = head.first() {
-            let (stime, _) = jkeys.decode_pending_key(&kv.key)?;
-            if best.is_none_or(|(s, _)| stime < s) {
-                best = Some((stime, q));
-            }
+        if let Some((stime, _)) = jobs.pending_head_tx(tx, q).await?
+            && best.is_none_or(|(s, _)| stime < s)
+        {
+            best = Some((stime, q));
         }
     }
     let Some((stime, queue)) = best else {
         let watches = queues
             .iter()
-            .map(|q| tx.watch(&jkeys.watches_pending(q)))
+            .map(|q| jobs.watch_pending_tx(tx, q))
             .collect();
         return Ok(Taken::Empty(watches));
     };
@@ -125,7 +116,7 @@ pub async fn take_step_tx(
     // the priority order.
     let opts = AcceptOpts::default().max_sched_time(stime);
     let Some((job, data)) = jobs.accept_tx(tx, queue, opts).await? else {
-        let watches = vec![tx.watch(&jkeys.watches_pending(queue))];
+        let watches = vec![jobs.watch_pending_tx(tx, queue)];
         return Ok(Taken::Empty(watches));
     };
     let problem = match parse_queue_entry(&data) {

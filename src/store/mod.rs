@@ -16,6 +16,8 @@
 //! the placeholder with the commit's versionstamp and drops the offset.
 
 pub mod embedded;
+#[cfg(feature = "fdb")]
+pub mod fdb;
 pub mod memory;
 
 use std::future::Future;

@@ -9,7 +9,7 @@ use ractor::{ActorCell, SupervisionEvent};
 
 use crate::error::BoxError;
 use crate::lookup::Children;
-use crate::server::{self, Server};
+use crate::server::{self, ExitReason, Server};
 use crate::shutdown::{SHUTDOWN_REASON, Shutdown};
 
 /// When a child is restarted after it exits.
@@ -137,6 +137,15 @@ impl Exit {
                 Some((cell.clone(), Exit::Abnormal(err.to_string())))
             }
             _ => None,
+        }
+    }
+
+    /// The same exit as a server [`ExitReason`] (what exit listeners are given).
+    pub(crate) fn reason(&self) -> ExitReason {
+        match self {
+            Exit::Normal => ExitReason::Normal,
+            Exit::Shutdown => ExitReason::Shutdown,
+            Exit::Abnormal(text) => ExitReason::Error(text.clone()),
         }
     }
 

@@ -11,6 +11,7 @@
 //! * [`ChildHandle`] is a cloneable `(table, id)` pair that resolves the child at every use:
 //!   hand it to another actor instead of an `ActorRef`.
 
+use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::sync::{Arc, RwLock};
 
@@ -20,25 +21,43 @@ use crate::error::SupervisorError;
 
 #[derive(Debug)]
 struct Entry {
-    id: String,
+    /// Position in start order (smaller started first).
+    seq: u64,
     cell: Option<ActorCell>,
+}
+
+/// The table: entries by id, plus the start order. Maps, so that a dynamic supervisor with
+/// thousands of children still looks up, adds and removes in O(log n).
+#[derive(Debug, Default)]
+struct Table {
+    by_id: HashMap<String, Entry>,
+    order: BTreeMap<u64, String>,
+    next: u64,
+}
+
+impl Table {
+    fn live(cell: &Option<ActorCell>) -> Option<&ActorCell> {
+        cell.as_ref()
+            .filter(|c| c.get_status() <= ActorStatus::Upgrading)
+    }
 }
 
 /// The live children of one supervisor, by id, in start order. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct Children {
-    inner: Arc<RwLock<Vec<Entry>>>,
+    inner: Arc<RwLock<Table>>,
 }
 
 impl Children {
-    fn read<R>(&self, f: impl FnOnce(&Vec<Entry>) -> R) -> R {
-        // A panic while holding the lock cannot leave the Vec half-updated (every write is a
-        // single push/assign/remove), so a poisoned lock is still safe to read.
+    fn read<R>(&self, f: impl FnOnce(&Table) -> R) -> R {
+        // A panic while holding the lock cannot leave the table half-updated in a way readers
+        // care about (each write keeps by_id and order in step before it can panic), so a
+        // poisoned lock is still safe to use.
         let guard = self.inner.read().unwrap_or_else(|e| e.into_inner());
         f(&guard)
     }
 
-    fn write<R>(&self, f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
+    fn write<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
         let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
         f(&mut guard)
     }
@@ -54,36 +73,37 @@ impl Children {
 
     /// The current untyped `ActorCell` of child `id`, if it is running.
     pub fn cell(&self, id: &str) -> Option<ActorCell> {
-        self.read(|v| {
-            v.iter()
-                .find(|e| e.id == id)
-                .and_then(|e| e.cell.clone())
-                .filter(|c| c.get_status() <= ActorStatus::Upgrading)
-        })
+        self.read(|t| t.by_id.get(id).and_then(|e| Table::live(&e.cell)).cloned())
+    }
+
+    /// Whether the supervisor knows child `id` (running or awaiting restart).
+    pub fn contains(&self, id: &str) -> bool {
+        self.read(|t| t.by_id.contains_key(id))
     }
 
     /// Ids of all children the supervisor knows (running or awaiting restart), in start order.
     pub fn ids(&self) -> Vec<String> {
-        self.read(|v| v.iter().map(|e| e.id.clone()).collect())
+        self.read(|t| t.order.values().cloned().collect())
     }
 
     /// Ids of the children that are running right now, in start order.
     pub fn running(&self) -> Vec<String> {
-        self.read(|v| {
-            v.iter()
-                .filter(|e| {
-                    e.cell
-                        .as_ref()
-                        .is_some_and(|c| c.get_status() <= ActorStatus::Upgrading)
+        self.read(|t| {
+            t.order
+                .values()
+                .filter(|id| {
+                    t.by_id
+                        .get(id.as_str())
+                        .is_some_and(|e| Table::live(&e.cell).is_some())
                 })
-                .map(|e| e.id.clone())
+                .cloned()
                 .collect()
         })
     }
 
     /// Number of children the supervisor knows (running or awaiting restart).
     pub fn len(&self) -> usize {
-        self.read(|v| v.len())
+        self.read(|t| t.by_id.len())
     }
 
     /// True when the supervisor has no children.
@@ -102,29 +122,34 @@ impl Children {
 
     /// Set (or clear, with `None`) the actor of child `id`, appending the id if it is new.
     pub(crate) fn set(&self, id: &str, cell: Option<ActorCell>) {
-        self.write(|v| match v.iter_mut().find(|e| e.id == id) {
+        self.write(|t| match t.by_id.get_mut(id) {
             Some(e) => e.cell = cell,
-            None => v.push(Entry {
-                id: id.to_string(),
-                cell,
-            }),
+            None => {
+                let seq = t.next;
+                t.next += 1;
+                t.order.insert(seq, id.to_string());
+                t.by_id.insert(id.to_string(), Entry { seq, cell });
+            }
         })
     }
 
     /// Replace the whole table with `ids`, none of them running (a supervisor (re)starting).
     pub(crate) fn reset<'a>(&self, ids: impl Iterator<Item = &'a str>) {
-        let fresh: Vec<Entry> = ids
-            .map(|id| Entry {
-                id: id.to_string(),
-                cell: None,
-            })
-            .collect();
-        self.write(|v| *v = fresh)
+        self.write(|t| {
+            *t = Table::default();
+        });
+        for id in ids {
+            self.set(id, None);
+        }
     }
 
     /// Forget child `id`.
     pub(crate) fn remove(&self, id: &str) {
-        self.write(|v| v.retain(|e| e.id != id))
+        self.write(|t| {
+            if let Some(e) = t.by_id.remove(id) {
+                t.order.remove(&e.seq);
+            }
+        })
     }
 }
 
@@ -146,12 +171,14 @@ impl<M> Clone for ChildHandle<M> {
     }
 }
 
-impl<M: Message> ChildHandle<M> {
+impl<M> ChildHandle<M> {
     /// The child id this handle resolves.
     pub fn id(&self) -> &str {
         &self.id
     }
+}
 
+impl<M: Message> ChildHandle<M> {
     /// The child's current `ActorRef`, or `None` while it is down.
     pub fn get(&self) -> Option<ActorRef<M>> {
         self.children.get::<M>(&self.id)

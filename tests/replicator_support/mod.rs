@@ -99,10 +99,19 @@ impl Pouch {
     }
 
     pub async fn doc_count(&self, db: &str) -> u64 {
-        let r = self.http.get(self.url(db)).send().await.unwrap();
-        let text = r.text().await.unwrap();
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        v.get("doc_count").and_then(Value::as_u64).unwrap_or(0)
+        // Node closes idle keep-alive connections after 5 s; a request racing that close
+        // fails with IncompleteMessage, so retry a few times.
+        for _ in 0..5 {
+            let Ok(r) = self.http.get(self.url(db)).send().await else {
+                continue;
+            };
+            let Ok(text) = r.text().await else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            return v.get("doc_count").and_then(Value::as_u64).unwrap_or(0);
+        }
+        panic!("cannot read {db}");
     }
 
     /// Waits until `db` holds `n` docs.

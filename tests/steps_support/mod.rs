@@ -105,6 +105,18 @@ impl Cluster {
         n.background.kill().await;
     }
 
+    /// A running node.
+    pub fn node(&self, name: &str) -> &StepsNode {
+        &self.nodes[name].node
+    }
+
+    /// Stops one node gracefully (running steps may end within `grace`).
+    pub async fn stop_node(&mut self, name: &str, grace: Duration) {
+        let n = self.nodes.remove(name).unwrap();
+        n.node.stop(grace).await;
+        n.background.stop().await;
+    }
+
     pub async fn stop_all(&mut self) {
         for (_, n) in self.nodes.drain() {
             n.node.stop(Duration::from_secs(5)).await;
@@ -131,7 +143,7 @@ pub struct Event {
 /// Runs test commands in-process and records every run:
 /// `sleep <secs>` exits 0 after the sleep; `exit <code>` exits at once with `code`;
 /// `flaky <n>` fails (exit 1) on attempts 1..=n and then exits 0; `panic once` panics the
-/// first time it runs in the process and exits 0 afterwards.
+/// first time it runs in the process and exits 0 afterwards; `panic always` always panics.
 #[derive(Default, Clone)]
 pub struct Recorder {
     pub log: Arc<Mutex<Vec<Event>>>,
@@ -187,6 +199,7 @@ impl Action for Recorder {
                     }
                     ActionOutcome::exited(0, "no panic this time")
                 }
+                ["panic", "always"] => panic!("test action always panics"),
                 ["flaky", n] => {
                     let n: u32 = n
                         .parse()
@@ -213,4 +226,23 @@ pub async fn deadline<T>(secs: u64, f: impl std::future::Future<Output = T>) -> 
     tokio::time::timeout(Duration::from_secs(secs), f)
         .await
         .expect("test deadline exceeded")
+}
+
+/// The admin of the test HTTP servers.
+pub const ADMIN: (&str, &str) = ("adm", "s3cret");
+
+/// Serves the `/_steps` routes of `steps` on a free loopback port; returns the base URL.
+/// The server lives until the returned task is aborted (or the runtime ends).
+pub async fn serve_steps(steps: Steps) -> (String, tokio::task::JoinHandle<()>) {
+    use couch_replicator::http::steps::{StepsHttp, basic_admin, router};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(StepsHttp {
+        steps,
+        admin: basic_admin(ADMIN.0, ADMIN.1),
+    });
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (format!("http://{addr}"), task)
 }

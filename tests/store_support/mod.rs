@@ -117,3 +117,68 @@ impl Harness for Memory {
 
     async fn finish(self) {}
 }
+
+// Only the conformance suite uses it; the other store tests share this module.
+#[cfg(feature = "fdb")]
+#[allow(unused_imports)]
+pub use fdb_harness::Fdb;
+
+#[cfg(feature = "fdb")]
+mod fdb_harness {
+    use super::*;
+    use couch_replicator::store::StoreError;
+    use couch_replicator::store::fdb::{FdbStore, boot_network};
+
+    /// FoundationDB at `FDB_CLUSTER_FILE`, each test in its own random subspace.
+    pub struct Fdb {
+        store: FdbStore,
+        prefix: Vec<u8>,
+    }
+
+    impl Fdb {
+        /// `None` (after saying so) when no cluster is configured.
+        pub async fn new() -> Option<Self> {
+            let Ok(cluster_file) = std::env::var("FDB_CLUSTER_FILE") else {
+                println!("skipping FoundationDB conformance: FDB_CLUSTER_FILE not set");
+                return None;
+            };
+            boot_network().expect("boot the FoundationDB network");
+            let store = FdbStore::open(Some(&cluster_file)).expect("open FoundationDB");
+            let prefix = format!("couch-replicator-conformance/{}/", uuid::Uuid::new_v4());
+            Some(Self {
+                store,
+                prefix: prefix.into_bytes(),
+            })
+        }
+    }
+
+    impl Harness for Fdb {
+        fn db(&self) -> Db {
+            Db::new(Arc::new(self.store.clone()))
+        }
+
+        fn prefix(&self) -> &[u8] {
+            &self.prefix
+        }
+
+        async fn reopen(&mut self) {
+            // FoundationDB is durable by itself: a new handle on the same cluster.
+            let cluster_file = std::env::var("FDB_CLUSTER_FILE").ok();
+            self.store = FdbStore::open(cluster_file.as_deref()).expect("reopen FoundationDB");
+        }
+
+        async fn finish(self) {
+            let (begin, end) = (self.prefix.clone(), self.end());
+            let _ = self
+                .db()
+                .run(|tx| {
+                    let (begin, end) = (begin.clone(), end.clone());
+                    async move {
+                        tx.clear_range(&begin, &end);
+                        Ok::<_, StoreError>(())
+                    }
+                })
+                .await;
+        }
+    }
+}

@@ -1,13 +1,16 @@
 //! The committer: one thread that owns the redb file and turns batches of commit requests
 //! into durable commits (group commit).
 //!
-//! Takes [`Request::Commit`] from transactions and [`Request::Close`] from the store. For each
-//! batch it (1) rejects requests whose read-conflict ranges meet writes committed after their
-//! read version, including writes of earlier requests accepted into the same batch, (2)
-//! applies the accepted ones in order in ONE redb write transaction with immediate durability
-//! (one fsync per batch), (3) publishes the new snapshot and version, acknowledges with
-//! versionstamps (commit version ‖ order in batch), then fires watches. Nothing is
-//! acknowledged before its batch is durable.
+//! Takes [`Request::Commit`] from transactions and [`Request::Close`] from the store. A batch
+//! collects requests while transactions that may still join are open. For each batch it (1)
+//! rejects requests whose read-conflict ranges meet writes committed after their read
+//! version, including writes of earlier requests accepted into the same batch, (2) applies the
+//! accepted ones in order in ONE redb write transaction and makes the batch durable with one
+//! fsync: of the commit log ([`super::wal`], synced on its own thread while redb commits
+//! without durability), or, every [`CHECKPOINT_BATCHES`], of a durable redb commit that also
+//! persists the logged batches before it, (3) publishes the new snapshot and version,
+//! acknowledges with versionstamps (commit version ‖ order in batch), then fires watches.
+//! Nothing is acknowledged or visible to readers before its batch is durable.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak, mpsc};
@@ -17,17 +20,23 @@ use redb::{ReadableTable, Table};
 use tokio::sync::oneshot;
 
 use super::conflicts::{History, KeyRange, Written, intersects};
+use super::wal::{Effect, LogWriter};
 use super::watches::{NewWatch, Registry, Seen};
 use super::writes::Mutation;
 use super::{DATA, META, Shared, VERSION_KEY, engine_err, open_snapshot};
 use crate::store::{CommitStamp, StoreError, apply_atomic_add, commit_stamp, fill_versionstamp};
 
+/// A checkpoint (durable redb commit, then an empty log) after this many logged batches...
+const CHECKPOINT_BATCHES: u32 = 256;
+/// ...or once the log holds this much.
+const CHECKPOINT_BYTES: u64 = 16 << 20;
 /// Most requests in one batch (the batch order is 2 bytes).
 const MAX_BATCH: usize = 4096;
-/// A batch closes when no request arrived for this long...
-const ARRIVAL_GAP: Duration = Duration::from_micros(50);
+/// A batch closes as soon as no open transaction is left to join it, or when no request
+/// arrived for this long (a busy CPU can delay a writer by more than a few microseconds)...
+const ARRIVAL_GAP: Duration = Duration::from_micros(250);
 /// ...or when its first request waited this long.
-const MAX_LINGER: Duration = Duration::from_micros(500);
+const MAX_LINGER: Duration = Duration::from_millis(1);
 
 pub(crate) type CommitVerdict = Result<Option<CommitStamp>, StoreError>;
 
@@ -59,18 +68,32 @@ pub(crate) struct Committer {
     history: History,
     watches: Registry,
     shared: Weak<Shared>,
+    wal: LogWriter,
+    /// Batches made durable by the log since the last checkpoint.
+    logged: u32,
+    /// Set when a batch reached redb but not the log: redb is then ahead of what is durable,
+    /// so nothing more may be committed on top of it.
+    broken: Option<StoreError>,
 }
 
-type DataTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
+pub(crate) type DataTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
 impl Committer {
-    pub(crate) fn new(db: redb::Database, version: u64, shared: Weak<Shared>) -> Self {
+    pub(crate) fn new(
+        db: redb::Database,
+        version: u64,
+        shared: Weak<Shared>,
+        wal: LogWriter,
+    ) -> Self {
         Self {
             db: Some(db),
             version,
             history: History::new(version),
             watches: Registry::default(),
             shared,
+            wal,
+            logged: 0,
+            broken: None,
         }
     }
 
@@ -82,9 +105,10 @@ impl Committer {
                 Request::Commit(r) => batch.push(r),
                 Request::Close(done) => close = Some(done),
             }
-            // Keep collecting while requests keep arriving: the writers acknowledged by the
-            // previous batch are usually about to send their next commit, and one fsync for
-            // all of them beats two half-full batches.
+            // Keep collecting while transactions that may still commit are open: the writers
+            // acknowledged by the previous batch are usually about to send their next commit,
+            // and one fsync for all of them beats two half-full batches.
+            let shared = self.shared.upgrade();
             let deadline = Instant::now() + MAX_LINGER;
             while close.is_none() && batch.len() < MAX_BATCH {
                 let next = match requests.try_recv() {
@@ -92,12 +116,21 @@ impl Committer {
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
                         let now = Instant::now();
-                        if now >= deadline {
+                        let nobody_left =
+                            shared.as_ref().is_none_or(|s| s.open_transactions() == 0);
+                        if nobody_left {
+                            // A request sent just before its sender counted itself off.
+                            match requests.try_recv() {
+                                Ok(r) => r,
+                                Err(_) => break,
+                            }
+                        } else if now >= deadline {
                             break;
-                        }
-                        match requests.recv_timeout(ARRIVAL_GAP.min(deadline - now)) {
-                            Ok(r) => r,
-                            Err(_) => break,
+                        } else {
+                            match requests.recv_timeout(ARRIVAL_GAP.min(deadline - now)) {
+                                Ok(r) => r,
+                                Err(_) => break,
+                            }
                         }
                     }
                 };
@@ -130,6 +163,9 @@ impl Committer {
     }
 
     fn shutdown(&mut self) {
+        if let Err(e) = self.checkpoint() {
+            tracing::error!(error = %e, "embedded store: final checkpoint failed (the log keeps the commits)");
+        }
         self.watches.close();
         if let Some(shared) = self.shared.upgrade() {
             shared.publish(None);
@@ -137,7 +173,26 @@ impl Committer {
         self.db = None;
     }
 
+    /// Makes every logged batch durable in redb and empties the log.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        if self.broken.is_some() || self.logged == 0 {
+            return Ok(());
+        }
+        let db = self.db.as_ref().ok_or(StoreError::Closed)?;
+        // An empty durable commit persists the non-durable ones before it.
+        let write = db.begin_write().map_err(engine_err)?;
+        write.commit().map_err(engine_err)?;
+        self.logged = 0;
+        self.wal.reset()
+    }
+
     fn process(&mut self, batch: Vec<CommitRequest>) {
+        if let Some(e) = &self.broken {
+            for request in batch {
+                let _ = request.reply.send(Err(e.clone()));
+            }
+            return;
+        }
         let now = Instant::now();
         self.history.trim(now);
         let version = self.version + 1;
@@ -238,8 +293,10 @@ impl Committer {
         self.watches.settle(current);
     }
 
-    /// Applies the accepted requests in one durable write transaction. Returns the committed
-    /// values of the watched keys the batch may have changed.
+    /// Applies the accepted requests in one redb write transaction and makes it durable: by
+    /// the log, or, every [`CHECKPOINT_BATCHES`], by a durable redb commit that also covers
+    /// the logged batches before it. Returns the committed values of the watched keys the
+    /// batch may have changed.
     #[allow(clippy::type_complexity)]
     fn write_batch(
         &mut self,
@@ -248,12 +305,26 @@ impl Committer {
         batch_writes: &[Written],
     ) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
         let db = self.db.as_ref().ok_or(StoreError::Closed)?;
-        let write = db.begin_write().map_err(engine_err)?;
+        let checkpoint =
+            self.logged + 1 >= CHECKPOINT_BATCHES || self.wal.bytes >= CHECKPOINT_BYTES;
+        let mut write = db.begin_write().map_err(engine_err)?;
+        if !checkpoint {
+            write
+                .set_durability(redb::Durability::None)
+                .map_err(engine_err)?;
+        }
+        let mut effects = Vec::new();
         let current = {
             let mut table = write.open_table(DATA).map_err(engine_err)?;
             for a in accepted.iter_mut() {
                 if let Some(stamp) = &a.stamp {
-                    apply(&mut table, &a.request.ops, &a.filled_keys, stamp)?;
+                    apply(
+                        &mut table,
+                        &a.request.ops,
+                        &a.filled_keys,
+                        stamp,
+                        &mut effects,
+                    )?;
                 }
                 a.seen = seen_values(&table, &a.request.watches)?;
             }
@@ -272,7 +343,25 @@ impl Committer {
                 .map_err(engine_err)?;
             current
         };
-        write.commit().map_err(engine_err)?;
+        if checkpoint {
+            write.commit().map_err(engine_err)?;
+            self.logged = 0;
+            if let Err(e) = self.wal.reset() {
+                // Harmless: replay skips records the durable redb state already holds.
+                tracing::warn!(error = %e, "embedded store: commit log not emptied");
+            }
+            return Ok(current);
+        }
+        // The log syncs the batch while redb commits it (without durability) here.
+        let logged = self.wal.append(version, effects);
+        let committed = write.commit().map_err(engine_err);
+        let result = committed.and_then(|()| logged.wait(&mut self.wal));
+        if let Err(e) = result {
+            // redb and the log may now disagree about this version: stop committing.
+            self.broken = Some(e.clone());
+            return Err(e);
+        }
+        self.logged += 1;
         Ok(current)
     }
 
@@ -343,48 +432,55 @@ fn writes_of(
     Ok((writes, filled))
 }
 
+/// Applies `ops` to `table`, recording their physical effects for the log.
 fn apply(
     table: &mut DataTable<'_>,
     ops: &[Mutation],
     filled_keys: &[Vec<u8>],
     stamp: &CommitStamp,
+    effects: &mut Vec<Effect>,
 ) -> Result<(), StoreError> {
     let mut filled = filled_keys.iter();
     for op in ops {
-        match op {
-            Mutation::Set(k, v) => {
-                table
-                    .insert(k.as_slice(), v.as_slice())
-                    .map_err(engine_err)?;
-            }
-            Mutation::Clear(k) => {
-                table.remove(k.as_slice()).map_err(engine_err)?;
-            }
-            Mutation::ClearRange(b, e) => {
-                table
-                    .retain_in::<&[u8], _>(b.as_slice()..e.as_slice(), |_, _| false)
-                    .map_err(engine_err)?;
-            }
-            Mutation::Add(k, delta) => {
-                let next = apply_atomic_add(get(table, k)?.as_deref(), *delta);
-                table
-                    .insert(k.as_slice(), next.as_slice())
-                    .map_err(engine_err)?;
-            }
+        let effect = match op {
+            Mutation::Set(k, v) => Effect::Put(k.clone(), v.clone()),
+            Mutation::Clear(k) => Effect::Delete(k.clone()),
+            Mutation::ClearRange(b, e) => Effect::DeleteRange(b.clone(), e.clone()),
+            Mutation::Add(k, delta) => Effect::Put(
+                k.clone(),
+                apply_atomic_add(get(table, k)?.as_deref(), *delta),
+            ),
             Mutation::VersionstampedKey(_, v) => {
                 let key = filled
                     .next()
                     .ok_or_else(|| StoreError::Engine("versionstamped key not filled".into()))?;
-                table
-                    .insert(key.as_slice(), v.as_slice())
-                    .map_err(engine_err)?;
+                Effect::Put(key.clone(), v.clone())
             }
             Mutation::VersionstampedValue(k, operand) => {
-                let value = fill_versionstamp(operand, stamp)?;
-                table
-                    .insert(k.as_slice(), value.as_slice())
-                    .map_err(engine_err)?;
+                Effect::Put(k.clone(), fill_versionstamp(operand, stamp)?)
             }
+        };
+        apply_effect(table, &effect)?;
+        effects.push(effect);
+    }
+    Ok(())
+}
+
+/// Applies one physical effect (at commit, and when replaying the log at open).
+pub(crate) fn apply_effect(table: &mut DataTable<'_>, effect: &Effect) -> Result<(), StoreError> {
+    match effect {
+        Effect::Put(k, v) => {
+            table
+                .insert(k.as_slice(), v.as_slice())
+                .map_err(engine_err)?;
+        }
+        Effect::Delete(k) => {
+            table.remove(k.as_slice()).map_err(engine_err)?;
+        }
+        Effect::DeleteRange(b, e) => {
+            table
+                .retain_in::<&[u8], _>(b.as_slice()..e.as_slice(), |_, _| false)
+                .map_err(engine_err)?;
         }
     }
     Ok(())

@@ -6,9 +6,11 @@
 //! - [`transaction`] runs one optimistic transaction: snapshot reads, read-your-writes,
 //!   read-conflict ranges, buffered writes.
 //! - [`committer`] batches commit requests, checks conflicts ([`conflicts`]), applies a batch
-//!   in one durable redb transaction (group commit), assigns versionstamps and fires
-//!   watches ([`watches`]).
+//!   in one redb transaction made durable by one fsync (group commit), assigns versionstamps
+//!   and fires watches ([`watches`]).
 //! - [`writes`] is a transaction's write buffer.
+//! - [`wal`] is the commit log (`<file>.wal`) that makes batches durable between redb
+//!   checkpoints; `open` replays it onto redb after a crash.
 //!
 //! Versions: the committed version is a counter persisted with the data, bumped once per
 //! batch that writes; a transaction's read version is the committed version of the snapshot
@@ -17,10 +19,12 @@
 mod committer;
 mod conflicts;
 mod transaction;
+mod wal;
 mod watches;
 mod writes;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 
 use futures::FutureExt;
@@ -29,8 +33,9 @@ use redb::{ReadOnlyTable, ReadableDatabase, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::{Store, StoreError, Transaction};
-use committer::{Committer, Request};
+use committer::{Committer, Request, apply_effect};
 use transaction::EmbeddedTx;
+use wal::{LogWriter, Wal};
 
 /// Every user key and value.
 pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
@@ -49,6 +54,9 @@ pub(crate) struct Shared {
     /// The latest committed snapshot; `None` once the store is closed.
     current: Mutex<Option<Arc<Snapshot>>>,
     requests: Mutex<Option<mpsc::Sender<Request>>>,
+    /// Transactions begun and neither submitted for commit nor dropped: the committer stops
+    /// waiting for more requests to join a batch when none is left.
+    open: AtomicUsize,
 }
 
 impl Shared {
@@ -58,6 +66,10 @@ impl Shared {
 
     pub(crate) fn snapshot(&self) -> Result<Arc<Snapshot>, StoreError> {
         self.current().clone().ok_or(StoreError::Closed)
+    }
+
+    pub(crate) fn open_transactions(&self) -> usize {
+        self.open.load(Ordering::Acquire)
     }
 
     pub(crate) fn publish(&self, snapshot: Option<Arc<Snapshot>>) {
@@ -95,23 +107,45 @@ impl EmbeddedStore {
     /// matters to the caller.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let db = redb::Database::create(path.as_ref()).map_err(engine_err)?;
+        let (mut wal, records) = Wal::open(Wal::path_for(path.as_ref()))?;
         let version = {
             let w = db.begin_write().map_err(engine_err)?;
             let version = {
-                w.open_table(DATA).map_err(engine_err)?;
-                let meta = w.open_table(META).map_err(engine_err)?;
-                read_version(&meta)?
+                let mut data = w.open_table(DATA).map_err(engine_err)?;
+                let mut meta = w.open_table(META).map_err(engine_err)?;
+                let durable = read_version(&meta)?;
+                // Batches acknowledged after the last checkpoint live only in the log.
+                let mut version = durable;
+                for record in records.iter().filter(|r| r.version > durable) {
+                    for effect in &record.effects {
+                        apply_effect(&mut data, effect)?;
+                    }
+                    version = record.version;
+                }
+                if version > durable {
+                    tracing::info!(
+                        from = durable,
+                        to = version,
+                        "embedded store: replayed commit log"
+                    );
+                    meta.insert(VERSION_KEY, version.to_be_bytes().as_slice())
+                        .map_err(engine_err)?;
+                }
+                version
             };
             w.commit().map_err(engine_err)?;
             version
         };
+        wal.reset()?;
         let snapshot = open_snapshot(&db, version)?;
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             current: Mutex::new(Some(Arc::new(snapshot))),
             requests: Mutex::new(Some(tx)),
+            open: AtomicUsize::new(0),
         });
-        let committer = Committer::new(db, version, Arc::downgrade(&shared));
+        let committer =
+            Committer::new(db, version, Arc::downgrade(&shared), LogWriter::start(wal)?);
         std::thread::Builder::new()
             .name("store-committer".into())
             .spawn(move || committer.run(rx))
@@ -174,5 +208,42 @@ impl Store for EmbeddedStore {
 
     fn engine_name(&self) -> &'static str {
         "embedded"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Db;
+
+    /// A leaked count would make every batch wait for a transaction that never comes.
+    #[tokio::test]
+    async fn open_transactions_are_counted_until_submitted_or_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("s.redb")).unwrap();
+        let db = Db::new(Arc::new(store.clone()));
+        let open = || store.shared.open_transactions();
+        let (a, b, c) = (
+            db.begin().await.unwrap(),
+            db.begin().await.unwrap(),
+            db.begin().await.unwrap(),
+        );
+        assert_eq!(open(), 3);
+        a.set(b"k", b"v");
+        a.commit().await.unwrap();
+        assert_eq!(open(), 2, "a submitted commit no longer counts");
+        assert_eq!(b.commit().await.unwrap(), None);
+        assert_eq!(open(), 1, "a read-only commit no longer counts");
+        drop(a);
+        drop(b);
+        assert_eq!(open(), 1);
+        c.set(b"k", b"w");
+        drop(c);
+        assert_eq!(open(), 0, "a dropped transaction no longer counts");
+        let failed = db.begin().await.unwrap();
+        failed.commit().await.unwrap();
+        assert!(failed.commit().await.is_err(), "second commit fails");
+        assert_eq!(open(), 0, "counted off once");
+        store.close().await.unwrap();
     }
 }

@@ -6,6 +6,7 @@
 //! that wrote nothing and watches nothing commits without the committer.
 
 use std::cmp::Ordering;
+use std::sync::atomic::{self, AtomicBool};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::FutureExt;
@@ -36,6 +37,8 @@ pub(crate) struct EmbeddedTx {
     shared: Arc<Shared>,
     read_version: u64,
     state: Mutex<State>,
+    /// Counted in `Shared::open` until submitted or dropped.
+    counted: AtomicBool,
 }
 
 fn key_after(key: &[u8]) -> Vec<u8> {
@@ -59,7 +62,9 @@ fn snapshot_get(snapshot: &Snapshot, key: &[u8]) -> Result<Option<Vec<u8>>, Stor
 
 impl EmbeddedTx {
     pub(crate) fn new(shared: Arc<Shared>, snapshot: Arc<Snapshot>) -> Self {
+        shared.open.fetch_add(1, atomic::Ordering::AcqRel);
         Self {
+            counted: AtomicBool::new(true),
             shared,
             read_version: snapshot.version,
             state: Mutex::new(State {
@@ -68,6 +73,13 @@ impl EmbeddedTx {
                 reads: Vec::new(),
                 watches: Vec::new(),
             }),
+        }
+    }
+
+    /// Leaves `Shared::open` (once): the transaction will not send a commit any more.
+    fn uncount(&self) {
+        if self.counted.swap(false, atomic::Ordering::AcqRel) {
+            self.shared.open.fetch_sub(1, atomic::Ordering::AcqRel);
         }
     }
 
@@ -281,12 +293,31 @@ impl Transaction for EmbeddedTx {
 
     fn commit(&self) -> BoxFuture<'_, Result<Option<CommitStamp>, StoreError>> {
         async move {
-            let Some((request, verdict)) = self.finish_commit()? else {
-                return Ok(None);
+            let prepared = self.finish_commit();
+            let sent = match prepared {
+                Ok(Some((request, verdict))) => {
+                    // Counted off only once the request is queued, so the committer never
+                    // sees zero open transactions while this one is about to join a batch.
+                    let sent = self.shared.send(Request::Commit(request));
+                    self.uncount();
+                    sent.map(|()| Some(verdict))
+                }
+                other => {
+                    self.uncount();
+                    other.map(|_| None)
+                }
             };
-            self.shared.send(Request::Commit(request))?;
-            verdict.await.map_err(|_| StoreError::Closed)?
+            match sent? {
+                Some(verdict) => verdict.await.map_err(|_| StoreError::Closed)?,
+                None => Ok(None),
+            }
         }
         .boxed()
+    }
+}
+
+impl Drop for EmbeddedTx {
+    fn drop(&mut self) {
+        self.uncount();
     }
 }

@@ -1,0 +1,316 @@
+//! `couch-replicator steps ...`: submits a steps job file to a node over HTTP and watches it,
+//! shows one job, or lists jobs. Talks to the node's `/_steps` routes.
+//!
+//! Credentials go in the node URL (`http://name:password@127.0.0.1:5984`) or in
+//! `COUCH_REPLICATOR_AUTH=name:password`; they are taken out of the URL before any request
+//! is built, so no message printed here (errors included) can show them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::Value;
+use url::Url;
+
+/// Steps jobs on a node.
+#[derive(Debug, clap::Args)]
+pub struct StepsArgs {
+    /// The node's base URL; may carry Basic credentials as `http://name:password@host:port`.
+    #[arg(
+        long,
+        env = "COUCH_REPLICATOR_URL",
+        default_value = "http://127.0.0.1:5984"
+    )]
+    url: String,
+    #[command(subcommand)]
+    command: StepsCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum StepsCommand {
+    /// Submit the job in FILE (JSON `{"steps": [...]}`; `-` reads standard input).
+    Submit {
+        file: PathBuf,
+        /// Follow the job until it ends; exit status 1 if it failed.
+        #[arg(long)]
+        watch: bool,
+        /// Milliseconds between polls while watching.
+        #[arg(long, default_value_t = 500, hide = true)]
+        poll_ms: u64,
+    },
+    /// Show one job with per-step status (JSON).
+    Get { id: String },
+    /// List jobs with their state.
+    List {
+        /// Only jobs in this state: pending, running, success or failed.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many jobs.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Continue after this job id (the `next` of the previous page).
+        #[arg(long)]
+        start_after: Option<String>,
+    },
+}
+
+/// A node's `/_steps` API, credentials kept apart from the URL.
+struct Node {
+    client: Client,
+    base: Url,
+    auth: Option<(String, String)>,
+}
+
+impl Node {
+    fn new(url: &str) -> Result<Self, String> {
+        let mut base = Url::parse(url).map_err(|e| format!("bad node URL: {e}"))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err("the node URL must be http or https".into());
+        }
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let mut auth = match (base.username(), base.password()) {
+            ("", None) => None,
+            (u, p) => Some((decode(u), decode(p.unwrap_or("")))),
+        };
+        // Neither call fails for http(s) URLs, which have a host.
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        if auth.is_none()
+            && let Ok(pair) = std::env::var("COUCH_REPLICATOR_AUTH")
+        {
+            let Some((u, p)) = pair.split_once(':') else {
+                return Err("COUCH_REPLICATOR_AUTH must be name:password".into());
+            };
+            auth = Some((u.to_string(), p.to_string()));
+        }
+        let client = Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self { client, base, auth })
+    }
+
+    /// `base/_steps[/id]`, the id escaped as one path segment.
+    fn url(&self, id: Option<&str>) -> Url {
+        let mut u = self.base.clone();
+        if let Ok(mut segs) = u.path_segments_mut() {
+            segs.pop_if_empty().push("_steps");
+            if let Some(id) = id {
+                segs.push(id);
+            }
+        }
+        u
+    }
+
+    async fn call(&self, method: Method, url: Url, body: Option<Vec<u8>>) -> Result<Value, String> {
+        let mut req = self.client.request(method, url);
+        if let Some((u, p)) = &self.auth {
+            req = req.basic_auth(u, Some(p));
+        }
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| format!("reading the reply failed: {e}"))?;
+        let value: Value = serde_json::from_str(&text).map_err(|_| {
+            format!("{status}: the node sent no JSON (is this a couch-replicator node?)")
+        })?;
+        if status.is_success() {
+            return Ok(value);
+        }
+        let field = |k: &str| {
+            value
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let hint = if status == StatusCode::UNAUTHORIZED {
+            " (give admin credentials in the URL or COUCH_REPLICATOR_AUTH)"
+        } else {
+            ""
+        };
+        Err(format!(
+            "{status} {}: {}{hint}",
+            field("error"),
+            field("reason")
+        ))
+    }
+}
+
+/// Runs a `steps` subcommand.
+pub async fn run(args: StepsArgs) -> Result<(), String> {
+    let node = Node::new(&args.url)?;
+    match args.command {
+        StepsCommand::Submit {
+            file,
+            watch,
+            poll_ms,
+        } => {
+            let body = if file.as_os_str() == "-" {
+                let mut buf = Vec::new();
+                // A one-shot CLI: blocking on standard input here holds up nothing else.
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+                    .map_err(|e| format!("reading standard input: {e}"))?;
+                buf
+            } else {
+                tokio::fs::read(&file)
+                    .await
+                    .map_err(|e| format!("reading {}: {e}", file.display()))?
+            };
+            let created = node.call(Method::POST, node.url(None), Some(body)).await?;
+            let id = created
+                .get("id")
+                .and_then(Value::as_str)
+                .ok_or("the node's reply has no job id")?
+                .to_string();
+            println!("{id}");
+            if watch {
+                watch_job(&node, &id, Duration::from_millis(poll_ms.max(10))).await?;
+            }
+            Ok(())
+        }
+        StepsCommand::Get { id } => {
+            let v = node.call(Method::GET, node.url(Some(&id)), None).await?;
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            Ok(())
+        }
+        StepsCommand::List {
+            state,
+            limit,
+            start_after,
+        } => {
+            let mut url = node.url(None);
+            {
+                let mut q = url.query_pairs_mut();
+                if let Some(s) = &state {
+                    q.append_pair("state", s);
+                }
+                if let Some(l) = limit {
+                    q.append_pair("limit", &l.to_string());
+                }
+                if let Some(a) = &start_after {
+                    q.append_pair("start_after", a);
+                }
+            }
+            if url.query() == Some("") {
+                url.set_query(None);
+            }
+            let v = node.call(Method::GET, url, None).await?;
+            print_list(&v);
+            Ok(())
+        }
+    }
+}
+
+fn print_list(v: &Value) {
+    println!("{:<34} {:<8} {:>9}  TARGET", "ID", "STATE", "STEP");
+    for j in v
+        .get("jobs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+        let n = |k: &str| j.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let step = format!("{}/{}", n("current_step"), n("step_count"));
+        println!(
+            "{:<34} {:<8} {step:>9}  {}",
+            s("id"),
+            s("state"),
+            s("current_target")
+        );
+    }
+    if let Some(next) = v.get("next").and_then(Value::as_str) {
+        println!("(more after this page: --start-after {next})");
+    }
+}
+
+/// Polls the job, printing each step's changes, until it ends; `Err` when it failed.
+async fn watch_job(node: &Node, id: &str, every: Duration) -> Result<(), String> {
+    let mut shown: Vec<String> = Vec::new();
+    loop {
+        let v = node.call(Method::GET, node.url(Some(id)), None).await?;
+        let steps = v
+            .get("steps")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (i, s) in steps.iter().enumerate() {
+            let line = step_line(i, s);
+            if shown.get(i) != Some(&line) {
+                if shown.len() <= i {
+                    shown.resize(i + 1, String::new());
+                }
+                // Waiting steps are not news; everything else is printed once per change.
+                if s.get("status").and_then(Value::as_str) != Some("waiting") {
+                    println!("{line}");
+                }
+                shown[i] = line;
+            }
+        }
+        match v.get("state").and_then(Value::as_str) {
+            Some("success") => {
+                println!("job {id}: success");
+                return Ok(());
+            }
+            Some("failed") => {
+                println!("job {id}: failed");
+                return Err(format!("job {id} failed"));
+            }
+            _ => tokio::time::sleep(every).await,
+        }
+    }
+}
+
+fn step_line(i: usize, s: &Value) -> String {
+    let text = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    let num = |k: &str| match s.get(k) {
+        Some(Value::Number(n)) => n.to_string(),
+        _ => "none".to_string(),
+    };
+    let status = text("status");
+    let mut line = format!("step {i} [{}] {status}", text("target"));
+    let worker = s
+        .get("executor")
+        .and_then(|e| e.get("worker"))
+        .and_then(Value::as_str);
+    match status.as_str() {
+        "running" => {
+            if let Some(w) = worker {
+                line.push_str(&format!(" on {w}"));
+            }
+        }
+        "succeeded" | "failed" => {
+            if let Some(w) = worker {
+                line.push_str(&format!(" on {w}"));
+            }
+            line.push_str(&format!(
+                ": exit {} after {} attempt(s)",
+                num("exit_status"),
+                num("attempts")
+            ));
+            if s.get("alt_output").is_some_and(|o| !o.is_null())
+                || s.get("alt_exit_status").is_some_and(|o| !o.is_null())
+            {
+                line.push_str(&format!(", alternative exit {}", num("alt_exit_status")));
+            }
+            if let Some(e) = s.get("error").and_then(Value::as_str) {
+                line.push_str(&format!(" ({e})"));
+            }
+        }
+        _ => {}
+    }
+    line
+}

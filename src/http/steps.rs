@@ -1,0 +1,276 @@
+//! The HTTP face of steps jobs: `POST /_steps` creates a job from a JSON [`JobSpec`],
+//! `GET /_steps/{id}` shows one job with per-step status, `GET /_steps` lists jobs with their
+//! state (`?state=pending|running|success|failed&limit=N&start_after=ID`).
+//!
+//! Every route needs a server admin (steps run commands on the nodes). Who is an admin is not
+//! decided here: the caller passes an [`AdminCheck`], so the node's HTTP layer plugs in its
+//! own authentication; [`basic_admin`] is a minimal one for a single Basic-auth admin.
+//! Failures are CouchDB-style `{"error", "reason"}` bodies; reasons come from typed errors
+//! and never contain credentials.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::steps::{JobSpec, ListOptions, Steps, StepsError, StepsState};
+
+/// Most jobs one `GET /_steps` returns.
+pub const MAX_LIST_LIMIT: usize = 1000;
+
+/// An error reply: HTTP status, CouchDB's short tag, and a reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepsHttpError {
+    pub status: StatusCode,
+    pub error: String,
+    pub reason: String,
+}
+
+impl StepsHttpError {
+    /// A reply with this status, tag and reason.
+    pub fn new(status: StatusCode, error: &str, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            error: error.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// 400 `bad_request`.
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", reason)
+    }
+
+    /// 401 `unauthorized`.
+    pub fn unauthorized(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", reason)
+    }
+
+    /// 403 `forbidden`.
+    pub fn forbidden(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", reason)
+    }
+}
+
+impl IntoResponse for StepsHttpError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"error": self.error, "reason": self.reason}));
+        if self.status == StatusCode::UNAUTHORIZED {
+            // Lets command-line clients know Basic credentials are what is wanted.
+            let challenge = [(WWW_AUTHENTICATE, "Basic realm=\"server\"")];
+            return (self.status, challenge, body).into_response();
+        }
+        (self.status, body).into_response()
+    }
+}
+
+impl From<StepsError> for StepsHttpError {
+    fn from(e: StepsError) -> Self {
+        match e {
+            StepsError::Spec(s) => Self::bad_request(s.to_string()),
+            StepsError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", "missing"),
+            other => {
+                tracing::error!(error = %other, "steps HTTP request failed");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_server_error",
+                    other.to_string(),
+                )
+            }
+        }
+    }
+}
+
+/// Decides whether a request comes from a server admin: `Ok` lets it through, an error
+/// (normally 401 or 403) is returned to the client as is.
+pub type AdminCheck = Arc<dyn Fn(&HeaderMap) -> Result<(), StepsHttpError> + Send + Sync>;
+
+/// An [`AdminCheck`] accepting HTTP Basic credentials of one admin. The password is
+/// compared in time independent of where it differs.
+pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> AdminCheck {
+    let (name, password) = (name.into(), password.into());
+    Arc::new(move |headers: &HeaderMap| {
+        let Some(value) = headers.get(AUTHORIZATION) else {
+            return Err(StepsHttpError::unauthorized(
+                "authentication required: send Basic credentials",
+            ));
+        };
+        let Some((n, p)) = value.to_str().ok().and_then(decode_basic) else {
+            return Err(StepsHttpError::unauthorized(
+                "only Basic authentication with name:password is supported",
+            ));
+        };
+        // Both compared in full, so timing says nothing about which one differed.
+        if same(n.as_bytes(), name.as_bytes()) & same(p.as_bytes(), password.as_bytes()) {
+            Ok(())
+        } else {
+            Err(StepsHttpError::unauthorized(
+                "Name or password is incorrect.",
+            ))
+        }
+    })
+}
+
+fn decode_basic(h: &str) -> Option<(String, String)> {
+    let (scheme, rest) = h.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (n, p) = text.split_once(':')?;
+    Some((n.to_string(), p.to_string()))
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+/// What the steps routes need: the steps API of this node and the admin check.
+#[derive(Clone)]
+pub struct StepsHttp {
+    pub steps: Steps,
+    pub admin: AdminCheck,
+}
+
+impl std::fmt::Debug for StepsHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepsHttp")
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+/// The `/_steps` routes, ready to be merged into the node's router.
+pub fn router(state: StepsHttp) -> Router {
+    Router::new()
+        .route("/_steps", get(list).post(create))
+        .route("/_steps/{id}", get(get_one))
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn create(
+    State(s): State<StepsHttp>,
+    headers: HeaderMap,
+    body: Result<Json<JobSpec>, JsonRejection>,
+) -> Result<Response, StepsHttpError> {
+    (s.admin)(&headers)?;
+    let Json(spec) = body.map_err(json_rejection)?;
+    let id = s.steps.submit(spec).await?;
+    Ok((StatusCode::CREATED, Json(json!({"ok": true, "id": id}))).into_response())
+}
+
+async fn get_one(
+    State(s): State<StepsHttp>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, StepsHttpError> {
+    (s.admin)(&headers)?;
+    Ok(Json(s.steps.get(&id).await?).into_response())
+}
+
+/// `GET /_steps` query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    state: Option<StepsState>,
+    limit: Option<usize>,
+    start_after: Option<String>,
+}
+
+async fn list(
+    State(s): State<StepsHttp>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, StepsHttpError> {
+    (s.admin)(&headers)?;
+    let Query(q) = query.map_err(|e| StepsHttpError::bad_request(e.body_text()))?;
+    let limit = q.limit.unwrap_or(ListOptions::default().limit);
+    if limit == 0 || limit > MAX_LIST_LIMIT {
+        return Err(StepsHttpError::bad_request(format!(
+            "limit must be between 1 and {MAX_LIST_LIMIT}"
+        )));
+    }
+    let opts = ListOptions {
+        state: q.state,
+        start_after: q.start_after,
+        limit,
+    };
+    Ok(Json(s.steps.list(opts).await?).into_response())
+}
+
+async fn method_not_allowed() -> StepsHttpError {
+    StepsHttpError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "Only GET and POST are allowed on /_steps, and only GET on /_steps/{id}",
+    )
+}
+
+fn json_rejection(e: JsonRejection) -> StepsHttpError {
+    match e {
+        JsonRejection::MissingJsonContentType(_) => StepsHttpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "bad_content_type",
+            "Content-Type must be application/json",
+        ),
+        other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => StepsHttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the job is larger than the request body limit",
+        ),
+        other => StepsHttpError::bad_request(other.body_text()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(auth: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(a) = auth {
+            h.insert(AUTHORIZATION, a.parse().unwrap());
+        }
+        h
+    }
+
+    fn basic(u: &str, p: &str) -> String {
+        let raw = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+        format!("Basic {raw}")
+    }
+
+    #[test]
+    fn basic_admin_accepts_only_the_admin() {
+        let check = basic_admin("adm", "s3:cret");
+        assert_eq!(check(&headers(Some(&basic("adm", "s3:cret")))), Ok(()));
+        for bad in [
+            None,
+            Some(basic("adm", "s3:cre")),
+            Some(basic("ad", "s3:cret")),
+            Some("Bearer x".to_string()),
+            Some("Basic !!".to_string()),
+        ] {
+            let e = check(&headers(bad.as_deref())).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNAUTHORIZED, "{bad:?}");
+            assert!(!e.reason.contains("s3:"), "a reason echoes the password");
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The multipart paths. pouchdb-server never answers `multipart/mixed`, so the source side of
+//! this test is a recorded CouchDB-style body served by the test proxy for the document's
+//! `open_revs` GET (built from the real revision on the source); the target side is real:
+//! the replicator writes the document with `PUT ?new_edits=false` as `multipart/related`
+//! (checked on the wire) and pouchdb-server stores it.
+
+mod support;
+
+use axum::http::Method;
+use base64::Engine as _;
+use bytes::Bytes;
+use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
+use serde_json::{Value, json};
+use support::couch::Couch;
+use support::deadline;
+use support::proxy::{Fault, FaultProxy, Rule};
+use support::server::PouchServer;
+
+/// A `multipart/mixed` `open_revs` answer: one `multipart/related` part holding `doc` (whose
+/// stubs become `follows`) and the attachment bodies, plus a `missing` JSON part.
+fn recorded_mixed(doc: &Value, atts: &[(&str, &[u8])]) -> (String, Bytes) {
+    let mut doc = doc.clone();
+    for a in doc["_attachments"].as_object_mut().unwrap().values_mut() {
+        let o = a.as_object_mut().unwrap();
+        o.remove("stub");
+        o.insert("follows".into(), json!(true));
+    }
+    let mut related = Vec::new();
+    related.extend_from_slice(b"--inner\r\nContent-Type: application/json\r\n\r\n");
+    related.extend_from_slice(doc.to_string().as_bytes());
+    for (name, data) in atts {
+        related.extend_from_slice(
+            format!(
+                "\r\n--inner\r\nContent-Disposition: attachment; filename=\"{name}\"\r\n\
+                 Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+                data.len()
+            )
+            .as_bytes(),
+        );
+        related.extend_from_slice(data);
+    }
+    related.extend_from_slice(b"\r\n--inner--");
+    let mut body = Vec::new();
+    body.extend_from_slice(
+        b"--outer\r\nContent-Type: multipart/related; boundary=\"inner\"\r\n\r\n",
+    );
+    body.extend_from_slice(&related);
+    body.extend_from_slice(
+        b"\r\n--outer\r\nContent-Type: application/json; error=\"true\"\r\n\r\n{\"missing\":\"9-zzz\"}",
+    );
+    body.extend_from_slice(b"\r\n--outer--");
+    (
+        "multipart/mixed; boundary=\"outer\"".to_owned(),
+        Bytes::from(body),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_fetch_and_write() {
+    let a = PouchServer::start().await;
+    let c = Couch::new(&a.root());
+    c.create_db("src").await;
+    c.create_db("tgt").await;
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let small = b"tiny text attachment".to_vec();
+    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
+    c.bulk_insert(
+        "src",
+        &[json!({"_id": "m1", "v": 1, "_attachments": {
+            "a.bin": {"content_type": "application/octet-stream", "data": b64(&data)},
+            "b.txt": {"content_type": "application/octet-stream", "data": b64(&small)}}})],
+    )
+    .await;
+    let (st, doc) = c.get_doc("src", "m1?revs=true").await;
+    assert_eq!(st, 200, "{doc}");
+    let (ctype, body) = recorded_mixed(&doc, &[("a.bin", &data), ("b.txt", &small)]);
+    let p = FaultProxy::start(&a.root()).await;
+    p.add(Rule::new(
+        Some(Method::GET),
+        "/src/m1?",
+        1,
+        Fault::Respond(200, ctype, body),
+    ));
+    let s = ReplicationSpec::new(
+        Endpoint::parse(&p.db_url("src")).unwrap(),
+        Endpoint::parse(&p.db_url("tgt")).unwrap(),
+    );
+    let stats = deadline(
+        30,
+        "multipart replication",
+        replicate(s, Context::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        p.fired(),
+        vec![1],
+        "the open_revs GET was served the recorded body"
+    );
+    let get = &p.requests_to("/src/m1?")[0];
+    assert!(get.path.contains("open_revs="), "{}", get.path);
+    assert_eq!(
+        get.headers.get("accept").unwrap().to_str().unwrap(),
+        "multipart/mixed"
+    );
+    assert_eq!(
+        (stats.docs_written, stats.doc_write_failures),
+        (1, 0),
+        "{stats:?}"
+    );
+    let puts: Vec<_> = p
+        .log()
+        .into_iter()
+        .filter(|r| r.method == Method::PUT && r.path.starts_with("/tgt/m1"))
+        .collect();
+    assert_eq!(puts.len(), 1, "one multipart PUT");
+    assert!(puts[0].path.contains("new_edits=false"), "{}", puts[0].path);
+    let ct = puts[0]
+        .headers
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(ct.starts_with("multipart/related"), "{ct}");
+    c.assert_same("src", &c, "tgt").await;
+    assert_eq!(c.attachment("tgt", "m1", "a.bin").await, data);
+    assert_eq!(c.attachment("tgt", "m1", "b.txt").await, small);
+}
