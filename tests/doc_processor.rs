@@ -209,6 +209,18 @@ async fn terminal_states_are_written_once_through_conflicts() {
         );
         let (s, _) = pouch.get("jobs_replicator/nope").await;
         assert_eq!(s, 404);
+        // Ids that need encoding in a URL are written back to the right document.
+        let odd = "needs encoding/\u{e9}+?";
+        let path = "jobs_replicator/needs%20encoding%2F%C3%A9%2B%3F";
+        pouch.put(path, json!({"source": 1})).await;
+        assert!(
+            write_state(&c, odd, Terminal::Failed("bad".into()))
+                .await
+                .unwrap()
+        );
+        let (_, d) = pouch.get(path).await;
+        assert_eq!(d["_id"], odd);
+        assert_eq!(d["_replication_state_reason"], "bad");
     })
     .await
     .unwrap();

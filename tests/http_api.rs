@@ -470,3 +470,26 @@ async fn random_bodies_get_client_errors() {
     .await
     .unwrap();
 }
+
+/// `/_steps` mounted on the node's router answers only this node's admins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_routes_use_the_node_admins() {
+    tokio::time::timeout(DEADLINE, async {
+        let node = Node::with_steps(cfg()).await;
+        let (s, e) = node.get("/_steps", None).await;
+        assert_eq!((s, e["error"].as_str()), (401, Some("unauthorized")), "{e}");
+        let (s, e) = node.get("/_steps", Some(BOB)).await;
+        assert_eq!((s, e["error"].as_str()), (403, Some("forbidden")), "{e}");
+        let (s, e) = node.get("/_steps", Some(("adm", "nope"))).await;
+        assert_eq!(s, 401, "{e}");
+        let (s, list) = node.get("/_steps", Some(ADMIN)).await;
+        assert_eq!(s, 200, "{list}");
+        // The replicator routes are still there, with the shared fallbacks.
+        let (s, _) = node.get("/_scheduler/jobs", Some(ADMIN)).await;
+        assert_eq!(s, 200);
+        let (s, e) = node.get("/nowhere", None).await;
+        assert_eq!((s, e["error"].as_str()), (404, Some("not_found")));
+    })
+    .await
+    .unwrap();
+}

@@ -172,6 +172,19 @@ async fn serve_replicates_between_two_pouchdb_servers() {
             .unwrap_or_else(|| panic!("{local_id} not in {jobs}"))
             .clone();
         assert_eq!(live["state"], "running");
+        // The replication id (with its `+`s) finds the job too.
+        let (s, by_rep_id) = node
+            .call(
+                reqwest::Method::GET,
+                &format!("/_scheduler/jobs/{local_id}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, &by_rep_id["job_id"]),
+            (200, &live["job_id"]),
+            "{by_rep_id}"
+        );
         assert!(live["node"].is_string());
         let task = until("the active task", async || {
             let (_, t) = node
@@ -184,6 +197,30 @@ async fn serve_replicates_between_two_pouchdb_servers() {
         })
         .await;
         assert_eq!(task["type"], "replication");
+        // The D.8 fields.
+        for k in [
+            "replication_id",
+            "source",
+            "target",
+            "source_seq",
+            "through_seq",
+            "checkpoint_interval",
+            "revisions_checked",
+            "missing_revisions_found",
+            "docs_read",
+            "docs_written",
+            "doc_write_failures",
+            "changes_pending",
+            "started_on",
+            "updated_on",
+            "node",
+            "pid",
+            "database",
+            "doc_id",
+        ] {
+            assert!(task.get(k).is_some(), "task lacks `{k}`: {task}");
+        }
+        assert_eq!(task["replication_id"], local_id.as_str());
         assert_eq!(task["continuous"], true);
 
         // A plain user runs their own replication and sees only it.

@@ -105,8 +105,15 @@ impl HasUsers for AppState {
 
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
+    router_with_steps(state, None)
+}
+
+/// The API's routes, plus the `/_steps` routes of a steps node when one is given (admins
+/// are this node's `[admins]`).
+pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) -> Router {
     let limit = state.config().max_body_bytes;
-    Router::new()
+    let admin = admin_check(state.config().users.clone());
+    let mut app = Router::new()
         .route("/_replicate", post(replicate::post_replicate))
         .route("/_scheduler/jobs", get(scheduler::list_jobs))
         .route("/_scheduler/jobs/{id}", get(scheduler::get_job))
@@ -116,8 +123,11 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(health::welcome))
         .route("/_up", get(health::up))
         .route("/metrics", get(health::metrics))
-        // steps: `.merge(crate::http::steps::routes())` goes here (/_steps, other branch).
-        .fallback(|| async { HttpError::not_found("missing") })
+        .with_state(state);
+    if let Some(steps) = steps {
+        app = app.merge(self::steps::router(self::steps::StepsHttp { steps, admin }));
+    }
+    app.fallback(|| async { HttpError::not_found("missing") })
         .method_not_allowed_fallback(|| async {
             HttpError::new(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
@@ -127,7 +137,30 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn(health::count_requests))
-        .with_state(state)
+}
+
+/// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.
+pub fn admin_check(users: Users) -> self::steps::AdminCheck {
+    Arc::new(move |headers: &axum::http::HeaderMap| {
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let to_steps =
+            |e: HttpError| self::steps::StepsHttpError::new(e.status, &e.error, e.reason);
+        let caller = users.authenticate(header).map_err(to_steps)?;
+        caller.require_admin().map(|_| ()).map_err(to_steps)
+    })
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.

@@ -150,17 +150,25 @@ impl Follower {
             match self.poll(&since).await {
                 Ok(Some((rows, last_seq))) => {
                     seen = true;
+                    let mut done = true;
                     for row in rows {
-                        self.handle_row(&row).await;
+                        if !self.handle_row(&row).await {
+                            done = false;
+                            break;
+                        }
                     }
-                    since = last_seq;
-                    continue;
+                    // A row the replicator could not take is read again (with the rows after
+                    // it; handling a row twice changes nothing) after the retry delay.
+                    if done {
+                        since = last_seq;
+                        continue;
+                    }
                 }
                 Ok(None) => {
+                    // Still `seen` until every job is gone, so a failed removal is retried.
                     if seen {
                         tracing::info!(db = %self.name, "_replicator database deleted");
-                        self.remove_all().await;
-                        seen = false;
+                        seen = !self.remove_all().await;
                     }
                     since = Value::from(0);
                 }
@@ -201,15 +209,16 @@ impl Follower {
         }
     }
 
-    async fn handle_row(&self, row: &Value) {
+    /// Handles one row; false when the replicator could not take it (retry later).
+    async fn handle_row(&self, row: &Value) -> bool {
         let deleted = row.get("deleted").and_then(Value::as_bool) == Some(true);
         let doc = match (row.get("doc"), row.get("id")) {
             (_, Some(id)) if deleted => json!({"_id": id, "_deleted": true}),
             (Some(d @ Value::Object(_)), _) => d.clone(),
-            _ => return,
+            _ => return true,
         };
         match rep_doc::classify_change(&doc) {
-            DocAction::Skip | DocAction::Terminal { .. } => {}
+            DocAction::Skip | DocAction::Terminal { .. } => true,
             DocAction::Remove { doc_id } => self.remove(&doc_id).await,
             DocAction::Schedule(d) => {
                 let mut body = doc.clone();
@@ -225,47 +234,65 @@ impl Follower {
                     rep: body,
                 };
                 match self.rep.add(job).await {
-                    Ok(v) => tracing::debug!(job = %v.job_id, "replication document scheduled"),
-                    Err(ReplicatorError::BadRequest(reason)) => {
-                        let _ =
-                            write_state(&self.client, &d.doc_id, Terminal::Failed(reason)).await;
+                    Ok(v) => {
+                        tracing::debug!(job = %v.job_id, "replication document scheduled");
+                        true
                     }
-                    Err(e) => tracing::warn!(db = %self.name, doc = %d.doc_id, error = %e,
-                        "adding the replication job failed"),
+                    Err(ReplicatorError::BadRequest(reason)) => {
+                        self.write_failed(&d.doc_id, reason).await;
+                        true
+                    }
+                    Err(e) => {
+                        tracing::warn!(db = %self.name, doc = %d.doc_id, error = %e,
+                            "adding the replication job failed; will retry");
+                        false
+                    }
                 }
             }
             DocAction::Fail { doc_id, reason, .. } => {
                 // The document was edited into something invalid: its old job goes too.
-                self.remove(&doc_id).await;
-                if let Err(e) = write_state(&self.client, &doc_id, Terminal::Failed(reason.0)).await
-                {
-                    tracing::warn!(db = %self.name, doc = %doc_id, error = %e,
-                        "writing `failed` failed");
+                if !self.remove(&doc_id).await {
+                    return false;
                 }
+                self.write_failed(&doc_id, reason.0).await;
+                true
             }
         }
     }
 
-    async fn remove(&self, doc_id: &str) {
-        let id = persistent_job_id(&self.name, doc_id);
-        match self.rep.cancel(&id).await {
-            Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
-            Err(e) => tracing::warn!(job = %id, error = %e, "removing the job failed"),
+    async fn write_failed(&self, doc_id: &str, reason: String) {
+        if let Err(e) = write_state(&self.client, doc_id, Terminal::Failed(reason)).await {
+            tracing::warn!(db = %self.name, doc = %doc_id, error = %e, "writing `failed` failed");
         }
     }
 
-    async fn remove_all(&self) {
+    /// Removes a document's job; false when the replicator could not be asked.
+    async fn remove(&self, doc_id: &str) -> bool {
+        let id = persistent_job_id(&self.name, doc_id);
+        match self.rep.cancel(&id).await {
+            Ok(_) | Err(ReplicatorError::NotFound(_)) => true,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "removing the job failed; will retry");
+                false
+            }
+        }
+    }
+
+    /// Removes every job of this database; false if some could not be removed yet.
+    async fn remove_all(&self) -> bool {
         let Ok(jobs) = self.rep.list().await else {
-            return;
+            return false;
         };
+        let mut all = true;
         for j in jobs
             .iter()
             .filter(|j| j.database.as_deref() == Some(self.name.as_str()))
         {
             if let Some(doc_id) = &j.doc_id {
-                self.remove(doc_id).await;
+                all &= self.remove(doc_id).await;
             }
         }
+        all
     }
 }
 

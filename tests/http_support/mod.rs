@@ -63,7 +63,20 @@ impl Node {
         Self::with_settings(cfg, settings).await
     }
 
-    pub async fn with_settings(mut cfg: HttpConfig, settings: ReplicatorSettings) -> Node {
+    /// A frontend-only node that also serves `/_steps`.
+    pub async fn with_steps(cfg: HttpConfig) -> Node {
+        let settings = ReplicatorSettings {
+            node_types: vec![NodeType::ApiFrontend],
+            ..fast_settings()
+        };
+        Self::build(cfg, settings, true).await
+    }
+
+    pub async fn with_settings(cfg: HttpConfig, settings: ReplicatorSettings) -> Node {
+        Self::build(cfg, settings, false).await
+    }
+
+    async fn build(mut cfg: HttpConfig, settings: ReplicatorSettings, with_steps: bool) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
         let mut config = ReplicatorConfig::new(Db::new(Arc::new(store)));
@@ -85,8 +98,18 @@ impl Node {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let state = AppState::new(replicator.clone(), cfg, http::prometheus());
+        let steps = with_steps.then(|| {
+            couch_replicator::steps::Steps::new(
+                replicator.jobs().clone(),
+                // Steps node names allow no `@`.
+                &replicator.node().replace('@', "-"),
+                Default::default(),
+            )
+            .unwrap()
+        });
+        let router = http::router_with_steps(state, steps);
         let server = tokio::spawn(async move {
-            let _ = http::serve(listener, state, std::future::pending()).await;
+            let _ = http::serve_router(listener, router, std::future::pending()).await;
         });
         Node {
             _dir: dir,
