@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::changes::{Batch, ChangesReader};
-use super::checkpoint::{Checkpointer, StartPoint};
+use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
 use super::client::{ClientConfig, HttpClient, Req};
 use super::endpoint::{Endpoint, encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
@@ -268,7 +268,7 @@ async fn run(
     if o.create_target {
         create_target(&tgt, &spec).await?;
     }
-    let (src_info, _tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
+    let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
     let rep_id = compute_id_with(&src, &spec, &ctx).await?;
     let mut checkpointer = None;
     let mut start_point = StartPoint {
@@ -276,7 +276,8 @@ async fn run(
         seed: None,
     };
     if o.use_checkpoints {
-        let (cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
         checkpointer = Some(cp);
         start_point = sp;
     }
