@@ -11,7 +11,8 @@
 //! `RESULT` lines. Each target is a fresh pouchdb-server so no run inherits another's heap.
 //! Options for our engine: `BENCH_WORKERS`, `BENCH_BATCH`, `BENCH_CONNS` (CouchDB's
 //! `worker_processes`, `worker_batch_size`, `http_connections`); PouchDB's: `BATCH_SIZE`,
-//! `BATCHES_LIMIT`. The values used are printed.
+//! `BATCHES_LIMIT`. The values used are printed. `BENCH_ONLY=ours` runs only our engine (for
+//! profiling; no `RESULT` lines then).
 
 #[path = "replication/data.rs"]
 mod data;
@@ -67,8 +68,10 @@ fn main() {
 
 async fn run() -> Result<(), String> {
     let n = env_num("BENCH_DOCS", 100_000) as u64;
+    // No compression: the ceilings must be the servers' best raw rates.
     let http = reqwest::Client::builder()
         .no_proxy()
+        .gzip(false)
         .build()
         .map_err(|e| e.to_string())?;
     let source = Server::start(&http).await?;
@@ -82,38 +85,41 @@ async fn run() -> Result<(), String> {
         fill.as_secs_f64()
     );
     let mut rows = Vec::new();
+    let only_ours = std::env::var("BENCH_ONLY").is_ok_and(|v| v == "ours");
 
     // Read ceiling: the source alone.
-    let c0 = source.cpu_seconds();
-    let (docs, revs, took) = load::read_all(&http, &src_db).await?;
-    if docs != n {
-        return Err(format!("read ceiling saw {docs} docs, expected {n}"));
-    }
-    rows.push(Row {
-        name: "ceiling: source read",
-        wall_s: took.as_secs_f64(),
-        cpu_s: None,
-        src_cpu_s: source.cpu_seconds() - c0,
-        tgt_cpu_s: 0.0,
-    });
-    eprintln!(
-        "read ceiling: {revs} revisions in {:.1} s",
-        took.as_secs_f64()
-    );
-
-    // Write ceiling: a fresh target alone.
-    {
-        let target = Server::start(&http).await?;
-        target.create_db(&http, "ceiling").await?;
-        let c0 = target.cpu_seconds();
-        let took = load::fill(&http, &target.db("ceiling"), n).await?;
+    if !only_ours {
+        let c0 = source.cpu_seconds();
+        let (docs, revs, took) = load::read_all(&http, &src_db).await?;
+        if docs != n {
+            return Err(format!("read ceiling saw {docs} docs, expected {n}"));
+        }
         rows.push(Row {
-            name: "ceiling: target write",
+            name: "ceiling: source read",
             wall_s: took.as_secs_f64(),
             cpu_s: None,
-            src_cpu_s: 0.0,
-            tgt_cpu_s: target.cpu_seconds() - c0,
+            src_cpu_s: source.cpu_seconds() - c0,
+            tgt_cpu_s: 0.0,
         });
+        eprintln!(
+            "read ceiling: {revs} revisions in {:.1} s",
+            took.as_secs_f64()
+        );
+
+        // Write ceiling: a fresh target alone.
+        {
+            let target = Server::start(&http).await?;
+            target.create_db(&http, "ceiling").await?;
+            let c0 = target.cpu_seconds();
+            let took = load::fill(&http, &target.db("ceiling"), n).await?;
+            rows.push(Row {
+                name: "ceiling: target write",
+                wall_s: took.as_secs_f64(),
+                cpu_s: None,
+                src_cpu_s: 0.0,
+                tgt_cpu_s: target.cpu_seconds() - c0,
+            });
+        }
     }
 
     // Our engine.
@@ -131,6 +137,7 @@ async fn run() -> Result<(), String> {
         spec.options.worker_batch_size = batch;
         spec.options.http_connections = conns;
         let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
+        eprintln!("ours: replicating (pid {})", std::process::id());
         let exact_peak = measure::reset_peak_rss();
         let cpu0 = measure::self_cpu_seconds();
         let t = Instant::now();
@@ -159,8 +166,8 @@ async fn run() -> Result<(), String> {
     }
 
     // PouchDB's replicator.
-    let pouch_options;
-    {
+    let mut pouch_options = serde_json::Value::Null;
+    if !only_ours {
         let target = Server::start(&http).await?;
         target.create_db(&http, "pouch").await?;
         let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
@@ -188,24 +195,45 @@ async fn run() -> Result<(), String> {
          (CouchDB defaults 4/500/20); PouchDB: {pouch_options}"
     );
     println!(
-        "{:<24} {:>10} {:>9} {:>12} {:>10} {:>10} {:>10}",
-        "run", "docs/s", "wall s", "client CPU s", "µs CPU/doc", "src busy", "tgt busy"
+        "{:<22} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "run",
+        "docs/s",
+        "wall s",
+        "client CPU",
+        "client/doc",
+        "src/doc",
+        "tgt/doc",
+        "src busy",
+        "tgt busy"
     );
+    println!("(CPU in seconds or µs per document; busy = server CPU / wall, one core = 100%)");
     for r in &rows {
         let cpu = r.cpu_s.map_or("-".into(), |c| format!("{c:.2}"));
         let per = r
             .cpu_s
             .map_or("-".into(), |c| format!("{:.0}", c * 1e6 / n as f64));
+        let us = |c: f64| {
+            if c > 0.0 {
+                format!("{:.0}", c * 1e6 / n as f64)
+            } else {
+                "-".into()
+            }
+        };
         println!(
-            "{:<24} {:>10.0} {:>9.2} {:>12} {:>10} {:>9.0}% {:>9.0}%",
+            "{:<22} {:>8.0} {:>8.2} {:>10} {:>10} {:>9} {:>9} {:>8.0}% {:>8.0}%",
             r.name,
             n as f64 / r.wall_s,
             r.wall_s,
             cpu,
             per,
+            us(r.src_cpu_s),
+            us(r.tgt_cpu_s),
             100.0 * r.src_cpu_s / r.wall_s,
             100.0 * r.tgt_cpu_s / r.wall_s
         );
+    }
+    if only_ours {
+        return Ok(());
     }
     let rate = |name: &str| {
         rows.iter()

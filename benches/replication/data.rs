@@ -128,7 +128,7 @@ pub fn body(i: u64, branch: u64) -> Map<String, Value> {
     m.insert("n".into(), json!(i));
     m.insert("branch".into(), json!(branch));
     m.insert("name".into(), json!(format!("document number {i}")));
-    m.insert("score".into(), json!((r % 10_000) as f64 / 100.0));
+    m.insert("score".into(), json!(r % 10_000));
     m.insert(
         "tags".into(),
         json!([WORDS[(r % 7) as usize], WORDS[(r % 11) as usize]]),

@@ -118,7 +118,7 @@ impl HttpClient {
     /// Builds the client for an endpoint.
     pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
         let mut b = reqwest::Client::builder()
-            .gzip(true)
+            .gzip(!is_loopback(&ep))
             .read_timeout(cfg.connection_timeout)
             .connect_timeout(cfg.connection_timeout)
             .pool_max_idle_per_host(cfg.http_connections)
@@ -289,6 +289,18 @@ impl Outcome {
     }
 }
 
+/// Whether the endpoint is on this machine. Compression is then not asked for: there is no
+/// bandwidth to save, and gzip costs CPU on both ends (on a single-threaded server such as
+/// pouchdb-server it is a large share of a `_bulk_get`).
+fn is_loopback(ep: &Endpoint) -> bool {
+    match ep.parsed_url().host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
 fn strip_query(p: &str) -> &str {
     p.split('?').next().unwrap_or(p)
 }
@@ -310,4 +322,20 @@ pub fn describe(e: &reqwest::Error) -> String {
         s.push_str(&format!(" ({inner})"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_is_asked_for_only_off_this_machine() {
+        let ep = |u: &str| Endpoint::parse(u).unwrap();
+        assert!(is_loopback(&ep("http://127.0.0.1:5984/db")));
+        assert!(is_loopback(&ep("http://127.8.0.1:5984/db")));
+        assert!(is_loopback(&ep("http://[::1]:5984/db")));
+        assert!(is_loopback(&ep("http://LocalHost:5984/db")));
+        assert!(!is_loopback(&ep("http://10.0.0.1:5984/db")));
+        assert!(!is_loopback(&ep("https://couch.example.com/db")));
+    }
 }
