@@ -63,6 +63,37 @@ struct BulkGetDoc<'a> {
 }
 
 /// Outcome of a `_bulk_get`: documents ready to write, and revisions to fetch one by one.
+/// CouchDB 3.3's adaptive `_bulk_get` use: an exponential moving average (decay 0.25) of the
+/// fraction of revisions it failed to deliver (all of them for a non-200 answer); try it while
+/// that is at most 0.5, and at least every 37 s, so a source that cannot serve it costs
+/// little and a transient failure does not turn it off for good.
+#[derive(Debug, Default)]
+pub struct BulkGetGate {
+    avg: f64,
+    last_try: Option<std::time::Instant>,
+}
+
+impl BulkGetGate {
+    const DECAY: f64 = 0.25;
+    const THRESHOLD: f64 = 0.5;
+    const MAX_GAP: std::time::Duration = std::time::Duration::from_secs(37);
+
+    /// Whether the next batch should try `_bulk_get`.
+    pub fn should_try(&self) -> bool {
+        self.avg <= Self::THRESHOLD || self.last_try.is_none_or(|t| t.elapsed() >= Self::MAX_GAP)
+    }
+
+    /// Records a try: `failed` of `asked` revisions were not delivered.
+    pub fn record(&mut self, asked: usize, failed: usize) {
+        if asked == 0 {
+            return;
+        }
+        let frac = failed as f64 / asked as f64;
+        self.avg = Self::DECAY * frac + (1.0 - Self::DECAY) * self.avg;
+        self.last_try = Some(std::time::Instant::now());
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct BulkGetOutcome {
     /// Ready JSON documents.
@@ -93,7 +124,20 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
             "_bulk_get?latest=true&revs=true&attachments=false",
             body,
         ))
-        .await?;
+        .await;
+    let resp = match resp {
+        Ok(r) => r,
+        // 429 exhaustion ends the replication; any other failure falls back to single fetches.
+        Err(e @ ReplicationError::MaxBackoff(_)) => return Err(e),
+        Err(e) => {
+            tracing::debug!(error = %e, "_bulk_get failed, fetching one by one");
+            return Ok(BulkGetOutcome {
+                docs: Vec::new(),
+                refetch: wanted,
+                supported: false,
+            });
+        }
+    };
     if resp.status != StatusCode::OK {
         return Ok(BulkGetOutcome {
             docs: Vec::new(),
