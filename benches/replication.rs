@@ -60,7 +60,14 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run()) {
+    // On Ctrl-C the run is dropped, which kills the servers it started.
+    let outcome = rt.block_on(async {
+        tokio::select! {
+            r = run() => r,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
+        }
+    });
+    if let Err(e) = outcome {
         eprintln!("replication bench failed: {e}");
         std::process::exit(1);
     }
