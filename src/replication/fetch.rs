@@ -1,7 +1,9 @@
 //! Fetching missing revisions from the source: `_bulk_get` (JSON) first, then individual
 //! `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed` for revisions
 //! with attachments or that `_bulk_get` could not return. Document bodies stay raw JSON bytes
-//! (slices of the response) so they can be passed to `_bulk_docs` without being rebuilt.
+//! (slices of the response) so they can be passed to `_bulk_docs` without being rebuilt;
+//! a `multipart/related` revision (one with attachment bodies) is streamed straight into the
+//! target's `PUT ?new_edits=false`, so attachments are never held whole in memory.
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -13,6 +15,7 @@ use serde_json::{Value, json};
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::{encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
+use super::write::{WriteResult, put_related_stream};
 
 /// A fetched revision.
 #[derive(Debug, Clone)]
@@ -30,6 +33,8 @@ pub enum Fetched {
         /// Attachment parts: (headers to repeat, data).
         parts: Vec<(Vec<(String, String)>, Bytes)>,
     },
+    /// A `multipart/related` document already streamed to the target as it arrived.
+    Written(WriteResult),
 }
 
 /// One revision to fetch.
@@ -217,7 +222,14 @@ fn rev_of(doc: &str) -> Option<String> {
 
 /// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true` asking for
 /// `multipart/mixed`, accepting a JSON answer too. Missing revisions yield nothing.
-pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> {
+/// With `sink`, documents that come with attachment bodies are streamed straight into a
+/// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
+/// caller fetches again without a sink (buffered, with retries).
+pub async fn open_revs(
+    source: &HttpClient,
+    w: &Wanted,
+    sink: Option<&HttpClient>,
+) -> Result<Vec<Fetched>> {
     let mut path = format!(
         "{}?revs=true&latest=true&attachments=true&open_revs={}",
         encode_doc_id(&w.id),
@@ -255,7 +267,7 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
         let stream = resp
             .bytes_stream()
             .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
-        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id).await;
+        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id, sink).await;
     }
     let body = resp
         .bytes()
@@ -301,7 +313,11 @@ pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
         .collect())
 }
 
-async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<Fetched>> {
+async fn parse_mixed(
+    mut mp: multer::Multipart<'static>,
+    id: &str,
+    sink: Option<&HttpClient>,
+) -> Result<Vec<Fetched>> {
     let err =
         |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
     let mut out = Vec::new();
@@ -312,6 +328,16 @@ async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<
             .and_then(|v| v.to_str().ok())
             .unwrap_or("application/json")
             .to_owned();
+        if let Some(target) = sink
+            && ctype.starts_with("multipart/related")
+        {
+            // The part is itself a valid multipart/related PUT body: pass it through.
+            let body = reqwest::Body::wrap_stream(field);
+            out.push(Fetched::Written(
+                put_related_stream(target, id, &ctype, body).await?,
+            ));
+            continue;
+        }
         let data = field.bytes().await.map_err(err)?;
         if ctype.starts_with("multipart/related") {
             let boundary = boundary_of(&ctype)?;

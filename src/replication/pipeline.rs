@@ -471,13 +471,20 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     };
     refetch.extend(design);
     let mut result = WriteResult::default();
-    let src = sh.src.clone();
+    let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
     let retry_after = sh.spec.options.missing_doc_retry;
     let mut fetched = futures::stream::iter(refetch)
         .map(move |w| {
-            let src = src.clone();
+            let (src, tgt) = (src.clone(), tgt.clone());
             async move {
-                let mut got = open_revs(&src, &w).await?;
+                // Attachments stream from source to target; on failure fetch again buffered.
+                let mut got = match open_revs(&src, &w, Some(&tgt)).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
+                        open_revs(&src, &w, None).await?
+                    }
+                };
                 if got.is_empty() {
                     // Reported missing: common while the source's shards catch up. Wait,
                     // then ask once more without atts_since.
@@ -486,7 +493,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
                         atts_since: Vec::new(),
                         ..w.clone()
                     };
-                    got = open_revs(&src, &again).await?;
+                    got = open_revs(&src, &again, None).await?;
                 }
                 Ok::<_, ReplicationError>((w.id, got))
             }
@@ -505,6 +512,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
                 Fetched::Multipart { id, json, parts } => {
                     result += put_multipart(&sh.tgt, &id, &json, &parts).await?
                 }
+                Fetched::Written(r) => result += r,
             }
         }
     }

@@ -137,6 +137,28 @@ pub fn related_body(
     b.freeze()
 }
 
+/// Streams one `multipart/related` document (`ctype` carries its boundary) into
+/// `PUT {id}?new_edits=false`, once: a transport failure is an error for the caller to
+/// retry on its buffered path.
+pub async fn put_related_stream(
+    target: &HttpClient,
+    id: &str,
+    ctype: &str,
+    body: reqwest::Body,
+) -> Result<WriteResult> {
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        Bytes::new(),
+    );
+    req.body = None;
+    req.content_type = ctype.to_owned().into();
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
+    let resp = target.send_once(&req, body).await?;
+    single_result(target, resp.status)
+}
+
 /// Writes one JSON document with `PUT {id}?new_edits=false` (design documents go one by one,
 /// so a validation rejection is reported for that document alone).
 pub async fn put_json(target: &HttpClient, id: &str, doc: &Bytes) -> Result<WriteResult> {
