@@ -1,7 +1,7 @@
 //! A running replication: opens the endpoints (D.2), finds the start sequence, then runs the
 //! pipeline — the changes reader running ahead, `worker_processes` workers each taking a batch
-//! through `_revs_diff` → `_bulk_get` (+ individual fetches) → `_bulk_docs`, so source reads
-//! and target writes overlap — and checkpoints on a timer at the through-sequence, which never
+//! through `_revs_diff` → `_bulk_get` (+ one for small attachments, + individual fetches) →
+//! `_bulk_docs`, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
 //! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
 //! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
 
@@ -456,7 +456,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
     let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
         let n = wanted.len();
-        let out = bulk_get(&sh.src, wanted).await?;
+        let mut out = bulk_get(&sh.src, wanted, false).await?;
         let failed = if out.supported { out.refetch.len() } else { n };
         lock(&sh.bulk_get).record(n, failed);
         if out.supported {
@@ -464,6 +464,18 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
             Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
         } else {
             tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
+        }
+        // Documents with small attachments: one more `_bulk_get` for all of them.
+        if !out.inline.is_empty() {
+            let n = out.inline.len() as u64;
+            let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
+            if again.supported {
+                Counters::add(&c.bulk_get_attempts, n);
+                Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
+            }
+            out.docs.extend(again.docs);
+            out.refetch.extend(again.refetch);
+            out.refetch.extend(again.inline);
         }
         (out.docs, out.refetch)
     } else {
