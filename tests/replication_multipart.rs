@@ -210,3 +210,41 @@ async fn a_failed_streamed_write_falls_back_to_a_buffered_one() {
     assert!(ct.starts_with("multipart/related"), "{ct}");
     check_target(&t).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_stub_refetches_the_revision_in_full() {
+    let t = setup().await;
+    let p = &t.p;
+    p.add(Rule::new(
+        Some(Method::GET),
+        "/src/m1?",
+        2,
+        Fault::Respond(200, t.ctype.clone(), t.body.clone()),
+    ));
+    let stub = Bytes::from(r#"{"error":"missing_stub","reason":"no attachment a.bin"}"#);
+    p.add(Rule::new(
+        Some(Method::PUT),
+        "/tgt/m1",
+        1,
+        Fault::Respond(412, "application/json".into(), stub),
+    ));
+    let mut s = spec(p);
+    s.options.missing_doc_retry = std::time::Duration::from_millis(200);
+    let stats = deadline(
+        30,
+        "multipart replication",
+        replicate(s, Context::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.fired(), vec![2, 1]);
+    let gets = p.requests_to("/src/m1?");
+    assert!(!gets[1].path.contains("atts_since"), "{}", gets[1].path);
+    assert_eq!(
+        (stats.docs_written, stats.doc_write_failures),
+        (1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(multipart_puts(p).len(), 2);
+    check_target(&t).await;
+}

@@ -497,9 +497,13 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
                         open_revs(&src, &w, None).await?
                     }
                 };
-                if got.is_empty() {
-                    // Reported missing: common while the source's shards catch up. Wait,
-                    // then ask once more without atts_since.
+                let missing_stub = got
+                    .iter()
+                    .any(|f| matches!(f, Fetched::Written(r) if r.missing_stub > 0));
+                if got.is_empty() || missing_stub {
+                    // Reported missing (common while the source's shards catch up), or the
+                    // target lacks an attachment atts_since left out: wait, then fetch once
+                    // more in full; the first write's rejection is replaced by this one.
                     tokio::time::sleep(retry_after).await;
                     let again = Wanted {
                         atts_since: Vec::new(),

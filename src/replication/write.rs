@@ -22,12 +22,16 @@ pub struct WriteResult {
     pub written: u64,
     /// Documents it rejected (or that were too large).
     pub failures: u64,
+    /// Of the failures, single-document writes answered 412 (`missing_stub`: the source
+    /// left out an attachment the target lacks); the caller fetches those again in full.
+    pub missing_stub: u64,
 }
 
 impl std::ops::AddAssign for WriteResult {
     fn add_assign(&mut self, o: Self) {
         self.written += o.written;
         self.failures += o.failures;
+        self.missing_stub += o.missing_stub;
     }
 }
 
@@ -91,6 +95,7 @@ pub fn bulk_docs<'a>(
                 Ok(WriteResult {
                     written: docs.len() as u64 - failures.min(docs.len() as u64),
                     failures,
+                    ..Default::default()
                 })
             }
             StatusCode::PAYLOAD_TOO_LARGE if docs.len() > 1 => {
@@ -102,8 +107,8 @@ pub fn bulk_docs<'a>(
             StatusCode::PAYLOAD_TOO_LARGE => {
                 tracing::debug!("a single document is too large for the target");
                 Ok(WriteResult {
-                    written: 0,
                     failures: 1,
+                    ..Default::default()
                 })
             }
             s => Err(ReplicationError::BulkDocsFailed(format!(
@@ -178,13 +183,18 @@ fn single_result(target: &HttpClient, status: StatusCode) -> Result<WriteResult>
     match status.as_u16() {
         200..=202 => Ok(WriteResult {
             written: 1,
-            failures: 0,
+            ..Default::default()
         }),
-        400 | 401 | 403 | 409 | 412 | 413 | 415 => {
+        412 => Ok(WriteResult {
+            failures: 1,
+            missing_stub: 1,
+            ..Default::default()
+        }),
+        400 | 401 | 403 | 409 | 413 | 415 => {
             tracing::debug!(status = status.as_u16(), "target rejected a document");
             Ok(WriteResult {
-                written: 0,
                 failures: 1,
+                ..Default::default()
             })
         }
         s => Err(ReplicationError::DocWriteFailed(format!(
