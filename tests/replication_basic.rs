@@ -131,6 +131,19 @@ async fn conflicts_arrive_as_conflicts() {
         .get_doc("src", "c07?conflicts=true&deleted_conflicts=true")
         .await;
     assert_eq!(v, on_src);
+
+    // winning_revs_only: only the winner of each document travels.
+    c.create_db("winners").await;
+    let mut s = spec(&a.db_url("src"), &a.db_url("winners"));
+    s.options.winning_revs_only = true;
+    let stats = run(s, "winning_revs_only").await;
+    assert_eq!(stats.docs_written, 20, "{stats:?}");
+    let leaves = c.leaf_revs("winners").await;
+    assert_eq!(leaves.len(), 20);
+    assert!(
+        leaves.values().all(|r| r == &vec!["3-bbbb".to_owned()]),
+        "{leaves:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
