@@ -2,9 +2,11 @@
 //! first; revisions whose attachments are small (at most [`INLINE_ATTACHMENTS_MAX`] in all)
 //! through a second `_bulk_get` with `attachments=true`, so a batch costs the source two
 //! requests instead of one per such document; the rest (large attachments, errors) through
-//! individual `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed`,
-//! streamed. Document bodies stay raw JSON bytes
-//! (slices of the response) so they can be passed to `_bulk_docs` without being rebuilt.
+//! individual `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed`.
+//! Document bodies stay raw JSON bytes (slices of the response) so they can be passed to
+//! `_bulk_docs` without being rebuilt; a `multipart/related` revision (one with attachment
+//! bodies) is streamed straight into the target's `PUT ?new_edits=false`, so attachments are
+//! never held whole in memory.
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -16,6 +18,7 @@ use serde_json::{Value, json};
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::{encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
+use super::write::{WriteResult, put_related_stream};
 
 /// A fetched revision.
 #[derive(Debug, Clone)]
@@ -33,6 +36,8 @@ pub enum Fetched {
         /// Attachment parts: (headers to repeat, data).
         parts: Vec<(Vec<(String, String)>, Bytes)>,
     },
+    /// A `multipart/related` document already streamed to the target as it arrived.
+    Written(WriteResult),
 }
 
 /// One revision to fetch.
@@ -63,6 +68,37 @@ struct BulkGetResult<'a> {
 struct BulkGetDoc<'a> {
     #[serde(borrow, default)]
     ok: Option<&'a RawValue>,
+}
+
+/// CouchDB 3.3's adaptive `_bulk_get` use: an exponential moving average (decay 0.25) of the
+/// fraction of revisions it failed to deliver (all of them for a non-200 answer); try it while
+/// that is at most 0.5, and at least every 37 s, so a source that cannot serve it costs
+/// little and a transient failure does not turn it off for good.
+#[derive(Debug, Default)]
+pub struct BulkGetGate {
+    avg: f64,
+    last_try: Option<std::time::Instant>,
+}
+
+impl BulkGetGate {
+    const DECAY: f64 = 0.25;
+    const THRESHOLD: f64 = 0.5;
+    const MAX_GAP: std::time::Duration = std::time::Duration::from_secs(37);
+
+    /// Whether the next batch should try `_bulk_get`.
+    pub fn should_try(&self) -> bool {
+        self.avg <= Self::THRESHOLD || self.last_try.is_none_or(|t| t.elapsed() >= Self::MAX_GAP)
+    }
+
+    /// Records a try: `failed` of `asked` revisions were not delivered.
+    pub fn record(&mut self, asked: usize, failed: usize) {
+        if asked == 0 {
+            return;
+        }
+        let frac = failed as f64 / asked as f64;
+        self.avg = Self::DECAY * frac + (1.0 - Self::DECAY) * self.avg;
+        self.last_try = Some(std::time::Instant::now());
+    }
 }
 
 /// Revisions whose attachments add up to at most this many bytes are fetched with inline
@@ -115,7 +151,20 @@ pub async fn bulk_get(
     } else {
         "_bulk_get?latest=true&revs=true&attachments=false"
     };
-    let resp = source.send(&Req::json(Method::POST, path, body)).await?;
+    let resp = match source.send(&Req::json(Method::POST, path, body)).await {
+        Ok(r) => r,
+        // 429 exhaustion ends the replication; any other failure falls back to single fetches.
+        Err(e @ ReplicationError::MaxBackoff(_)) => return Err(e),
+        Err(e) => {
+            tracing::debug!(error = %e, "_bulk_get failed, fetching one by one");
+            return Ok(BulkGetOutcome {
+                docs: Vec::new(),
+                refetch: wanted,
+                supported: false,
+                ..Default::default()
+            });
+        }
+    };
     if resp.status != StatusCode::OK {
         return Ok(BulkGetOutcome {
             docs: Vec::new(),
@@ -245,7 +294,14 @@ fn rev_of(doc: &str) -> Option<String> {
 
 /// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true` asking for
 /// `multipart/mixed`, accepting a JSON answer too. Missing revisions yield nothing.
-pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> {
+/// With `sink`, documents that come with attachment bodies are streamed straight into a
+/// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
+/// caller fetches again without a sink (buffered, with retries).
+pub async fn open_revs(
+    source: &HttpClient,
+    w: &Wanted,
+    sink: Option<&HttpClient>,
+) -> Result<Vec<Fetched>> {
     let mut path = format!(
         "{}?revs=true&latest=true&attachments=true&open_revs={}",
         encode_doc_id(&w.id),
@@ -283,7 +339,7 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
         let stream = resp
             .bytes_stream()
             .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
-        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id).await;
+        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id, sink).await;
     }
     let body = resp
         .bytes()
@@ -329,7 +385,11 @@ pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
         .collect())
 }
 
-async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<Fetched>> {
+async fn parse_mixed(
+    mut mp: multer::Multipart<'static>,
+    id: &str,
+    sink: Option<&HttpClient>,
+) -> Result<Vec<Fetched>> {
     let err =
         |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
     let mut out = Vec::new();
@@ -340,6 +400,16 @@ async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<
             .and_then(|v| v.to_str().ok())
             .unwrap_or("application/json")
             .to_owned();
+        if let Some(target) = sink
+            && ctype.starts_with("multipart/related")
+        {
+            // The part is itself a valid multipart/related PUT body: pass it through.
+            let body = reqwest::Body::wrap_stream(field);
+            out.push(Fetched::Written(
+                put_related_stream(target, id, &ctype, body).await?,
+            ));
+            continue;
+        }
         let data = field.bytes().await.map_err(err)?;
         if ctype.starts_with("multipart/related") {
             let boundary = boundary_of(&ctype)?;
