@@ -30,11 +30,14 @@ async fn ten_thousand_docs_one_shot() {
     ca.create_db("src").await;
     cb.create_db("tgt").await;
     ca.bulk_insert("src", &numbered_docs("doc-", 10_000)).await;
-    let stats = run(
-        spec(&a.db_url("src"), &b.db_url("tgt")),
+    // A generous deadline: the two servers share 2 cores with other test processes.
+    let stats = deadline(
+        120,
         "replicating 10,000 docs",
+        replicate(spec(&a.db_url("src"), &b.db_url("tgt")), Context::default()),
     )
-    .await;
+    .await
+    .expect("replicating 10,000 docs");
     assert_eq!(stats.docs_written, 10_000, "{stats:?}");
     assert_eq!(stats.docs_read, 10_000);
     assert_eq!(stats.revisions_checked, 10_000);

@@ -63,15 +63,15 @@ async fn stopped_run_resumes_from_its_checkpoint() {
     let c = Couch::new(&a.root());
     c.create_db("src").await;
     c.create_db("tgt").await;
-    c.bulk_insert("src", &numbered_docs("d", 6000)).await;
+    c.bulk_insert("src", &numbered_docs("d", 3000)).await;
     let p = FaultProxy::start(&a.root()).await;
     let mut s = spec(&p.db_url("src"), &a.db_url("tgt"));
     s.options.worker_batch_size = 100;
     s.options.worker_processes = 1;
     let h = start(s.clone(), Context::default());
     let mut progress = h.progress();
-    deadline(30, "1,000 docs written before the stop", async {
-        while progress.borrow().docs_written < 1000 {
+    deadline(30, "500 docs written before the stop", async {
+        while progress.borrow().docs_written < 500 {
             progress.changed().await.unwrap();
         }
     })
@@ -83,7 +83,7 @@ async fn stopped_run_resumes_from_its_checkpoint() {
         .as_u64()
         .expect("numeric checkpoint");
     assert!(
-        (1000..6000).contains(&through),
+        (500..3000).contains(&through),
         "checkpoint at {through}: {stopped:?}"
     );
     assert_eq!(stopped.through_seq, stopped.checkpointed_source_seq);
@@ -102,12 +102,12 @@ async fn stopped_run_resumes_from_its_checkpoint() {
     // Batches abandoned by the stop may have reached the target already: `_revs_diff` then
     // drops them, so at most one in-flight batch (100 revs) fewer is fetched.
     let fetched = revs_fetched(&p) - before;
-    let after = 6000 - through as usize;
+    let after = 3000 - through as usize;
     assert!(
         fetched <= after && fetched + 100 >= after,
         "fetched {fetched} revs after resuming at {through}"
     );
-    assert_eq!(done.checkpointed_source_seq, serde_json::json!(6000));
+    assert_eq!(done.checkpointed_source_seq, serde_json::json!(3000));
     c.assert_same("src", &c, "tgt").await;
 }
 
