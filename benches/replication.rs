@@ -30,6 +30,7 @@ mod verify;
 use std::time::Instant;
 
 use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
+use measure::RunnableSampler;
 use servers::Server;
 
 /// One measured run.
@@ -40,6 +41,9 @@ struct Row {
     cpu_s: Option<f64>,
     src_cpu_s: f64,
     tgt_cpu_s: f64,
+    /// Fraction of the run each server was runnable (CPU-bound near 1).
+    src_runnable: Option<f64>,
+    tgt_runnable: Option<f64>,
 }
 
 fn env_num(name: &str, default: usize) -> usize {
@@ -60,7 +64,14 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run()) {
+    // On Ctrl-C the run is dropped, which kills the servers it started.
+    let outcome = rt.block_on(async {
+        tokio::select! {
+            r = run() => r,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
+        }
+    });
+    if let Err(e) = outcome {
         eprintln!("replication bench failed: {e}");
         std::process::exit(1);
     }
@@ -90,7 +101,9 @@ async fn run() -> Result<(), String> {
     // Read ceiling: the source alone.
     if !only_ours {
         let c0 = source.cpu_seconds();
+        let sampler = RunnableSampler::start(vec![source.pid()]);
         let (docs, revs, took) = load::read_all(&http, &src_db).await?;
+        let runnable = sampler.stop();
         if docs != n {
             return Err(format!("read ceiling saw {docs} docs, expected {n}"));
         }
@@ -100,6 +113,8 @@ async fn run() -> Result<(), String> {
             cpu_s: None,
             src_cpu_s: source.cpu_seconds() - c0,
             tgt_cpu_s: 0.0,
+            src_runnable: runnable.first().copied(),
+            tgt_runnable: None,
         });
         eprintln!(
             "read ceiling: {revs} revisions in {:.1} s",
@@ -111,13 +126,17 @@ async fn run() -> Result<(), String> {
             let target = Server::start(&http).await?;
             target.create_db(&http, "ceiling").await?;
             let c0 = target.cpu_seconds();
+            let sampler = RunnableSampler::start(vec![target.pid()]);
             let took = load::fill(&http, &target.db("ceiling"), n).await?;
+            let runnable = sampler.stop();
             rows.push(Row {
                 name: "ceiling: target write",
                 wall_s: took.as_secs_f64(),
                 cpu_s: None,
                 src_cpu_s: 0.0,
                 tgt_cpu_s: target.cpu_seconds() - c0,
+                src_runnable: None,
+                tgt_runnable: runnable.first().copied(),
             });
         }
     }
@@ -139,6 +158,7 @@ async fn run() -> Result<(), String> {
         let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
         eprintln!("ours: replicating (pid {})", std::process::id());
         let exact_peak = measure::reset_peak_rss();
+        let sampler = RunnableSampler::start(vec![source.pid(), target.pid()]);
         let cpu0 = measure::self_cpu_seconds();
         let t = Instant::now();
         let stats = replicate(spec, Context::default())
@@ -147,6 +167,7 @@ async fn run() -> Result<(), String> {
         let wall = t.elapsed().as_secs_f64();
         let cpu = measure::self_cpu_seconds() - cpu0;
         ours_rss = measure::peak_rss_mb();
+        let runnable = sampler.stop();
         if !exact_peak {
             eprintln!("note: could not reset VmHWM; peak RSS covers the whole bench process");
         }
@@ -156,6 +177,8 @@ async fn run() -> Result<(), String> {
             cpu_s: Some(cpu),
             src_cpu_s: source.cpu_seconds() - s0,
             tgt_cpu_s: target.cpu_seconds() - t0c,
+            src_runnable: runnable.first().copied(),
+            tgt_runnable: runnable.get(1).copied(),
         });
         eprintln!(
             "ours: docs_written={} failures={} docs_read={}",
@@ -171,13 +194,17 @@ async fn run() -> Result<(), String> {
         let target = Server::start(&http).await?;
         target.create_db(&http, "pouch").await?;
         let (s0, t0c) = (source.cpu_seconds(), target.cpu_seconds());
+        let sampler = RunnableSampler::start(vec![source.pid(), target.pid()]);
         let p = pouchdb::replicate(&src_db, &target.db("pouch")).await?;
+        let runnable = sampler.stop();
         rows.push(Row {
             name: "PouchDB 9 (node)",
             wall_s: p.wall_s,
             cpu_s: Some(p.cpu_s),
             src_cpu_s: source.cpu_seconds() - s0,
             tgt_cpu_s: target.cpu_seconds() - t0c,
+            src_runnable: runnable.first().copied(),
+            tgt_runnable: runnable.get(1).copied(),
         });
         eprintln!("pouchdb: docs_written={}", p.docs_written);
         pouch_options = p.options;
@@ -195,7 +222,7 @@ async fn run() -> Result<(), String> {
          (CouchDB defaults 4/500/20); PouchDB: {pouch_options}"
     );
     println!(
-        "{:<22} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "{:<22} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9} {:>6} {:>6}",
         "run",
         "docs/s",
         "wall s",
@@ -204,9 +231,15 @@ async fn run() -> Result<(), String> {
         "src/doc",
         "tgt/doc",
         "src busy",
-        "tgt busy"
+        "tgt busy",
+        "src R",
+        "tgt R"
     );
-    println!("(CPU in seconds or µs per document; busy = server CPU / wall, one core = 100%)");
+    println!(
+        "(CPU in seconds or µs per document; busy = server CPU / wall, one core = 100%; \
+         R = share of 10 ms samples the server was runnable, i.e. wanted a core)"
+    );
+    let pct = |f: Option<f64>| f.map_or("-".into(), |f| format!("{:.0}%", f * 100.0));
     for r in &rows {
         let cpu = r.cpu_s.map_or("-".into(), |c| format!("{c:.2}"));
         let per = r
@@ -220,7 +253,7 @@ async fn run() -> Result<(), String> {
             }
         };
         println!(
-            "{:<22} {:>8.0} {:>8.2} {:>10} {:>10} {:>9} {:>9} {:>8.0}% {:>8.0}%",
+            "{:<22} {:>8.0} {:>8.2} {:>10} {:>10} {:>8} {:>8} {:>8.0}% {:>8.0}% {:>6} {:>6}",
             r.name,
             n as f64 / r.wall_s,
             r.wall_s,
@@ -229,7 +262,9 @@ async fn run() -> Result<(), String> {
             us(r.src_cpu_s),
             us(r.tgt_cpu_s),
             100.0 * r.src_cpu_s / r.wall_s,
-            100.0 * r.tgt_cpu_s / r.wall_s
+            100.0 * r.tgt_cpu_s / r.wall_s,
+            pct(r.src_runnable),
+            pct(r.tgt_runnable)
         );
     }
     if only_ours {

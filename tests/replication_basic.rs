@@ -30,11 +30,14 @@ async fn ten_thousand_docs_one_shot() {
     ca.create_db("src").await;
     cb.create_db("tgt").await;
     ca.bulk_insert("src", &numbered_docs("doc-", 10_000)).await;
-    let stats = run(
-        spec(&a.db_url("src"), &b.db_url("tgt")),
+    // A generous deadline: the two servers share 2 cores with other test processes.
+    let stats = deadline(
+        120,
         "replicating 10,000 docs",
+        replicate(spec(&a.db_url("src"), &b.db_url("tgt")), Context::default()),
     )
-    .await;
+    .await
+    .expect("replicating 10,000 docs");
     assert_eq!(stats.docs_written, 10_000, "{stats:?}");
     assert_eq!(stats.docs_read, 10_000);
     assert_eq!(stats.revisions_checked, 10_000);
@@ -131,6 +134,19 @@ async fn conflicts_arrive_as_conflicts() {
         .get_doc("src", "c07?conflicts=true&deleted_conflicts=true")
         .await;
     assert_eq!(v, on_src);
+
+    // winning_revs_only: only the winner of each document travels.
+    c.create_db("winners").await;
+    let mut s = spec(&a.db_url("src"), &a.db_url("winners"));
+    s.options.winning_revs_only = true;
+    let stats = run(s, "winning_revs_only").await;
+    assert_eq!(stats.docs_written, 20, "{stats:?}");
+    let leaves = c.leaf_revs("winners").await;
+    assert_eq!(leaves.len(), 20);
+    assert!(
+        leaves.values().all(|r| r == &vec!["3-bbbb".to_owned()]),
+        "{leaves:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

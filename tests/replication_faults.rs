@@ -94,6 +94,10 @@ async fn payload_too_large_splits_the_batch() {
         vec![200, 100, 100],
         "the rejected batch is split in halves"
     );
+    // The one-shot feed is read in one request, without paging.
+    let changes = p.requests_to("/src/_changes");
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert!(!changes[0].path.contains("limit="), "{}", changes[0].path);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,6 +185,10 @@ async fn dropped_and_truncated_responses_are_retried() {
     ));
     run_ok(spec(&p), &c, "replication through dropped connections").await;
     assert_eq!(p.fired(), vec![1, 1, 1, 1]);
+    // The broken feed was read again from where it stood (nothing emitted yet: since=0).
+    let changes = p.requests_to("/src/_changes");
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert!(changes[1].path.contains("since=0"), "{}", changes[1].path);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

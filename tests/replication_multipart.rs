@@ -18,7 +18,7 @@ use support::server::PouchServer;
 
 /// A `multipart/mixed` `open_revs` answer: one `multipart/related` part holding `doc` (whose
 /// stubs become `follows`) and the attachment bodies, plus a `missing` JSON part.
-fn recorded_mixed(doc: &Value, atts: &[(&str, &[u8])]) -> (String, Bytes) {
+fn recorded_mixed(doc: &Value, atts: &[(&str, &[u8])]) -> (String, Bytes, Vec<u8>) {
     let mut doc = doc.clone();
     for a in doc["_attachments"].as_object_mut().unwrap().values_mut() {
         let o = a.as_object_mut().unwrap();
@@ -45,6 +45,7 @@ fn recorded_mixed(doc: &Value, atts: &[(&str, &[u8])]) -> (String, Bytes) {
         b"--outer\r\nContent-Type: multipart/related; boundary=\"inner\"\r\n\r\n",
     );
     body.extend_from_slice(&related);
+    let related_part = related.clone();
     body.extend_from_slice(
         b"\r\n--outer\r\nContent-Type: application/json; error=\"true\"\r\n\r\n{\"missing\":\"9-zzz\"}",
     );
@@ -52,11 +53,22 @@ fn recorded_mixed(doc: &Value, atts: &[(&str, &[u8])]) -> (String, Bytes) {
     (
         "multipart/mixed; boundary=\"outer\"".to_owned(),
         Bytes::from(body),
+        related_part,
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn multipart_fetch_and_write() {
+struct Setup {
+    _server: PouchServer,
+    c: Couch,
+    p: FaultProxy,
+    data: Vec<u8>,
+    small: Vec<u8>,
+    ctype: String,
+    body: Bytes,
+    related: Vec<u8>,
+}
+
+async fn setup() -> Setup {
     let a = PouchServer::start().await;
     let c = Couch::new(&a.root());
     c.create_db("src").await;
@@ -73,22 +85,54 @@ async fn multipart_fetch_and_write() {
     .await;
     let (st, doc) = c.get_doc("src", "m1?revs=true").await;
     assert_eq!(st, 200, "{doc}");
-    let (ctype, body) = recorded_mixed(&doc, &[("a.bin", &data), ("b.txt", &small)]);
+    let (ctype, body, related) = recorded_mixed(&doc, &[("a.bin", &data), ("b.txt", &small)]);
     let p = FaultProxy::start(&a.root()).await;
+    Setup {
+        _server: a,
+        c,
+        p,
+        data,
+        small,
+        ctype,
+        body,
+        related,
+    }
+}
+
+fn spec(p: &FaultProxy) -> ReplicationSpec {
+    ReplicationSpec::new(
+        Endpoint::parse(&p.db_url("src")).unwrap(),
+        Endpoint::parse(&p.db_url("tgt")).unwrap(),
+    )
+}
+
+fn multipart_puts(p: &FaultProxy) -> Vec<support::proxy::Seen> {
+    p.log()
+        .into_iter()
+        .filter(|r| r.method == Method::PUT && r.path.starts_with("/tgt/m1"))
+        .collect()
+}
+
+async fn check_target(t: &Setup) {
+    t.c.assert_same("src", &t.c, "tgt").await;
+    assert_eq!(t.c.attachment("tgt", "m1", "a.bin").await, t.data);
+    assert_eq!(t.c.attachment("tgt", "m1", "b.txt").await, t.small);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_fetch_streams_into_the_write() {
+    let t = setup().await;
+    let p = &t.p;
     p.add(Rule::new(
         Some(Method::GET),
         "/src/m1?",
         1,
-        Fault::Respond(200, ctype, body),
+        Fault::Respond(200, t.ctype.clone(), t.body.clone()),
     ));
-    let s = ReplicationSpec::new(
-        Endpoint::parse(&p.db_url("src")).unwrap(),
-        Endpoint::parse(&p.db_url("tgt")).unwrap(),
-    );
     let stats = deadline(
         30,
         "multipart replication",
-        replicate(s, Context::default()),
+        replicate(spec(p), Context::default()),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -108,11 +152,7 @@ async fn multipart_fetch_and_write() {
         (1, 0),
         "{stats:?}"
     );
-    let puts: Vec<_> = p
-        .log()
-        .into_iter()
-        .filter(|r| r.method == Method::PUT && r.path.starts_with("/tgt/m1"))
-        .collect();
+    let puts = multipart_puts(p);
     assert_eq!(puts.len(), 1, "one multipart PUT");
     assert!(puts[0].path.contains("new_edits=false"), "{}", puts[0].path);
     let ct = puts[0]
@@ -121,8 +161,90 @@ async fn multipart_fetch_and_write() {
         .unwrap()
         .to_str()
         .unwrap();
+    assert!(
+        ct.starts_with("multipart/related") && ct.contains("inner"),
+        "{ct}"
+    );
+    // The related part went through untouched (streamed, not re-assembled).
+    assert_eq!(puts[0].body.as_ref(), t.related.as_slice());
+    check_target(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_streamed_write_falls_back_to_a_buffered_one() {
+    let t = setup().await;
+    let p = &t.p;
+    p.add(Rule::new(
+        Some(Method::GET),
+        "/src/m1?",
+        2,
+        Fault::Respond(200, t.ctype.clone(), t.body.clone()),
+    ));
+    p.add(Rule::new(
+        Some(Method::PUT),
+        "/tgt/m1",
+        1,
+        Fault::Status(500),
+    ));
+    let stats = deadline(
+        30,
+        "multipart replication",
+        replicate(spec(p), Context::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.fired(), vec![2, 1]);
+    assert_eq!(
+        (stats.docs_written, stats.doc_write_failures),
+        (1, 0),
+        "{stats:?}"
+    );
+    let puts = multipart_puts(p);
+    assert_eq!(puts.len(), 2, "the streamed PUT, then the buffered one");
+    let ct = puts[1]
+        .headers
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap();
     assert!(ct.starts_with("multipart/related"), "{ct}");
-    c.assert_same("src", &c, "tgt").await;
-    assert_eq!(c.attachment("tgt", "m1", "a.bin").await, data);
-    assert_eq!(c.attachment("tgt", "m1", "b.txt").await, small);
+    check_target(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_stub_refetches_the_revision_in_full() {
+    let t = setup().await;
+    let p = &t.p;
+    p.add(Rule::new(
+        Some(Method::GET),
+        "/src/m1?",
+        2,
+        Fault::Respond(200, t.ctype.clone(), t.body.clone()),
+    ));
+    let stub = Bytes::from(r#"{"error":"missing_stub","reason":"no attachment a.bin"}"#);
+    p.add(Rule::new(
+        Some(Method::PUT),
+        "/tgt/m1",
+        1,
+        Fault::Respond(412, "application/json".into(), stub),
+    ));
+    let mut s = spec(p);
+    s.options.missing_doc_retry = std::time::Duration::from_millis(200);
+    let stats = deadline(
+        30,
+        "multipart replication",
+        replicate(s, Context::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.fired(), vec![2, 1]);
+    let gets = p.requests_to("/src/m1?");
+    assert!(!gets[1].path.contains("atts_since"), "{}", gets[1].path);
+    assert_eq!(
+        (stats.docs_written, stats.doc_write_failures),
+        (1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(multipart_puts(p).len(), 2);
+    check_target(&t).await;
 }

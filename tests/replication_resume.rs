@@ -63,15 +63,15 @@ async fn stopped_run_resumes_from_its_checkpoint() {
     let c = Couch::new(&a.root());
     c.create_db("src").await;
     c.create_db("tgt").await;
-    c.bulk_insert("src", &numbered_docs("d", 6000)).await;
+    c.bulk_insert("src", &numbered_docs("d", 3000)).await;
     let p = FaultProxy::start(&a.root()).await;
     let mut s = spec(&p.db_url("src"), &a.db_url("tgt"));
     s.options.worker_batch_size = 100;
     s.options.worker_processes = 1;
     let h = start(s.clone(), Context::default());
     let mut progress = h.progress();
-    deadline(30, "1,000 docs written before the stop", async {
-        while progress.borrow().docs_written < 1000 {
+    deadline(30, "500 docs written before the stop", async {
+        while progress.borrow().docs_written < 500 {
             progress.changed().await.unwrap();
         }
     })
@@ -83,7 +83,7 @@ async fn stopped_run_resumes_from_its_checkpoint() {
         .as_u64()
         .expect("numeric checkpoint");
     assert!(
-        (1000..6000).contains(&through),
+        (500..3000).contains(&through),
         "checkpoint at {through}: {stopped:?}"
     );
     assert_eq!(stopped.through_seq, stopped.checkpointed_source_seq);
@@ -102,12 +102,12 @@ async fn stopped_run_resumes_from_its_checkpoint() {
     // Batches abandoned by the stop may have reached the target already: `_revs_diff` then
     // drops them, so at most one in-flight batch (100 revs) fewer is fetched.
     let fetched = revs_fetched(&p) - before;
-    let after = 6000 - through as usize;
+    let after = 3000 - through as usize;
     assert!(
         fetched <= after && fetched + 100 >= after,
         "fetched {fetched} revs after resuming at {through}"
     );
-    assert_eq!(done.checkpointed_source_seq, serde_json::json!(6000));
+    assert_eq!(done.checkpointed_source_seq, serde_json::json!(3000));
     c.assert_same("src", &c, "tgt").await;
 }
 
@@ -145,4 +145,37 @@ async fn continuous_picks_up_later_writes() {
     let end = deadline(30, "continuous stop", h.wait()).await.unwrap();
     assert_eq!(end.docs_written, 35);
     c.assert_same("src", &c, "tgt").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_fails_when_the_target_instance_changed() {
+    let a = PouchServer::start().await;
+    let c = Couch::new(&a.root());
+    c.create_db("src").await;
+    c.create_db("tgt").await;
+    c.bulk_insert("src", &numbered_docs("i", 10)).await;
+    let p = FaultProxy::start(&a.root()).await;
+    let mut s = spec(&a.db_url("src"), &p.db_url("tgt"));
+    s.options.continuous = true;
+    s.options.checkpoint_interval = Duration::from_millis(200);
+    let h = start(s, Context::default());
+    wait_for(30, "a first checkpoint at seq 10", || {
+        let st = h.stats();
+        async move { (st.checkpointed_source_seq == serde_json::json!(10)).then_some(()) }
+    })
+    .await;
+    // The target now reports another instance (as after a re-creation or a restart).
+    let body = bytes::Bytes::from(r#"{"ok":true,"instance_start_time":"42"}"#);
+    p.add(support::proxy::Rule::new(
+        None,
+        "/tgt/_ensure_full_commit",
+        100,
+        support::proxy::Fault::Respond(201, "application/json".into(), body),
+    ));
+    c.bulk_insert("src", &numbered_docs("j", 5)).await;
+    let err = deadline(30, "the checkpoint failure", h.wait())
+        .await
+        .expect_err("a changed instance_start_time must fail the checkpoint");
+    assert_eq!(err.reason(), "checkpoint_commit_failure", "{err}");
+    assert!(err.to_string().contains("instance_start_time"), "{err}");
 }

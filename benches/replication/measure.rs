@@ -45,3 +45,48 @@ pub fn peak_rss_mb() -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
+
+/// Samples, every 10 ms on its own thread, whether each watched process is runnable (state
+/// `R`: running or waiting for a core). A server runnable nearly all the time is CPU-bound;
+/// one that is mostly sleeping is waiting for requests.
+pub struct RunnableSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl RunnableSampler {
+    /// Starts sampling `pids`.
+    pub fn start(pids: Vec<u32>) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut runnable = vec![0u64; pids.len()];
+            let mut samples = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, pid) in pids.iter().enumerate() {
+                    if proc_state(*pid) == Some('R') {
+                        runnable[i] += 1;
+                    }
+                }
+                samples += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            runnable
+                .iter()
+                .map(|r| *r as f64 / samples.max(1) as f64)
+                .collect()
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops and returns, per pid, the fraction of samples it was runnable.
+    pub fn stop(self) -> Vec<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}

@@ -72,6 +72,11 @@ impl Server {
         format!("http://127.0.0.1:{}/{db}", self.port)
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// CPU seconds (user + system) the server process has used so far.
     pub fn cpu_seconds(&self) -> f64 {
         proc_cpu_seconds(self.child.id()).unwrap_or(0.0)

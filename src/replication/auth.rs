@@ -14,7 +14,6 @@ const SESSION_REFRESH: Duration = Duration::from_secs(550);
 /// Do not refresh again within this window after a refresh.
 const MIN_REFRESH_GAP: Duration = Duration::from_secs(5);
 
-#[derive(Debug)]
 enum Mode {
     /// Not decided yet: try `_session` first.
     Unknown,
@@ -25,13 +24,27 @@ enum Mode {
     },
 }
 
-/// Per-endpoint authentication state.
-#[derive(Debug)]
+/// Per-endpoint authentication state. `Debug` shows only the mode, never the secrets.
 pub struct Auth {
     creds: Option<Credentials>,
     basic: Option<String>,
     root: String,
     mode: Mutex<Mode>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.mode.try_lock().as_deref() {
+            Ok(Mode::Unknown) => "unknown",
+            Ok(Mode::Basic) => "basic",
+            Ok(Mode::Session { .. }) => "session",
+            Err(_) => "busy",
+        };
+        f.debug_struct("Auth")
+            .field("user", &self.creds.as_ref().map(|c| c.username.as_str()))
+            .field("mode", &mode)
+            .finish()
+    }
 }
 
 impl Auth {
@@ -111,5 +124,22 @@ impl Auth {
             },
             None => Mode::Basic,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let ep = Endpoint::parse("http://bob:pa55word@127.0.0.1:5984/db").unwrap();
+        let a = Auth::new(&ep);
+        let shown = format!("{a:?}");
+        assert!(shown.contains("bob"), "{shown}");
+        assert!(
+            !shown.contains("pa55word") && !shown.contains("Basic"),
+            "{shown}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The changes reader (digest D.4): reads the source's `_changes` with `style=all_docs` from a
 //! start sequence and hands batches of at most `worker_batch_size` rows to the workers,
-//! running ahead of them through a bounded channel. One-shot replications page through the
-//! normal feed with `limit` (bounded memory, end of feed = a short page); continuous ones
+//! running ahead of them through a bounded channel. One-shot replications read the normal
+//! feed in one streamed request (resumed from the last batch if it breaks); continuous ones
 //! stream `feed=continuous` line by line and reconnect from the last sequence seen.
 //! Filters: `doc_ids` via `POST filter=_doc_ids`, `selector` via `POST filter=_selector`,
 //! named filters with `query_params` as query arguments.
@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
+use super::normal_feed::NormalFeed;
 use super::options::{Filter, ReplicationOptions};
 use super::stats::Counters;
 
@@ -59,12 +60,6 @@ struct Row {
     removed: bool,
     #[serde(default)]
     last_seq: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct Page {
-    results: Vec<Row>,
-    last_seq: Value,
 }
 
 /// Called for each batch before it is queued (the checkpoint tracker registers it).
@@ -209,42 +204,84 @@ impl ChangesReader {
         if self.opts.continuous {
             return self.run_continuous(since, tx, &mut stop).await;
         }
-        let limit = self.opts.worker_batch_size;
         let mut since = since;
+        let mut failures = 0u32;
+        let mut wait = std::time::Duration::from_millis(250);
         loop {
-            let resp = self
-                .client
-                .send(&self.request("normal", &since, Some(limit)))
-                .await?;
-            if !resp.status.is_success() {
-                return Err(ReplicationError::ChangesReqFailed(format!(
-                    "{}: _changes answered {}",
-                    self.client.endpoint(),
-                    resp.status
-                )));
-            }
-            let page: Page = resp.json("_changes")?;
-            let n = page.results.len();
-            let changes: Vec<Change> = page
-                .results
-                .into_iter()
-                .filter_map(|r| self.to_change(r))
-                .collect();
-            let last = page.last_seq;
-            if n == 0 {
-                if last != since {
-                    self.emit(&tx, Vec::new(), last).await;
+            let before = since.clone();
+            match self.stream_normal(&mut since, &tx, &stop).await {
+                Ok(()) => return Ok(()),
+                Err(e @ ReplicationError::MaxBackoff(_)) => return Err(e),
+                Err(e) => {
+                    if since != before {
+                        failures = 0;
+                        wait = std::time::Duration::from_millis(250);
+                    }
+                    failures += 1;
+                    if failures > self.opts.retries_per_request {
+                        return Err(ReplicationError::ChangesReqFailed(e.to_string()));
+                    }
+                    tracing::debug!(error = %e, "one-shot changes feed interrupted, resuming");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(60));
                 }
-                return Ok(());
             }
-            if !self.emit(&tx, changes, last.clone()).await || *stop.borrow() {
-                return Ok(());
-            }
-            if n < limit {
-                return Ok(());
-            }
-            since = last;
         }
+    }
+
+    /// Reads the one-shot feed from `since` to its end in one streamed request, emitting
+    /// batches as rows arrive; `since` follows the last batch emitted.
+    async fn stream_normal(
+        &mut self,
+        since: &mut Value,
+        tx: &mpsc::Sender<Batch>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<()> {
+        let resp = self
+            .client
+            .send_streaming(&self.request("normal", since, None))
+            .await?;
+        if !resp.status().is_success() {
+            return Err(ReplicationError::ChangesReqFailed(format!(
+                "{}: _changes answered {}",
+                self.client.endpoint(),
+                resp.status()
+            )));
+        }
+        let max = self.opts.worker_batch_size.max(1);
+        let mut feed = NormalFeed::default();
+        let mut pending: Vec<Change> = Vec::new();
+        let mut pending_seq: Option<Value> = None;
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
+            for row in feed.push::<Row>(&chunk)? {
+                if let Some(seq) = row.seq.clone() {
+                    pending_seq = Some(seq);
+                }
+                if let Some(c) = self.to_change(row) {
+                    pending.push(c);
+                }
+                if pending.len() >= max
+                    && let Some(seq) = pending_seq.clone()
+                {
+                    if !self
+                        .emit(tx, std::mem::take(&mut pending), seq.clone())
+                        .await
+                        || *stop.borrow()
+                    {
+                        return Ok(());
+                    }
+                    *since = seq;
+                }
+            }
+        }
+        let last = feed.finish()?;
+        if !pending.is_empty() || last != *since {
+            self.emit(tx, pending, last.clone()).await;
+            *since = last;
+        }
+        Ok(())
     }
 
     async fn run_continuous(

@@ -36,6 +36,17 @@ pub struct Checkpointer {
     start_seq: Value,
     history: Vec<Value>,
     last_written: Option<Value>,
+    /// `instance_start_time` of source and target as seen when the replication opened them.
+    instance_start: (Option<String>, Option<String>),
+}
+
+/// The `instance_start_time` field of a db-info or `_ensure_full_commit` answer.
+pub fn instance_start_of(v: &Value) -> Option<String> {
+    match v.get("instance_start_time")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
@@ -164,8 +175,40 @@ impl Checkpointer {
             start_seq: start.seq.clone(),
             history,
             last_written: None,
+            instance_start: (None, None),
         };
         Ok((cp, start))
+    }
+
+    /// Records the `instance_start_time` of source and target seen at start: a checkpoint
+    /// fails when either changed (the database was re-created or the server lost
+    /// unflushed writes), so the job restarts from a checkpoint both sides really have.
+    pub fn expect_instance_start(&mut self, src: Option<String>, tgt: Option<String>) {
+        self.instance_start = (src, tgt);
+    }
+
+    async fn ensure_commit(&self, c: &HttpClient, expected: Option<&String>) -> Result<()> {
+        let commit = Req::json(Method::POST, "_ensure_full_commit", "{}");
+        let r = c.send(&commit).await?;
+        if !r.status.is_success() {
+            return Err(ReplicationError::CheckpointFailed(format!(
+                "{}: _ensure_full_commit answered {}",
+                c.endpoint(),
+                r.status
+            )));
+        }
+        let now = r.json::<Value>("_ensure_full_commit").ok();
+        let now = now.as_ref().and_then(instance_start_of);
+        // "0" is tolerated on either side (servers that do not track it, upgrades).
+        match (expected, now) {
+            (Some(e), Some(n)) if *e != n && e != "0" && n != "0" => {
+                Err(ReplicationError::CheckpointFailed(format!(
+                    "instance_start_time on {} changed since last checkpoint ({e} -> {n})",
+                    c.endpoint()
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// This run's session id.
@@ -190,16 +233,11 @@ impl Checkpointer {
         {
             return Ok(false);
         }
-        // Ask the target to persist what it has; CouchDB 3 acknowledges immediately.
-        let commit = Req::json(Method::POST, "_ensure_full_commit", "{}");
-        let r = self.tgt.send(&commit).await?;
-        if r.status.is_server_error() {
-            return Err(ReplicationError::CheckpointFailed(format!(
-                "{}: _ensure_full_commit answered {}",
-                self.tgt.endpoint(),
-                r.status
-            )));
-        }
+        // Both sides must still be the databases this run started with.
+        tokio::try_join!(
+            self.ensure_commit(&self.src, self.instance_start.0.as_ref()),
+            self.ensure_commit(&self.tgt, self.instance_start.1.as_ref()),
+        )?;
         let entry = json!({
             "session_id": self.session_id,
             "start_time": self.start_time,

@@ -245,7 +245,44 @@ impl HttpClient {
     }
 
     /// One try. Err(text) = retryable transport failure.
-    async fn attempt(&self, req: &Req, buffer: bool) -> Result<Outcome, String> {
+    /// Sends `req` once with a streamed body (which cannot be replayed, hence no retries):
+    /// the caller falls back to a buffered, retried path when this fails.
+    pub async fn send_once(&self, req: &Req, body: reqwest::Body) -> Result<Resp> {
+        let key: RateKey = (self.ep.url().to_owned(), req.method.as_str().to_owned());
+        let pause = self.limiter.interval(&key);
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+        let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
+        let failed = |e: String| ReplicationError::HttpRequestFailed(format!("{what}: {e}"));
+        let rb = self
+            .builder(req)
+            .await
+            .header("content-type", req.content_type.as_ref())
+            .body(body);
+        let resp = rb.send().await.map_err(|e| failed(describe(&e)))?;
+        let status = resp.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            self.limiter.failure(&key);
+        } else {
+            self.limiter.success(&key);
+        }
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| failed(describe(&e)))?;
+        Ok(Resp {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// The request with the endpoint's headers, credentials and timeout, without a body.
+    async fn builder(&self, req: &Req) -> reqwest::RequestBuilder {
         let mut rb = self
             .http
             .request(req.method.clone(), self.ep.join(&req.path))
@@ -259,13 +296,18 @@ impl HttpClient {
         if let Some((k, v)) = self.auth.header(&self.http).await {
             rb = rb.header(k, v);
         }
+        if let Some(t) = self.cfg.request_timeout {
+            rb = rb.timeout(t);
+        }
+        rb
+    }
+
+    async fn attempt(&self, req: &Req, buffer: bool) -> Result<Outcome, String> {
+        let mut rb = self.builder(req).await;
         if let Some(body) = &req.body {
             rb = rb
                 .header("content-type", req.content_type.as_ref())
                 .body(body.clone());
-        }
-        if let Some(t) = self.cfg.request_timeout {
-            rb = rb.timeout(t);
         }
         let resp = rb.send().await.map_err(|e| describe(&e))?;
         if !buffer {

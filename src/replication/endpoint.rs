@@ -26,8 +26,9 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// A CouchDB-compatible database reachable over HTTP.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A CouchDB-compatible database reachable over HTTP. `Debug` masks the values of headers
+/// that carry secrets (`Authorization` other than basic, `Cookie`, `Proxy-Authorization`).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// Database URL without userinfo, no trailing slash.
     url: Url,
@@ -35,6 +36,35 @@ pub struct Endpoint {
     pub credentials: Option<Credentials>,
     /// User headers (sorted by name), excluding `Authorization: Basic`.
     pub headers: Vec<(String, String)>,
+}
+
+/// Header names whose values are secrets.
+fn is_secret_header(name: &str) -> bool {
+    ["authorization", "cookie", "proxy-authorization"]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_header(k) {
+                    "*****"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("Endpoint")
+            .field("url", &self.url.as_str())
+            .field("credentials", &self.credentials)
+            .field("headers", &headers)
+            .finish()
+    }
 }
 
 impl Endpoint {
@@ -268,6 +298,18 @@ mod tests {
         let shown = format!("{e} {e:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("bob"));
+    }
+
+    #[test]
+    fn secret_headers_are_masked_in_debug() {
+        let v = serde_json::json!({"url": "http://127.0.0.1/db", "headers": {
+            "Authorization": "Bearer tok3n", "Cookie": "AuthSession=c00kie", "X-Trace": "t1"}});
+        let shown = format!("{:?}", Endpoint::from_json(&v).unwrap());
+        assert!(
+            !shown.contains("tok3n") && !shown.contains("c00kie"),
+            "{shown}"
+        );
+        assert!(shown.contains("t1"), "{shown}");
     }
 
     #[test]

@@ -1,7 +1,12 @@
-//! Fetching missing revisions from the source: `_bulk_get` (JSON) first, then individual
-//! `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed` for revisions
-//! with attachments or that `_bulk_get` could not return. Document bodies stay raw JSON bytes
-//! (slices of the response) so they can be passed to `_bulk_docs` without being rebuilt.
+//! Fetching missing revisions from the source: `_bulk_get` (JSON, attachment stubs only)
+//! first; revisions whose attachments are small (at most [`INLINE_ATTACHMENTS_MAX`] in all)
+//! through a second `_bulk_get` with `attachments=true`, so a batch costs the source two
+//! requests instead of one per such document; the rest (large attachments, errors) through
+//! individual `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed`.
+//! Document bodies stay raw JSON bytes (slices of the response) so they can be passed to
+//! `_bulk_docs` without being rebuilt; a `multipart/related` revision (one with attachment
+//! bodies) is streamed straight into the target's `PUT ?new_edits=false`, so attachments are
+//! never held whole in memory.
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -13,6 +18,7 @@ use serde_json::{Value, json};
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::{encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
+use super::write::{WriteResult, put_related_stream};
 
 /// A fetched revision.
 #[derive(Debug, Clone)]
@@ -30,6 +36,8 @@ pub enum Fetched {
         /// Attachment parts: (headers to repeat, data).
         parts: Vec<(Vec<(String, String)>, Bytes)>,
     },
+    /// A `multipart/related` document already streamed to the target as it arrived.
+    Written(WriteResult),
 }
 
 /// One revision to fetch.
@@ -62,19 +70,70 @@ struct BulkGetDoc<'a> {
     ok: Option<&'a RawValue>,
 }
 
-/// Outcome of a `_bulk_get`: documents ready to write, and revisions to fetch one by one.
+/// CouchDB 3.3's adaptive `_bulk_get` use: an exponential moving average (decay 0.25) of the
+/// fraction of revisions it failed to deliver (all of them for a non-200 answer); try it while
+/// that is at most 0.5, and at least every 37 s, so a source that cannot serve it costs
+/// little and a transient failure does not turn it off for good.
+#[derive(Debug, Default)]
+pub struct BulkGetGate {
+    avg: f64,
+    last_try: Option<std::time::Instant>,
+}
+
+impl BulkGetGate {
+    const DECAY: f64 = 0.25;
+    const THRESHOLD: f64 = 0.5;
+    const MAX_GAP: std::time::Duration = std::time::Duration::from_secs(37);
+
+    /// Whether the next batch should try `_bulk_get`.
+    pub fn should_try(&self) -> bool {
+        self.avg <= Self::THRESHOLD || self.last_try.is_none_or(|t| t.elapsed() >= Self::MAX_GAP)
+    }
+
+    /// Records a try: `failed` of `asked` revisions were not delivered.
+    pub fn record(&mut self, asked: usize, failed: usize) {
+        if asked == 0 {
+            return;
+        }
+        let frac = failed as f64 / asked as f64;
+        self.avg = Self::DECAY * frac + (1.0 - Self::DECAY) * self.avg;
+        self.last_try = Some(std::time::Instant::now());
+    }
+}
+
+/// Revisions whose attachments add up to at most this many bytes are fetched with inline
+/// (base64) attachment bodies in one `_bulk_get`; larger ones are streamed one by one.
+pub const INLINE_ATTACHMENTS_MAX: u64 = 256 * 1024;
+
+/// What to do with one requested revision after a `_bulk_get`, worst last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Verdict {
+    Done,
+    Inline,
+    Refetch,
+}
+
+/// Outcome of a `_bulk_get`: documents ready to write, and revisions to fetch again.
 #[derive(Debug, Default)]
 pub struct BulkGetOutcome {
     /// Ready JSON documents.
     pub docs: Vec<Bytes>,
-    /// To refetch individually (attachments, errors).
+    /// Revisions with small attachments, to fetch again with `attachments=true`.
+    pub inline: Vec<Wanted>,
+    /// To refetch individually (large attachments, errors).
     pub refetch: Vec<Wanted>,
     /// False if `_bulk_get` itself is unusable on this source.
     pub supported: bool,
 }
 
-/// `POST _bulk_get?revs=true&latest=true&attachments=false`.
-pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGetOutcome> {
+/// `POST _bulk_get?revs=true&latest=true&attachments=false|true`. Without attachments, revisions
+/// that have some come back in [`BulkGetOutcome::inline`] or [`BulkGetOutcome::refetch`]; with
+/// them, documents are taken as they come (stubs only where `atts_since` allows them).
+pub async fn bulk_get(
+    source: &HttpClient,
+    wanted: Vec<Wanted>,
+    attachments: bool,
+) -> Result<BulkGetOutcome> {
     let docs: Vec<Value> = wanted
         .iter()
         .map(|w| {
@@ -86,19 +145,32 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
         })
         .collect();
     let body =
-        json!({"docs": docs, "latest": true, "revs": true, "attachments": false}).to_string();
-    let resp = source
-        .send(&Req::json(
-            Method::POST,
-            "_bulk_get?latest=true&revs=true&attachments=false",
-            body,
-        ))
-        .await?;
+        json!({"docs": docs, "latest": true, "revs": true, "attachments": attachments}).to_string();
+    let path = if attachments {
+        "_bulk_get?latest=true&revs=true&attachments=true"
+    } else {
+        "_bulk_get?latest=true&revs=true&attachments=false"
+    };
+    let resp = match source.send(&Req::json(Method::POST, path, body)).await {
+        Ok(r) => r,
+        // 429 exhaustion ends the replication; any other failure falls back to single fetches.
+        Err(e @ ReplicationError::MaxBackoff(_)) => return Err(e),
+        Err(e) => {
+            tracing::debug!(error = %e, "_bulk_get failed, fetching one by one");
+            return Ok(BulkGetOutcome {
+                docs: Vec::new(),
+                refetch: wanted,
+                supported: false,
+                ..Default::default()
+            });
+        }
+    };
     if resp.status != StatusCode::OK {
         return Ok(BulkGetOutcome {
             docs: Vec::new(),
             refetch: wanted,
             supported: false,
+            ..Default::default()
         });
     }
     let parsed: BulkGetResp<'_> = match serde_json::from_slice(&resp.body) {
@@ -108,6 +180,7 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
                 docs: Vec::new(),
                 refetch: wanted,
                 supported: false,
+                ..Default::default()
             });
         }
     };
@@ -124,18 +197,38 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
             .zip(&wanted)
             .all(|(r, w)| r.id == w.id);
     let mut got: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
-    let mut ok_at = vec![false; wanted.len()];
+    let mut inline_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut verdicts = vec![Verdict::Refetch; wanted.len()];
     for (i, r) in parsed.results.into_iter().enumerate() {
-        let mut all_ok = !r.docs.is_empty();
+        let mut verdict = if r.docs.is_empty() {
+            Verdict::Refetch
+        } else {
+            Verdict::Done
+        };
+        // Stubs are acceptable in the attachments=true pass only where atts_since asked.
+        let stubs_ok = positional && wanted.get(i).is_some_and(|w| !w.atts_since.is_empty());
         for d in r.docs {
             let Some(raw) = d.ok else {
-                all_ok = false;
+                verdict = verdict.max(Verdict::Refetch);
                 continue;
             };
             let text = raw.get();
             if text.contains("\"_attachments\"") {
-                all_ok = false; // stubs: refetch with the attachment bodies
-                continue;
+                let v = if attachments {
+                    if stubs_ok || !text.contains("\"stub\":true") {
+                        Verdict::Done
+                    } else {
+                        Verdict::Refetch
+                    }
+                } else if attachments_fit_inline(text) {
+                    Verdict::Inline
+                } else {
+                    Verdict::Refetch
+                };
+                if v != Verdict::Done {
+                    verdict = verdict.max(v);
+                    continue;
+                }
             }
             if !positional && let Some(rev) = rev_of(text) {
                 got.insert((r.id.clone(), rev));
@@ -143,23 +236,51 @@ pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGe
             out.docs.push(resp.body.slice_ref(text.as_bytes()));
         }
         if positional {
-            ok_at[i] = all_ok;
+            verdicts[i] = verdict;
+        } else if verdict == Verdict::Inline {
+            inline_ids.insert(r.id.clone());
         }
     }
-    out.refetch = if positional {
-        wanted
-            .into_iter()
-            .zip(ok_at)
-            .filter(|(_, ok)| !ok)
-            .map(|(w, _)| w)
-            .collect()
-    } else {
-        wanted
-            .into_iter()
-            .filter(|w| !got.contains(&(w.id.clone(), w.rev.clone())))
-            .collect()
-    };
+    if !positional {
+        for (w, v) in wanted.iter().zip(verdicts.iter_mut()) {
+            *v = if got.contains(&(w.id.clone(), w.rev.clone())) {
+                Verdict::Done
+            } else if inline_ids.contains(&w.id) {
+                Verdict::Inline
+            } else {
+                Verdict::Refetch
+            };
+        }
+    }
+    for (w, v) in wanted.into_iter().zip(verdicts) {
+        match v {
+            Verdict::Done => {}
+            Verdict::Inline => out.inline.push(w),
+            Verdict::Refetch => out.refetch.push(w),
+        }
+    }
     Ok(out)
+}
+
+/// Whether a document's attachment stubs add up to at most [`INLINE_ATTACHMENTS_MAX`] bytes
+/// (a stub without a length counts as too large).
+fn attachments_fit_inline(doc: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Stub {
+        #[serde(default)]
+        length: Option<u64>,
+    }
+    #[derive(Deserialize)]
+    struct Doc {
+        #[serde(rename = "_attachments", default)]
+        atts: std::collections::HashMap<String, Stub>,
+    }
+    serde_json::from_str::<Doc>(doc).is_ok_and(|d| {
+        d.atts
+            .values()
+            .try_fold(0u64, |sum, a| sum.checked_add(a.length?))
+            .is_some_and(|total| total <= INLINE_ATTACHMENTS_MAX)
+    })
 }
 
 fn rev_of(doc: &str) -> Option<String> {
@@ -173,7 +294,14 @@ fn rev_of(doc: &str) -> Option<String> {
 
 /// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true` asking for
 /// `multipart/mixed`, accepting a JSON answer too. Missing revisions yield nothing.
-pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> {
+/// With `sink`, documents that come with attachment bodies are streamed straight into a
+/// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
+/// caller fetches again without a sink (buffered, with retries).
+pub async fn open_revs(
+    source: &HttpClient,
+    w: &Wanted,
+    sink: Option<&HttpClient>,
+) -> Result<Vec<Fetched>> {
     let mut path = format!(
         "{}?revs=true&latest=true&attachments=true&open_revs={}",
         encode_doc_id(&w.id),
@@ -211,7 +339,7 @@ pub async fn open_revs(source: &HttpClient, w: &Wanted) -> Result<Vec<Fetched>> 
         let stream = resp
             .bytes_stream()
             .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
-        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id).await;
+        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id, sink).await;
     }
     let body = resp
         .bytes()
@@ -257,7 +385,11 @@ pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
         .collect())
 }
 
-async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<Fetched>> {
+async fn parse_mixed(
+    mut mp: multer::Multipart<'static>,
+    id: &str,
+    sink: Option<&HttpClient>,
+) -> Result<Vec<Fetched>> {
     let err =
         |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
     let mut out = Vec::new();
@@ -268,6 +400,16 @@ async fn parse_mixed<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Result<Vec<
             .and_then(|v| v.to_str().ok())
             .unwrap_or("application/json")
             .to_owned();
+        if let Some(target) = sink
+            && ctype.starts_with("multipart/related")
+        {
+            // The part is itself a valid multipart/related PUT body: pass it through.
+            let body = reqwest::Body::wrap_stream(field);
+            out.push(Fetched::Written(
+                put_related_stream(target, id, &ctype, body).await?,
+            ));
+            continue;
+        }
         let data = field.bytes().await.map_err(err)?;
         if ctype.starts_with("multipart/related") {
             let boundary = boundary_of(&ctype)?;
@@ -317,4 +459,25 @@ pub async fn parse_related<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Resul
         json,
         parts,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_small_known_attachments_are_fetched_inline() {
+        let doc = |atts: &str| format!(r#"{{"_id":"a","_rev":"1-x","_attachments":{{{atts}}}}}"#);
+        let stub = |name: &str, len: u64| {
+            format!(r#""{name}":{{"stub":true,"digest":"md5-x","length":{len},"revpos":1}}"#)
+        };
+        assert!(attachments_fit_inline(&doc(&stub("a", 20_000))));
+        let two = format!("{},{}", stub("a", 200_000), stub("b", 62_144));
+        assert!(attachments_fit_inline(&doc(&two)));
+        let over = format!("{},{}", stub("a", 200_000), stub("b", 62_145));
+        assert!(!attachments_fit_inline(&doc(&over)));
+        assert!(!attachments_fit_inline(&doc(r#""a":{"stub":true}"#)));
+        assert!(!attachments_fit_inline(&doc(&stub("a", u64::MAX))));
+        assert!(!attachments_fit_inline("not json"));
+    }
 }

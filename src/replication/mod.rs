@@ -11,6 +11,7 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod fetch;
+pub mod normal_feed;
 pub mod options;
 pub mod pipeline;
 pub mod rate_limit;

@@ -1,12 +1,11 @@
 //! A running replication: opens the endpoints (D.2), finds the start sequence, then runs the
 //! pipeline — the changes reader running ahead, `worker_processes` workers each taking a batch
-//! through `_revs_diff` → `_bulk_get` (+ individual fetches) → `_bulk_docs`, so source reads
-//! and target writes overlap — and checkpoints on a timer at the through-sequence, which never
+//! through `_revs_diff` → `_bulk_get` (+ one for small attachments, + individual fetches) →
+//! `_bulk_docs`, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
 //! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
 //! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,17 +16,17 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::changes::{Batch, ChangesReader};
-use super::checkpoint::{Checkpointer, StartPoint};
+use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
 use super::client::{ClientConfig, HttpClient, Req};
 use super::endpoint::{Endpoint, encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
-use super::fetch::{Fetched, Wanted, bulk_get, open_revs};
+use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
 use super::options::{Filter, ReplicationSpec};
 use super::rate_limit::{Aimd, RateLimiter};
 use super::rep_id::{RepId, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::{Counters, ReplicationStats, unix_now};
-use super::write::{WriteResult, put_multipart, write_docs};
+use super::write::{WriteResult, put_json, put_multipart, write_docs};
 
 /// How often the stats snapshot is refreshed.
 const STATS_PERIOD: Duration = Duration::from_millis(250);
@@ -84,7 +83,7 @@ struct Shared {
     counters: Arc<Counters>,
     tracker: Mutex<Tracker>,
     skipper: Mutex<DiffSkipper>,
-    bulk_get_ok: AtomicBool,
+    bulk_get: Mutex<BulkGetGate>,
     source_seq: Mutex<Value>,
 }
 
@@ -268,7 +267,7 @@ async fn run(
     if o.create_target {
         create_target(&tgt, &spec).await?;
     }
-    let (src_info, _tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
+    let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
     let rep_id = compute_id_with(&src, &spec, &ctx).await?;
     let mut checkpointer = None;
     let mut start_point = StartPoint {
@@ -276,7 +275,8 @@ async fn run(
         seed: None,
     };
     if o.use_checkpoints {
-        let (cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
         checkpointer = Some(cp);
         start_point = sp;
     }
@@ -317,7 +317,7 @@ async fn run(
             through: start_point.seq.clone(),
         }),
         skipper: Mutex::new(DiffSkipper::default()),
-        bulk_get_ok: AtomicBool::new(o.use_bulk_get),
+        bulk_get: Mutex::new(BulkGetGate::default()),
         source_seq: Mutex::new(base.source_seq.clone()),
     });
     let snapshot = |base: &mut ReplicationStats, sh: &Shared| {
@@ -451,37 +451,86 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     if wanted.is_empty() {
         return Ok(());
     }
-    let (mut docs, refetch) = if sh.bulk_get_ok.load(Ordering::Relaxed) {
-        let n = wanted.len() as u64;
-        let out = bulk_get(&sh.src, wanted).await?;
-        if !out.supported {
-            sh.bulk_get_ok.store(false, Ordering::Relaxed);
-            tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching documents one by one");
-        } else {
-            Counters::add(&c.bulk_get_attempts, n);
+    // Design documents are always fetched and written one by one (digest D.5).
+    let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
+        .into_iter()
+        .partition(|w| w.id.starts_with("_design/"));
+    let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
+    let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
+        let n = wanted.len();
+        let mut out = bulk_get(&sh.src, wanted, false).await?;
+        let failed = if out.supported { out.refetch.len() } else { n };
+        lock(&sh.bulk_get).record(n, failed);
+        if out.supported {
+            Counters::add(&c.bulk_get_attempts, n as u64);
             Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
+        } else {
+            tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
+        }
+        // Documents with small attachments: one more `_bulk_get` for all of them.
+        if !out.inline.is_empty() {
+            let n = out.inline.len() as u64;
+            let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
+            if again.supported {
+                Counters::add(&c.bulk_get_attempts, n);
+                Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
+            }
+            out.docs.extend(again.docs);
+            out.refetch.extend(again.refetch);
+            out.refetch.extend(again.inline);
         }
         (out.docs, out.refetch)
     } else {
         (Vec::new(), wanted)
     };
+    refetch.extend(design);
     let mut result = WriteResult::default();
-    let src = sh.src.clone();
+    let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
+    let retry_after = sh.spec.options.missing_doc_retry;
     let mut fetched = futures::stream::iter(refetch)
         .map(move |w| {
-            let src = src.clone();
-            async move { open_revs(&src, &w).await }
+            let (src, tgt) = (src.clone(), tgt.clone());
+            async move {
+                // Attachments stream from source to target; on failure fetch again buffered.
+                let mut got = match open_revs(&src, &w, Some(&tgt)).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
+                        open_revs(&src, &w, None).await?
+                    }
+                };
+                let missing_stub = got
+                    .iter()
+                    .any(|f| matches!(f, Fetched::Written(r) if r.missing_stub > 0));
+                if got.is_empty() || missing_stub {
+                    // Reported missing (common while the source's shards catch up), or the
+                    // target lacks an attachment atts_since left out: wait, then fetch once
+                    // more in full; the first write's rejection is replaced by this one.
+                    tokio::time::sleep(retry_after).await;
+                    let again = Wanted {
+                        atts_since: Vec::new(),
+                        ..w.clone()
+                    };
+                    got = open_revs(&src, &again, None).await?;
+                }
+                Ok::<_, ReplicationError>((w.id, got))
+            }
         })
         .buffered(INDIVIDUAL_FETCHES);
     let mut read = docs.len() as u64;
     while let Some(f) = fetched.next().await {
-        for doc in f? {
+        let (id, got) = f?;
+        for doc in got {
             read += 1;
             match doc {
+                Fetched::Json(b) if id.starts_with("_design/") => {
+                    result += put_json(&sh.tgt, &id, &b).await?
+                }
                 Fetched::Json(b) => docs.push(b),
                 Fetched::Multipart { id, json, parts } => {
                     result += put_multipart(&sh.tgt, &id, &json, &parts).await?
                 }
+                Fetched::Written(r) => result += r,
             }
         }
     }

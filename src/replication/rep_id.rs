@@ -210,6 +210,10 @@ pub fn replication_id(
     if o.winning_revs_only {
         parts.push(Term::Bin(b"winning_revs_only".to_vec()));
     }
+    // A given start sequence changes what is replicated (CouchDB main, digest D.4).
+    if let Some(since) = &o.since_seq {
+        parts.push(ejson(since, false));
+    }
     let mut bytes = vec![131];
     encode(&Term::List(parts), &mut bytes);
     let base = hex::encode(Md5::digest(&bytes));
@@ -316,5 +320,11 @@ mod tests {
         let f1 = replication_id("u", &s1, Some("function(d){return true}"));
         let f2 = replication_id("u", &s1, Some(" function(d){return false} "));
         assert_ne!(f1, f2);
+        let mut s = base.clone();
+        s.options.since_seq = Some(serde_json::json!(42));
+        let since42 = replication_id("u", &s, None).base;
+        assert_ne!(since42, id0.base);
+        s.options.since_seq = Some(serde_json::json!(43));
+        assert_ne!(replication_id("u", &s, None).base, since42);
     }
 }

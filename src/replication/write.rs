@@ -22,12 +22,16 @@ pub struct WriteResult {
     pub written: u64,
     /// Documents it rejected (or that were too large).
     pub failures: u64,
+    /// Of the failures, single-document writes answered 412 (`missing_stub`: the source
+    /// left out an attachment the target lacks); the caller fetches those again in full.
+    pub missing_stub: u64,
 }
 
 impl std::ops::AddAssign for WriteResult {
     fn add_assign(&mut self, o: Self) {
         self.written += o.written;
         self.failures += o.failures;
+        self.missing_stub += o.missing_stub;
     }
 }
 
@@ -91,6 +95,7 @@ pub fn bulk_docs<'a>(
                 Ok(WriteResult {
                     written: docs.len() as u64 - failures.min(docs.len() as u64),
                     failures,
+                    ..Default::default()
                 })
             }
             StatusCode::PAYLOAD_TOO_LARGE if docs.len() > 1 => {
@@ -102,8 +107,8 @@ pub fn bulk_docs<'a>(
             StatusCode::PAYLOAD_TOO_LARGE => {
                 tracing::debug!("a single document is too large for the target");
                 Ok(WriteResult {
-                    written: 0,
                     failures: 1,
+                    ..Default::default()
                 })
             }
             s => Err(ReplicationError::BulkDocsFailed(format!(
@@ -137,6 +142,68 @@ pub fn related_body(
     b.freeze()
 }
 
+/// Streams one `multipart/related` document (`ctype` carries its boundary) into
+/// `PUT {id}?new_edits=false`, once: a transport failure is an error for the caller to
+/// retry on its buffered path.
+pub async fn put_related_stream(
+    target: &HttpClient,
+    id: &str,
+    ctype: &str,
+    body: reqwest::Body,
+) -> Result<WriteResult> {
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        Bytes::new(),
+    );
+    req.body = None;
+    req.content_type = ctype.to_owned().into();
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
+    let resp = target.send_once(&req, body).await?;
+    single_result(target, resp.status)
+}
+
+/// Writes one JSON document with `PUT {id}?new_edits=false` (design documents go one by one,
+/// so a validation rejection is reported for that document alone).
+pub async fn put_json(target: &HttpClient, id: &str, doc: &Bytes) -> Result<WriteResult> {
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        doc.clone(),
+    );
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
+    let resp = target.send(&req).await?;
+    single_result(target, resp.status)
+}
+
+/// The outcome of a single-document write: rejections are counted, not fatal.
+fn single_result(target: &HttpClient, status: StatusCode) -> Result<WriteResult> {
+    match status.as_u16() {
+        200..=202 => Ok(WriteResult {
+            written: 1,
+            ..Default::default()
+        }),
+        412 => Ok(WriteResult {
+            failures: 1,
+            missing_stub: 1,
+            ..Default::default()
+        }),
+        400 | 401 | 403 | 409 | 413 | 415 => {
+            tracing::debug!(status = status.as_u16(), "target rejected a document");
+            Ok(WriteResult {
+                failures: 1,
+                ..Default::default()
+            })
+        }
+        s => Err(ReplicationError::DocWriteFailed(format!(
+            "{}: PUT of a document answered {s}",
+            target.endpoint()
+        ))),
+    }
+}
+
 /// `PUT doc?new_edits=false` as `multipart/related`.
 pub async fn put_multipart(
     target: &HttpClient,
@@ -154,24 +221,5 @@ pub async fn put_multipart(
     req.headers
         .push(("x-couch-full-commit", "false".to_owned()));
     let resp = target.send(&req).await?;
-    match resp.status.as_u16() {
-        200..=202 => Ok(WriteResult {
-            written: 1,
-            failures: 0,
-        }),
-        400 | 401 | 403 | 409 | 412 | 413 | 415 => {
-            tracing::debug!(
-                status = resp.status.as_u16(),
-                "target rejected a document with attachments"
-            );
-            Ok(WriteResult {
-                written: 0,
-                failures: 1,
-            })
-        }
-        s => Err(ReplicationError::DocWriteFailed(format!(
-            "{}: PUT of a document answered {s}",
-            target.endpoint()
-        ))),
-    }
+    single_result(target, resp.status)
 }

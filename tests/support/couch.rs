@@ -20,7 +20,11 @@ impl Couch {
     /// A client for the server at `root` (with or without trailing slash).
     pub fn new(root: &str) -> Self {
         Self {
-            http: reqwest::Client::new(),
+            // A stuck server fails the test with the request named, rather than hanging it.
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(30))
+                .build()
+                .expect("test http client"),
             root: root.trim_end_matches('/').to_owned(),
         }
     }

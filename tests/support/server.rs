@@ -104,6 +104,11 @@ impl PouchServer {
         self.port
     }
 
+    /// The node process id (its process group id too).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// True while the process runs (it crashes on some inputs, see the notes).
     pub fn is_alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
