@@ -124,13 +124,6 @@ impl HttpClient {
             .pool_max_idle_per_host(cfg.http_connections)
             .tcp_nodelay(cfg.tcp_nodelay)
             .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
-        #[cfg(feature = "tls")]
-        if ep.parsed_url().scheme() == "http" && cfg.proxy.is_none() {
-            // Plain-HTTP endpoints never use TLS: skip loading the system root store, which
-            // costs milliseconds of CPU per client (a job builds clients at every start, and
-            // a node rotating hundreds of jobs spent most of its CPU there).
-            b = b.tls_certs_only(Vec::<reqwest::Certificate>::new());
-        }
         b = match &cfg.proxy {
             Some(p) => b.proxy(
                 reqwest::Proxy::all(p)
