@@ -17,6 +17,17 @@ use super::error::{ReplicationError, Result};
 use super::rate_limit::{MAX_INTERVAL_MS, RateKey, RateLimiter};
 
 /// First retry sleep.
+/// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
+/// scratch (system roots, providers): ~150 ms of CPU per client, and jobs build clients at
+/// every start, so a node rotating many jobs spent its time there. `None` if it cannot be
+/// built (each client then sets up its own and reports the error).
+#[cfg(feature = "tls")]
+fn shared_tls() -> Option<native_tls::TlsConnector> {
+    static TLS: std::sync::OnceLock<Option<native_tls::TlsConnector>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| native_tls::TlsConnector::new().ok())
+        .clone()
+}
+
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// Give up retrying once the first failure is older than this (`health_threshold / 2`).
 const RETRY_WINDOW: Duration = Duration::from_secs(60);
@@ -124,6 +135,10 @@ impl HttpClient {
             .pool_max_idle_per_host(cfg.http_connections)
             .tcp_nodelay(cfg.tcp_nodelay)
             .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
+        #[cfg(feature = "tls")]
+        if let Some(tls) = shared_tls() {
+            b = b.tls_backend_preconfigured(tls);
+        }
         b = match &cfg.proxy {
             Some(p) => b.proxy(
                 reqwest::Proxy::all(p)
