@@ -7,12 +7,10 @@ mod replicator_support;
 use std::time::Duration;
 
 use couch_replicator::replicator::job::JobMsg;
-use couch_replicator::replicator::job_sup::JobSupMsg;
 use couch_replicator::replicator::rep_job::REP_JOBS;
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };
-use ractor::call;
 use replicator_support::*;
 use serde_json::{Value, json};
 
@@ -119,8 +117,11 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
 }
 
 async fn job_actors(n: &Replicator) -> Vec<ractor::ActorRef<JobMsg>> {
-    let sup = n.tree().which_child::<JobSupMsg>("job_sup").unwrap();
-    call!(sup, JobSupMsg::Children).unwrap()
+    let sup = n.job_sup();
+    sup.which_children()
+        .iter()
+        .filter_map(|id| sup.which_child(id))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,6 +140,12 @@ impl Replicator {
         &self.tree
     }
 
+    /// The dynamic supervisor of this node's job actors (one child per running job, keyed by
+    /// job id), for tests and hosts that inspect or stop single job actors.
+    pub fn job_sup(&self) -> &super::job_sup::JobSupRef {
+        self.ctx.job_sup()
+    }
+
     /// Adds a job and returns its view (state `pending`). Validates the document first
     /// ([`ReplicatorError::BadRequest`] with the reason). Adding a transient job identical to
     /// a pending/running one is a no-op returning that job; adding a persistent job replaces

@@ -25,9 +25,8 @@ use tokio::time::Instant;
 use crate::jobs::{AcceptOpts, JobState, JobsError};
 
 use super::churn::{RunningJob, acceptors_to_add, extra_acceptor_budget, trim_victims};
-use super::context::{NodeCtx, ids};
-use super::job::JobMsg;
-use super::job_sup::JobSupMsg;
+use super::context::NodeCtx;
+use super::job::{JobArgs, JobMsg};
 use super::rep_job::{self, REP_JOBS};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
@@ -257,18 +256,18 @@ async fn acceptor(ctx: NodeCtx, server: ActorRef<JobServerMsg>, id: u64) {
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
                 for _ in 0..HANDOFF_ATTEMPTS {
-                    if let Some(sup) = ctx.child::<JobSupMsg>(ids::JOB_SUP).get() {
-                        let (job, data) = (job.clone(), data.clone());
-                        if let Ok(Ok(actor)) =
-                            ractor::call!(sup, |reply| JobSupMsg::StartJob { job, data, reply })
-                        {
-                            let _ = server.send_message(JobServerMsg::Accepted {
-                                acceptor: id,
-                                actor,
-                                continuous,
-                            });
-                            return;
-                        }
+                    let args = JobArgs {
+                        ctx: ctx.clone(),
+                        job: job.clone(),
+                        data: data.clone(),
+                    };
+                    if let Ok(actor) = ctx.job_sup().start_child(job.id.clone(), args).await {
+                        let _ = server.send_message(JobServerMsg::Accepted {
+                            acceptor: id,
+                            actor,
+                            continuous,
+                        });
+                        return;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

@@ -17,7 +17,7 @@ use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::EventBus;
 use super::job_server::JobServer;
-use super::job_sup::{JOB_SHUTDOWN, JobSup};
+use super::job_sup::{self, JOB_SHUTDOWN};
 use super::rate_limiter::RateLimiterServer;
 use super::settings::{NodeType, ReplicatorSettings};
 
@@ -38,7 +38,18 @@ pub async fn start(
     let sup = Supervisor::new(Strategy::RestForOne)
         .intensity(MAX_RESTARTS, PERIOD)
         .name(format!("replicator_sup:{node}"));
-    let ctx = NodeCtx::new(jobs, settings, node, server_uuid, prefix, sup.children());
+    let children = sup.children();
+    let job_sup = job_sup::spec(children.clone());
+    let job_sup_ref = job_sup.handle_in(&children, ids::JOB_SUP);
+    let ctx = NodeCtx::new(
+        jobs,
+        settings,
+        node,
+        server_uuid,
+        prefix,
+        children,
+        job_sup_ref,
+    );
     let s = ctx.settings().clone();
 
     // 1. Publish/subscribe of replication events; everything below publishes on it.
@@ -73,7 +84,8 @@ pub async fn start(
             ))
             // 6. One actor per running replication; stopping it checkpoints every job.
             .child(
-                ChildSpec::server(ids::JOB_SUP, JobSup { ctx: ctx.clone() }, |_| ())
+                job_sup
+                    .into_child_spec(ids::JOB_SUP)
                     .shutdown(Shutdown::Timeout(JOB_SHUTDOWN + Duration::from_secs(1))),
             );
     }
