@@ -10,41 +10,14 @@ use std::time::{Duration, Instant};
 
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::{Db, StoreError};
-use redb::ReadableTable;
+
+#[path = "support/plain_redb.rs"]
+mod plain_redb;
+
+use plain_redb::doc;
 
 const WRITERS: usize = 16;
 const RUN_FOR: Duration = Duration::from_secs(4);
-const TABLE: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("bench");
-
-fn doc(writer: usize, n: u64) -> Vec<u8> {
-    format!(
-        "{{\"_id\":\"doc-{writer}-{n}\",\"type\":\"replication\",\"source\":\"http://127.0.0.1:5984/source\",\"target\":\"http://127.0.0.1:5984/target\",\"state\":\"pending\",\"n\":{n}}}"
-    )
-    .into_bytes()
-}
-
-fn plain_redb(dir: &std::path::Path) -> Result<(u64, Duration), redb::Error> {
-    let db = redb::Database::create(dir.join("plain.redb"))?;
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < RUN_FOR {
-        let w = db.begin_write()?;
-        {
-            let mut t = w.open_table(TABLE)?;
-            let count = t
-                .get(b"counter".as_slice())?
-                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                .map(u64::from_le_bytes)
-                .unwrap_or(0);
-            t.insert(b"counter".as_slice(), (count + 1).to_le_bytes().as_slice())?;
-            let key = format!("doc/{n}");
-            t.insert(key.as_bytes(), doc(0, n).as_slice())?;
-        }
-        w.commit()?;
-        n += 1;
-    }
-    Ok((n, start.elapsed()))
-}
 
 async fn embedded(dir: &std::path::Path) -> Result<(u64, u64, Duration), StoreError> {
     let store = EmbeddedStore::open(dir.join("embedded.redb"))?;
@@ -106,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::Builder::new()
         .prefix("store-bench")
         .tempdir_in(std::env::current_dir()?)?;
-    let (plain_n, plain_t) = plain_redb(dir.path())?;
+    let (plain_n, plain_t) = plain_redb::run(dir.path(), RUN_FOR)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

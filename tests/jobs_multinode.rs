@@ -164,7 +164,10 @@ async fn run() {
 
     // Nothing lost: every job finished, by whoever the ledger says (the store is the truth:
     // a worker aborted inside `finish` may have committed without recording it).
-    let l = ledger.lock().unwrap();
+    let (finished, halted) = {
+        let l = ledger.lock().unwrap();
+        (l.finished.clone(), l.halted)
+    };
     let j = &nodes[0];
     let mut by_store = HashMap::new();
     for i in 0..JOBS {
@@ -177,12 +180,12 @@ async fn run() {
         let done_by = j.get_job_data(T, &id).await.unwrap()["done_by"]
             .as_u64()
             .unwrap_or_else(|| panic!("{id} has no done_by")) as usize;
-        if let Some(n) = l.finished.get(&id) {
+        if let Some(n) = finished.get(&id) {
             assert_eq!(*n, done_by, "{id}");
         }
         by_store.insert(id, done_by);
     }
-    assert!(l.finished.len() >= JOBS - orphans.len());
+    assert!(finished.len() >= JOBS - orphans.len());
     // The orphans were re-enqueued and finished by the survivors, and the dead node's locks
     // on them are fenced.
     let rescued = orphans
@@ -205,9 +208,8 @@ async fn run() {
         survivors_did,
         orphans.len(),
         rescued,
-        l.halted
+        halted
     );
-    drop(l);
     for bg in backgrounds.into_iter().flatten() {
         bg.stop().await;
     }
