@@ -138,7 +138,9 @@ async fn requeue(jobs: &Jobs) -> BenchResult<Duration> {
     let start = Instant::now();
     let requeued = monitor.check_once().await?;
     let took = start.elapsed();
-    let pending = jobs.pending_count(STALE_TYPE, None, None).await?;
+    let pending = jobs
+        .pending_count(STALE_TYPE, None, Some(2 * STALE_JOBS))
+        .await?;
     if requeued != STALE_JOBS || pending != STALE_JOBS {
         return Err(
             format!("re-enqueued {requeued}, pending {pending}, expected {STALE_JOBS}").into(),
