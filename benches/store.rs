@@ -15,88 +15,14 @@ use std::time::{Duration, Instant};
 
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::{Db, StoreError};
-use redb::ReadableTable;
 
-const WRITERS: usize = 16;
+#[path = "support/plain_redb.rs"]
+mod plain_redb;
+
+use plain_redb::{WRITERS, batched_redb, counter_key, doc, doc_key, plain_redb};
+
 const ROUNDS: usize = 5;
 const ROUND: Duration = Duration::from_millis(1000);
-const TABLE: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("bench");
-
-fn doc(writer: usize, n: u64) -> Vec<u8> {
-    format!(
-        "{{\"_id\":\"doc-{writer}-{n}\",\"type\":\"replication\",\"source\":\"http://127.0.0.1:5984/source\",\"target\":\"http://127.0.0.1:5984/target\",\"state\":\"pending\",\"n\":{n}}}"
-    )
-    .into_bytes()
-}
-
-fn counter_key(writer: usize) -> Vec<u8> {
-    format!("w{writer}/counter").into_bytes()
-}
-
-fn doc_key(writer: usize, n: u64) -> Vec<u8> {
-    format!("w{writer}/doc/{n:012}").into_bytes()
-}
-
-/// The benchmark transaction on a plain redb table.
-fn redb_tx(t: &mut redb::Table<&[u8], &[u8]>, writer: usize, n: u64) -> Result<(), redb::Error> {
-    let counter = counter_key(writer);
-    let count = t
-        .get(counter.as_slice())?
-        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-        .map(u64::from_le_bytes)
-        .unwrap_or(0);
-    t.insert(counter.as_slice(), (count + 1).to_le_bytes().as_slice())?;
-    t.insert(doc_key(writer, n).as_slice(), doc(writer, n).as_slice())?;
-    Ok(())
-}
-
-/// 16 threads, each committing its transactions one durable redb write transaction each.
-fn plain_redb(db: &Arc<redb::Database>, next: &AtomicU64) -> Result<u64, redb::Error> {
-    let stop = AtomicBool::new(false);
-    let committed = AtomicU64::new(0);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..WRITERS)
-            .map(|writer| {
-                let (db, stop, committed) = (db.clone(), &stop, &committed);
-                s.spawn(move || -> Result<(), redb::Error> {
-                    while !stop.load(Ordering::Relaxed) {
-                        let n = next.fetch_add(1, Ordering::Relaxed);
-                        let w = db.begin_write()?;
-                        redb_tx(&mut w.open_table(TABLE)?, writer, n)?;
-                        w.commit()?;
-                        committed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        std::thread::sleep(ROUND);
-        stop.store(true, Ordering::Relaxed);
-        for w in workers {
-            w.join().expect("writer thread")?;
-        }
-        Ok(committed.load(Ordering::Relaxed))
-    })
-}
-
-/// Plain redb with the writes of 16 transactions (one per writer) in each durable commit.
-fn batched_redb(db: &redb::Database, next: &AtomicU64) -> Result<u64, redb::Error> {
-    let start = Instant::now();
-    let mut committed = 0;
-    while start.elapsed() < ROUND {
-        let w = db.begin_write()?;
-        {
-            let mut t = w.open_table(TABLE)?;
-            for writer in 0..WRITERS {
-                redb_tx(&mut t, writer, next.fetch_add(1, Ordering::Relaxed))?;
-            }
-        }
-        w.commit()?;
-        committed += WRITERS as u64;
-    }
-    Ok(committed)
-}
-
 /// 16 tasks committing through `Db::run` on the embedded store. Returns commits and attempts.
 async fn embedded(db: &Db, next: &Arc<AtomicU64>) -> Result<(u64, u64), StoreError> {
     let committed = Arc::new(AtomicU64::new(0));
@@ -195,13 +121,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut attempts = 0;
     for _ in 0..ROUNDS {
         let start = Instant::now();
-        plain.add(plain_redb(&plain_db, &next)?, start.elapsed());
+        plain.add(plain_redb(&plain_db, &next, ROUND)?, start.elapsed());
         let start = Instant::now();
         let (n, tried) = runtime.block_on(embedded(&db, &next))?;
         group.add(n, start.elapsed());
         attempts += tried;
         let start = Instant::now();
-        batched.add(batched_redb(&batched_db, &next)?, start.elapsed());
+        batched.add(batched_redb(&batched_db, &next, ROUND)?, start.elapsed());
     }
     runtime.block_on(store.close())?;
     println!(

@@ -331,3 +331,32 @@ async fn nested_under_a_supervisor_and_found_after_its_restart() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_child_awaiting_restart_still_counts_and_can_be_terminated() {
+    deadline(async {
+        let log = Log::default();
+        let sup = dynsup(&log)
+            .restart(Restart::Permanent)
+            .restart_delay(Duration::from_secs(30))
+            .max_children(1)
+            .start()
+            .await
+            .unwrap();
+        let a = sup.start_child("a", "x".into()).await.unwrap();
+        ractor::cast!(a, Cmd::Fail).unwrap();
+        until("a down", || sup.which_child("a").is_none()).await;
+        assert!(matches!(
+            sup.start_child("b", "x".into()).await,
+            Err(SupervisorError::Full { max: 1 })
+        ));
+        // Terminating it while it waits cancels the restart.
+        sup.terminate_child("a").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(log.count("start job"), 1);
+        assert_eq!(sup.count(), 0);
+        sup.start_child("b", "x".into()).await.unwrap();
+        sup.stop().await;
+    })
+    .await;
+}

@@ -192,3 +192,33 @@ async fn a_panic_in_terminate_is_contained() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn killing_a_supervisor_kills_its_children_without_terminate() {
+    deadline(async {
+        let log = Log::default();
+        let sup = Supervisor::new(Strategy::OneForOne)
+            .child(ChildSpec::server("a", Probe::new("a", &log), |_| {
+                "x".into()
+            }))
+            .child(ChildSpec::server("b", Probe::new("b", &log), |_| {
+                "x".into()
+            }))
+            .start()
+            .await
+            .unwrap();
+        let a = sup.which_child::<Cmd>("a").unwrap();
+        let b = sup.which_child::<Cmd>("b").unwrap();
+        sup.actor().kill();
+        sup.wait().await;
+        // ractor tears linked children down with the killed parent: none is leaked, and (a
+        // kill being a kill) none runs terminate.
+        a.wait(None).await.unwrap();
+        b.wait(None).await.unwrap();
+        assert_eq!(a.get_status(), ractor::ActorStatus::Stopped);
+        assert_eq!(b.get_status(), ractor::ActorStatus::Stopped);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(log.all(), vec!["start a", "start b"]);
+    })
+    .await;
+}
