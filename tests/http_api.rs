@@ -387,7 +387,20 @@ async fn one_shot_failures_and_timeouts_are_reported() {
             ..cfg()
         })
         .await;
-        let (s, e) = quick.post("/_replicate", Some(BOB), body).await;
+        // A source that accepts connections and never answers: the job cannot end (neither
+        // succeed nor fail) within the 50 ms the node waits, whatever the machine's load.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = silent.accept().await {
+                held.push(conn);
+            }
+        });
+        let stalled = format!(
+            r#"{{"source":"http://127.0.0.1:{port}/a","target":"http://127.0.0.1:{port}/b"}}"#
+        );
+        let (s, e) = quick.post("/_replicate", Some(BOB), &stalled).await;
         assert_eq!((s, e["error"].as_str()), (504, Some("timeout")), "{e}");
     })
     .await
