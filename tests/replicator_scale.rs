@@ -1,6 +1,8 @@
 //! 1,000 continuous replications on one node with `max_jobs = 100`: the job server's
 //! rotation (extra acceptors every interval, trimming the longest-running back to max_jobs)
-//! gives every job a turn; none starves.
+//! gives every job a turn; none starves. couch_jobs' accept picks at random among the
+//! eligible pending jobs, so the last few jobs take a while (a coupon-collector tail): the
+//! 1,000-job run takes about 6 minutes here.
 
 mod replicator_support;
 
@@ -11,34 +13,46 @@ use futures::StreamExt;
 use replicator_support::*;
 use serde_json::json;
 
-const JOBS: usize = 1000;
 const SERVERS: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_continuous_jobs_all_progress_with_max_jobs_20() {
+    rotation(200, 20, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_continuous_jobs_all_progress_with_max_jobs_100() {
-    deadline(600, async {
+    rotation(1000, 100, 100).await;
+}
+
+async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
+    deadline(900, async {
         let mut pouches = Vec::new();
         for _ in 0..SERVERS {
             pouches.push(Pouch::start().await);
         }
         let pouches = &pouches;
         let t0 = Instant::now();
-        futures::stream::iter(0..JOBS)
+        futures::stream::iter(0..jobs)
             .for_each_concurrent(16, |i| async move {
                 let p = &pouches[i % SERVERS];
                 p.create_db(&format!("s{i}")).await;
                 p.put_docs(&format!("s{i}"), "d", 1).await;
             })
             .await;
-        eprintln!("{JOBS} source dbs in {:?}", t0.elapsed());
+        eprintln!("{jobs} source dbs in {:?}", t0.elapsed());
         let store = Store::open();
         let settings = ReplicatorSettings {
-            max_jobs: 100,
-            max_churn: 100,
+            max_jobs,
+            max_churn,
+            // A job must live long enough to start (two endpoints, checkpoints) before it
+            // can be trimmed, or no rotated job ever gets to copy anything.
+            interval_sec: 2,
+            min_run_time_sec: 5,
             ..test_settings()
         };
         let n = node(&store.db, "n1", settings).await;
-        for i in 0..JOBS {
+        for i in 0..jobs {
             let p = &pouches[i % SERVERS];
             n.add(NewJob {
                 kind: JobKind::Persistent {
@@ -46,18 +60,35 @@ async fn a_thousand_continuous_jobs_all_progress_with_max_jobs_100() {
                     doc_id: format!("r{i}"),
                 },
                 rep: json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
-                            "create_target": true, "continuous": true,
-                            "worker_processes": 1, "http_connections": 2}),
+                "create_target": true, "continuous": true,
+                }),
             })
             .await
             .unwrap();
         }
-        eprintln!("{JOBS} jobs added at {:?}", t0.elapsed());
+        eprintln!("{jobs} jobs added at {:?}", t0.elapsed());
         let started = Instant::now();
+        let server = n
+            .tree()
+            .which_child::<couch_replicator::replicator::job_server::JobServerMsg>("job_server")
+            .unwrap();
+        let reporter = tokio::spawn(async move {
+            loop {
+                let t = Instant::now();
+                let st = ractor::call!(
+                    server,
+                    couch_replicator::replicator::job_server::JobServerMsg::Status
+                );
+                eprintln!("status {st:?} (call took {:?})", t.elapsed());
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
         let mut max_running = 0;
-        let mut left: Vec<usize> = (0..JOBS).collect();
+        let mut left: Vec<usize> = (0..jobs).collect();
         while !left.is_empty() {
+            let t = Instant::now();
             let running = n.active_tasks().await.unwrap().len();
+            eprintln!("active_tasks took {:?}", t.elapsed());
             max_running = max_running.max(running);
             left = futures::stream::iter(left)
                 .map(|i| async move {
@@ -69,16 +100,21 @@ async fn a_thousand_continuous_jobs_all_progress_with_max_jobs_100() {
                 .collect()
                 .await;
             eprintln!(
-                "{:>5.1}s: {} of {JOBS} replicated, {running} running",
+                "{:>5.1}s: {} of {jobs} replicated, {running} running",
                 started.elapsed().as_secs_f64(),
-                JOBS - left.len()
+                jobs - left.len()
             );
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        // Running jobs stay near max_jobs: up to max_jobs + max_churn between trims.
-        assert!(max_running <= 200, "{max_running} running at once");
+        // Running jobs stay near max_jobs: up to max_jobs + max_churn between trims, plus a
+        // few trimmed ones still writing their final checkpoint (still `running` in couch_jobs).
+        let bound = max_jobs + max_churn + max_churn / 5;
+        assert!(
+            max_running <= bound,
+            "{max_running} running at once (bound {bound})"
+        );
         let views = n.list().await.unwrap();
-        assert_eq!(views.len(), JOBS);
+        assert_eq!(views.len(), jobs);
         assert!(
             views
                 .iter()
@@ -89,11 +125,40 @@ async fn a_thousand_continuous_jobs_all_progress_with_max_jobs_100() {
             .filter(|v| v.history.iter().any(|h| h.kind == "stopped"))
             .count();
         assert!(
-            rotated >= JOBS - 200,
+            rotated >= jobs.saturating_sub(max_jobs + max_churn),
             "only {rotated} jobs were ever rotated out"
         );
-        eprintln!("all {JOBS} progressed in {:?}", started.elapsed());
+        eprintln!("all {jobs} progressed in {:?}", started.elapsed());
+        reporter.abort();
         n.shutdown().await;
     })
     .await;
+}
+
+/// Measures what building one HTTP client costs (the engine builds four per job start).
+#[test]
+#[ignore = "measurement, not a check"]
+fn client_build_cost() {
+    use couch_replicator::replication::client::{ClientConfig, HttpClient};
+    use couch_replicator::replication::{Aimd, Endpoint};
+    let cfg = ClientConfig {
+        connection_timeout: Duration::from_secs(30),
+        request_timeout: None,
+        retries_per_request: 5,
+        http_connections: 20,
+        proxy: None,
+        tcp_nodelay: true,
+    };
+    let ep = Endpoint::parse("http://127.0.0.1:5984/db").unwrap();
+    let _ = HttpClient::new(ep.clone(), cfg.clone(), std::sync::Arc::new(Aimd::new())).unwrap();
+    let t = Instant::now();
+    for _ in 0..20 {
+        let _ = reqwest::Client::builder().build().unwrap();
+    }
+    eprintln!("one plain reqwest client: {:?}", t.elapsed() / 20);
+    let t = Instant::now();
+    for _ in 0..20 {
+        let _ = HttpClient::new(ep.clone(), cfg.clone(), std::sync::Arc::new(Aimd::new())).unwrap();
+    }
+    eprintln!("one engine client: {:?}", t.elapsed() / 20);
 }

@@ -17,6 +17,17 @@ use super::error::{ReplicationError, Result};
 use super::rate_limit::{MAX_INTERVAL_MS, RateKey, RateLimiter};
 
 /// First retry sleep.
+/// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
+/// scratch (system roots, providers): ~150 ms of CPU per client, and jobs build clients at
+/// every start, so a node rotating many jobs spent its time there. `None` if it cannot be
+/// built (each client then sets up its own and reports the error).
+#[cfg(feature = "tls")]
+fn shared_tls() -> Option<native_tls::TlsConnector> {
+    static TLS: std::sync::OnceLock<Option<native_tls::TlsConnector>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| native_tls::TlsConnector::new().ok())
+        .clone()
+}
+
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// Give up retrying once the first failure is older than this (`health_threshold / 2`).
 const RETRY_WINDOW: Duration = Duration::from_secs(60);
@@ -125,11 +136,8 @@ impl HttpClient {
             .tcp_nodelay(cfg.tcp_nodelay)
             .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
         #[cfg(feature = "tls")]
-        if ep.parsed_url().scheme() == "http" && cfg.proxy.is_none() {
-            // Plain-HTTP endpoints never use TLS: skip loading the system root store, which
-            // costs milliseconds of CPU per client (a job builds clients at every start, and
-            // a node rotating hundreds of jobs spent most of its CPU there).
-            b = b.tls_certs_only(Vec::<reqwest::Certificate>::new());
+        if let Some(tls) = shared_tls() {
+            b = b.tls_backend_preconfigured(tls);
         }
         b = match &cfg.proxy {
             Some(p) => b.proxy(
