@@ -4,6 +4,11 @@
 //! overrides, then command-line flags, in that order of increasing precedence. Prints
 //! `listening on http://ADDR` once the API accepts connections; stops gracefully on Ctrl-C or
 //! SIGTERM (running jobs checkpoint and go back to pending).
+//!
+//! The HTTP API (with `/_steps`) and the `_replicator` doc processor are the last children of
+//! the node's tree, run only by `api_frontend` nodes; `[steps] workers` starts steps workers
+//! ([`super::serve_steps`]). The server uuid (part of every replication id) is kept in the
+//! data directory; nodes sharing one FoundationDB cluster must set the same `[couchdb] uuid`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -176,6 +181,7 @@ pub fn setup(
 
 /// The server uuid kept in the data directory, so replication ids survive restarts.
 fn server_uuid(dir: &Path) -> Result<String, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let p = dir.join("server_uuid");
     match std::fs::read_to_string(&p) {
         Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
@@ -190,11 +196,14 @@ fn server_uuid(dir: &Path) -> Result<String, String> {
 fn open_store(args: &ServeArgs) -> Result<Db, String> {
     #[cfg(feature = "fdb")]
     if let Some(f) = &args.fdb_cluster_file {
-        return Err(format!(
-            "FoundationDB ({}) is not available yet: the store adapter is not implemented; \
-             run without --fdb-cluster-file to use the embedded store",
-            f.display()
-        ));
+        use couch_replicator::store::fdb::{FdbStore, boot_network};
+        let path = f
+            .to_str()
+            .ok_or_else(|| format!("cluster file path {} is not UTF-8", f.display()))?;
+        boot_network().map_err(|e| format!("cannot start the FoundationDB client: {e}"))?;
+        let store = FdbStore::open(Some(path))
+            .map_err(|e| format!("cannot open FoundationDB through {}: {e}", f.display()))?;
+        return Ok(Db::new(Arc::new(store)));
     }
     std::fs::create_dir_all(&args.data_dir)
         .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
@@ -267,6 +276,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(w) = workers {
         w.stop(Duration::from_secs(5)).await;
     }
+    // The FDB client's network thread must stop before the process exits.
+    #[cfg(feature = "fdb")]
+    couch_replicator::store::fdb::stop_network();
     Ok(())
 }
 
