@@ -2,7 +2,7 @@
 //! rotation (extra acceptors every interval, trimming the longest-running back to max_jobs)
 //! gives every job a turn; none starves. couch_jobs' accept picks at random among the
 //! eligible pending jobs, so the last few jobs take a while (a coupon-collector tail): the
-//! 1,000-job run takes about 6 minutes here.
+//! 1,000-job run takes about 3.5 minutes here (all 1,000 replicated after ~190 s).
 
 mod replicator_support;
 

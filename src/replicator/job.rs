@@ -54,6 +54,8 @@ pub enum JobMsg {
     Done(Box<Result<ReplicationStats, ReplicationError>>),
     /// A snapshot of the job.
     Info(RpcReplyPort<JobInfo>),
+    /// Trimmed by the job server: stop, and go back to pending this much later.
+    Rotate(Duration),
 }
 
 /// What [`JobMsg::Info`] answers.
@@ -106,6 +108,8 @@ pub struct JobActorState {
     done: bool,
     /// The reason tag of the error that ended the run (`max_backoff`, ...).
     error_tag: Option<&'static str>,
+    /// How long a stopped job waits before it is eligible again (default `interval`).
+    resubmit_delay: Option<Duration>,
     timer: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -137,6 +141,7 @@ impl Server for JobActor {
             runner: None,
             done: false,
             error_tag: None,
+            resubmit_delay: None,
             timer: None,
         })
     }
@@ -158,6 +163,11 @@ impl Server for JobActor {
                     Err(e.to_string().into())
                 }
             },
+            JobMsg::Rotate(delay) => {
+                st.resubmit_delay = Some(delay);
+                myself.stop(None);
+                Ok(())
+            }
             JobMsg::Info(reply) => {
                 let _ = reply.send(JobInfo {
                     job_id: st.job.id.clone(),
@@ -564,7 +574,10 @@ async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
     set_state(&mut st.data, RepState::Pending, None, now);
     push_history(&mut st.data, "stopped", now, None, max_history);
     push_history(&mut st.data, "pending", now, None, max_history);
-    let stime = now + st.ctx.settings().interval_sec as i64;
+    let delay = st
+        .resubmit_delay
+        .unwrap_or_else(|| st.ctx.settings().interval());
+    let stime = now + delay.as_secs().max(1) as i64;
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Stopped {
         job_id: st.job.id.clone(),

@@ -7,6 +7,8 @@
 //! `min_run_time` back to `max_jobs` (never one-shot jobs), start up to `max_churn` extra
 //! acceptors when jobs are pending, remove finished transient jobs older than
 //! `transient_job_max_age`, refresh the gauges. The arithmetic is in [`super::churn`].
+//! Trimmed jobs go back to pending after one interval per `max_churn` waiting jobs (see
+//! `rotation_delay`; CouchDB waits one interval) so that no job starves.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Status`.
 
@@ -30,6 +32,10 @@ use super::rep_job::{self, REP_JOBS};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
+/// At most this many intervals between a job's rotation and its next eligibility.
+const MAX_ROTATION_INTERVALS: usize = 10;
+/// Pending jobs counted for the rotation delay.
+const ROTATION_COUNT_LIMIT: usize = 100_000;
 /// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
 const HANDOFF_ATTEMPTS: u32 = 50;
 
@@ -147,9 +153,12 @@ impl JobServer {
             })
             .collect();
         let victims = trim_victims(&running, s.max_jobs, s.min_run_time());
-        for v in &victims {
-            if let Some(w) = st.workers.get(v) {
-                w.actor.stop(None);
+        if !victims.is_empty() {
+            let delay = self.rotation_delay().await;
+            for v in &victims {
+                if let Some(w) = st.workers.get(v) {
+                    let _ = w.actor.send_message(JobMsg::Rotate(delay));
+                }
             }
         }
         st.churn += victims.len();
@@ -184,6 +193,28 @@ impl JobServer {
         st.churn = 0;
         self.refill(myself, st);
         self.schedule_tick(myself, st);
+    }
+
+    /// How long a trimmed job waits before it is eligible again: one `interval` per
+    /// `max_churn` pending jobs (at most [`MAX_ROTATION_INTERVALS`]), so jobs that
+    /// never ran get their turn before the ones just rotated out. CouchDB 4.x waits one
+    /// interval; since couch_jobs' accept picks at random among eligible jobs, that leaves a
+    /// long tail of jobs waiting for their first run when pending work is much larger than
+    /// `max_churn`.
+    async fn rotation_delay(&self) -> Duration {
+        let s = self.ctx.settings();
+        // All pending jobs, eligible or not: at the end of a rotation most of them are the
+        // ones just rotated out, and the few that never ran must come first.
+        let pending = self
+            .ctx
+            .jobs()
+            .pending_count(REP_JOBS, None, Some(ROTATION_COUNT_LIMIT))
+            .await
+            .unwrap_or(0);
+        let cycles = pending
+            .div_ceil(s.max_churn.max(1))
+            .clamp(1, MAX_ROTATION_INTERVALS);
+        s.interval() * cycles as u32
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {

@@ -51,7 +51,8 @@ impl Pouch {
             .expect("start pouchdb-server");
         let http = reqwest::Client::new();
         let url = format!("http://127.0.0.1:{port}/");
-        for _ in 0..300 {
+        // Up to 60 s: on a loaded machine node takes a while to load pouchdb-server.
+        for _ in 0..600 {
             if http
                 .get(&url)
                 .send()
