@@ -53,7 +53,11 @@ async fn serve_runs_steps_jobs_behind_admin_auth() {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines.next_line().await.unwrap().expect("serve printed nothing");
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("serve printed nothing");
         let base = line
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line}"))
@@ -67,7 +71,14 @@ async fn serve_runs_steps_jobs_behind_admin_auth() {
         let post = reqwest::Method::POST;
         let (s, _) = call(&http, None, post.clone(), &url, Some(spec.clone())).await;
         assert_eq!(s, 401);
-        let (s, _) = call(&http, Some(("bob", "bob-pw")), post.clone(), &url, Some(spec.clone())).await;
+        let (s, _) = call(
+            &http,
+            Some(("bob", "bob-pw")),
+            post.clone(),
+            &url,
+            Some(spec.clone()),
+        )
+        .await;
         assert_eq!(s, 403);
         let admin = Some(("root", "r00t"));
         let (s, created) = call(&http, admin, post, &url, Some(spec)).await;
@@ -75,7 +86,14 @@ async fn serve_runs_steps_jobs_behind_admin_auth() {
         let id = created["id"].as_str().unwrap().to_owned();
         let mut last = Value::Null;
         for _ in 0..300 {
-            let (_, v) = call(&http, admin, reqwest::Method::GET, &format!("{url}/{id}"), None).await;
+            let (_, v) = call(
+                &http,
+                admin,
+                reqwest::Method::GET,
+                &format!("{url}/{id}"),
+                None,
+            )
+            .await;
             last = v;
             if last["state"] == "success" || last["state"] == "failed" {
                 break;
@@ -85,11 +103,16 @@ async fn serve_runs_steps_jobs_behind_admin_auth() {
         assert_eq!(last["state"], "success", "{last}");
         let (s, list) = call(&http, admin, reqwest::Method::GET, &url, None).await;
         assert_eq!(s, 200);
-        assert!(list["jobs"].as_array().is_some_and(|j| j.len() == 1), "{list}");
+        assert!(
+            list["jobs"].as_array().is_some_and(|j| j.len() == 1),
+            "{list}"
+        );
 
         // SIGTERM: the node stops cleanly (workers included).
         let pid = child.id().unwrap();
-        let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
         let status = child.wait().await.unwrap();
         assert!(status.success(), "{status:?}");
     })
