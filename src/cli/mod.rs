@@ -3,4 +3,5 @@
 pub mod config_file;
 pub mod replicate;
 pub mod serve;
+pub mod serve_steps;
 pub mod steps;

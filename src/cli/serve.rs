@@ -4,18 +4,25 @@
 //! overrides, then command-line flags, in that order of increasing precedence. Prints
 //! `listening on http://ADDR` once the API accepts connections; stops gracefully on Ctrl-C or
 //! SIGTERM (running jobs checkpoint and go back to pending).
+//!
+//! The HTTP API (with `/_steps`) and the `_replicator` doc processor are the last children of
+//! the node's tree, run only by `api_frontend` nodes; `[steps] workers` starts steps workers
+//! ([`super::serve_steps`]). The server uuid (part of every replication id) is kept in the
+//! data directory; nodes sharing one FoundationDB cluster must set the same `[couchdb] uuid`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
-use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
-use couch_replicator::replicator::{NodeType, Replicator, ReplicatorConfig};
+use couch_replicator::replicator::doc_processor::{DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::{Frontend, NodeType, Replicator, ReplicatorConfig, ServiceFn};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 
 use super::config_file::ConfigFile;
+use super::serve_steps::StepsSetup;
 
 /// `serve` flags.
 #[derive(Debug, clap::Args)]
@@ -174,6 +181,7 @@ pub fn setup(
 
 /// The server uuid kept in the data directory, so replication ids survive restarts.
 fn server_uuid(dir: &Path) -> Result<String, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let p = dir.join("server_uuid");
     match std::fs::read_to_string(&p) {
         Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
@@ -188,11 +196,14 @@ fn server_uuid(dir: &Path) -> Result<String, String> {
 fn open_store(args: &ServeArgs) -> Result<Db, String> {
     #[cfg(feature = "fdb")]
     if let Some(f) = &args.fdb_cluster_file {
-        return Err(format!(
-            "FoundationDB ({}) is not available yet: the store adapter is not implemented; \
-             run without --fdb-cluster-file to use the embedded store",
-            f.display()
-        ));
+        use couch_replicator::store::fdb::{FdbStore, boot_network};
+        let path = f
+            .to_str()
+            .ok_or_else(|| format!("cluster file path {} is not UTF-8", f.display()))?;
+        boot_network().map_err(|e| format!("cannot start the FoundationDB client: {e}"))?;
+        let store = FdbStore::open(Some(path))
+            .map_err(|e| format!("cannot open FoundationDB through {}: {e}", f.display()))?;
+        return Ok(Db::new(Arc::new(store)));
     }
     std::fs::create_dir_all(&args.data_dir)
         .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
@@ -201,53 +212,112 @@ fn open_store(args: &ServeArgs) -> Result<Db, String> {
     Ok(Db::new(Arc::new(store)))
 }
 
-/// Runs the node until Ctrl-C / SIGTERM.
+/// Runs the node until Ctrl-C / SIGTERM. The HTTP API and the doc processor are children
+/// of the node's tree (on `api_frontend` nodes only); `serve` waits for the signal, then
+/// shuts the tree down (jobs checkpoint) and stops the steps workers.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
     let (cfg, admins) = load(&args, std::env::vars().collect())?;
     let db = open_store(&args)?;
     let uuid = server_uuid(&args.data_dir)?;
     let setup = setup(&args, &cfg, admins, db, uuid)?;
+    let steps_setup = StepsSetup::from_config(&cfg, &setup.replicator.node)?;
     if setup.http.users.has_no_admins() {
         tracing::warn!(
             "no server admin configured (--admin name:password or [admins]): requests that change state need one"
         );
     }
     let frontend = setup.replicator.settings.runs(NodeType::ApiFrontend);
-    let replicator = Arc::new(
-        Replicator::start(setup.replicator)
-            .await
-            .map_err(|e| e.to_string())?,
+    let (addr_tx, mut addr_rx) = tokio::sync::watch::channel(None);
+    let http = http_service(
+        setup.addr,
+        setup.http,
+        steps_setup.clone(),
+        Arc::new(addr_tx),
     );
-    let docs = if frontend && !setup.dbs.is_empty() {
-        let cfg = DocProcessorConfig {
+    let parts = Frontend {
+        doc_processor: Some(DocProcessorConfig {
             dbs: setup.dbs,
             ..DocProcessorConfig::default()
-        };
-        Some(DocProcessor::start(replicator.clone(), cfg).map_err(|e| e.to_string())?)
-    } else {
-        None
+        }),
+        http: Some(http),
     };
-    let listener = tokio::net::TcpListener::bind(setup.addr)
+    let replicator = Replicator::start_with(setup.replicator, parts)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", setup.addr))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let state = AppState::new(replicator.clone(), setup.http, http::prometheus());
-    let server = tokio::spawn(http::serve(listener, state, shutdown_signal()));
-    println!("listening on http://{local}");
-    tracing::info!(node = %replicator.node(), %local, "replicator node running");
-    let served = server.await;
-    if let Some(d) = docs {
-        d.stop().await;
+        .map_err(|e| e.to_string())?;
+    let steps = steps_setup.steps(replicator.jobs().clone())?;
+    let workers = steps_setup.start_workers(steps).await?;
+    if frontend {
+        let wait = addr_rx.wait_for(Option::is_some);
+        let local = tokio::select! {
+            r = wait => r.map_err(|e| e.to_string())?.clone(),
+            _ = shutdown_signal() => None,
+        };
+        match local {
+            Some(Ok(local)) => {
+                println!("listening on http://{local}");
+                tracing::info!(node = %replicator.node(), %local, "replicator node running");
+            }
+            Some(Err(e)) => {
+                replicator.shutdown().await;
+                return Err(e);
+            }
+            // The signal came before the API was up.
+            None => {
+                replicator.shutdown().await;
+                return Ok(());
+            }
+        }
+    } else {
+        println!("running without HTTP API (node types: replication)");
+        tracing::info!(node = %replicator.node(), "replicator node running");
     }
-    match Arc::try_unwrap(replicator) {
-        Ok(r) => r.shutdown().await,
-        Err(_) => tracing::warn!("replicator still referenced at exit; skipping graceful shutdown"),
+    shutdown_signal().await;
+    replicator.shutdown().await;
+    if let Some(w) = workers {
+        w.stop(Duration::from_secs(5)).await;
     }
-    match served {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("HTTP server: {e}")),
-        Err(e) => Err(format!("HTTP server task: {e}")),
-    }
+    // The FDB client's network thread must stop before the process exits.
+    #[cfg(feature = "fdb")]
+    couch_replicator::store::fdb::stop_network();
+    Ok(())
+}
+
+/// The HTTP child: binds `addr` (the port first bound is kept across restarts, so a
+/// restarted API comes back where clients expect it) and serves the API with `/_steps`.
+/// Reports the bound address, or why binding failed, on `bound`.
+fn http_service(
+    addr: SocketAddr,
+    config: HttpConfig,
+    steps: StepsSetup,
+    bound: Arc<tokio::sync::watch::Sender<Option<Result<SocketAddr, String>>>>,
+) -> ServiceFn {
+    Arc::new(move |rep: Arc<Replicator>| {
+        let config = config.clone();
+        let steps = steps.clone();
+        let bound = bound.clone();
+        Box::pin(async move {
+            let at = match bound.borrow().as_ref() {
+                Some(Ok(a)) => *a,
+                _ => addr,
+            };
+            let listener = match tokio::net::TcpListener::bind(at).await {
+                Ok(l) => l,
+                Err(e) => {
+                    let msg = format!("cannot listen on {at}: {e}");
+                    bound.send_replace(Some(Err(msg.clone())));
+                    return Err(msg);
+                }
+            };
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            let steps = steps.steps(rep.jobs().clone())?;
+            let state = AppState::new(rep, config, http::prometheus());
+            let router = http::router_with_steps(state, Some(steps));
+            bound.send_replace(Some(Ok(local)));
+            http::serve_router(listener, router, std::future::pending())
+                .await
+                .map_err(|e| format!("HTTP server: {e}"))
+        })
+    })
 }
 
 async fn shutdown_signal() {

@@ -6,6 +6,7 @@
 //! Job operations go straight to couch_jobs, so they work on any node of a cluster sharing one
 //! store, whichever node runs the job.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -18,6 +19,7 @@ use super::collision;
 use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::{EventBusMsg, EventReceiver, subscribe};
+use super::frontend::Frontend;
 use super::rep_job::{
     self, JobKind, JobView, REP_JOBS, RepState, new_job_data, parse_rep, persistent_job_id,
     transient_job_id,
@@ -96,6 +98,15 @@ impl Replicator {
     /// Starts a node: sets the `rep_jobs` activity timeout, starts couch_jobs' background
     /// processes and the replicator tree.
     pub async fn start(config: ReplicatorConfig) -> ReplicatorResult<Replicator> {
+        Self::start_with(config, Frontend::default()).await
+    }
+
+    /// [`Replicator::start`] plus the `api_frontend` children (doc_processor, HTTP API),
+    /// started as the last children of the tree when the node types include `api_frontend`.
+    pub async fn start_with(
+        config: ReplicatorConfig,
+        frontend: Frontend,
+    ) -> ReplicatorResult<Replicator> {
         config
             .settings
             .validate()
@@ -105,14 +116,24 @@ impl Replicator {
         jobs.set_type_timeout(REP_JOBS, config.settings.job_timeout_sec as i64)
             .await?;
         let background = jobs.start_background().await?;
+        let (handle_tx, handle_rx) = tokio::sync::watch::channel(None);
         let (tree, ctx) = tree::start(
             jobs,
             config.settings,
             config.node,
             config.server_uuid,
             prefix,
+            frontend,
+            handle_rx,
         )
         .await?;
+        // The frontend services wait for this handle (a view without the background
+        // processes, which only the host's handle stops).
+        let _ = handle_tx.send(Some(Arc::new(Replicator {
+            ctx: ctx.clone(),
+            tree: tree.clone(),
+            background: None,
+        })));
         Ok(Replicator {
             ctx,
             tree,

@@ -13,6 +13,7 @@ pub mod context;
 pub mod doc_processor;
 pub mod error;
 pub mod event_bus;
+pub mod frontend;
 pub mod handle;
 pub mod job;
 pub mod job_server;
@@ -25,6 +26,7 @@ pub mod tree;
 
 pub use error::{ReplicatorError, ReplicatorResult};
 pub use event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
+pub use frontend::{Frontend, ServiceFn, ServiceFuture};
 pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
 pub use rep_job::{JobKind, JobView, RepState};
 pub use settings::{NodeType, ReplicatorSettings};

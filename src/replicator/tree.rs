@@ -2,8 +2,9 @@
 //! and every child after it; later children call earlier ones through the children table).
 //! Read top to bottom, this is the start order; node types decide which children run:
 //! every node runs the event bus and clustering, `replication` nodes run the connection
-//! pool, the rate limiter, the job server and job_sup. `api_frontend` children (doc
-//! processor, HTTP) are added by the host on top of the handle.
+//! pool, the rate limiter, the job server and job_sup; `api_frontend` nodes then run the
+//! doc processor and the HTTP API (both after the job server: a job-server crash restarts
+//! them too).
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use super::connection_pool::ConnectionPool;
 use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::EventBus;
+use super::frontend::{self, Frontend, FrontendService, HandleRx};
 use super::job_server::JobServer;
 use super::job_sup::{self, JOB_SHUTDOWN};
 use super::rate_limiter::RateLimiterServer;
@@ -34,6 +36,8 @@ pub async fn start(
     node: String,
     server_uuid: String,
     prefix: Vec<u8>,
+    frontend: Frontend,
+    handle: HandleRx,
 ) -> ReplicatorResult<(SupervisorRef, NodeCtx)> {
     let sup = Supervisor::new(Strategy::RestForOne)
         .intensity(MAX_RESTARTS, PERIOD)
@@ -88,6 +92,24 @@ pub async fn start(
                     .into_child_spec(ids::JOB_SUP)
                     .shutdown(Shutdown::Timeout(JOB_SHUTDOWN + Duration::from_secs(1))),
             );
+    }
+
+    if s.runs(NodeType::ApiFrontend) {
+        let services = [
+            (frontend::DOC_PROCESSOR, frontend.doc_processor_service()),
+            (frontend::HTTP, frontend.http.clone()),
+        ];
+        for (name, run) in services {
+            if let Some(run) = run {
+                // 7. `_replicator` docs -> jobs; 8. the HTTP API.
+                let svc = FrontendService {
+                    name,
+                    run,
+                    handle: handle.clone(),
+                };
+                sup = sup.child(ChildSpec::server(name, svc, |_| ()));
+            }
+        }
     }
 
     let tree = sup

@@ -1,0 +1,132 @@
+//! The `api_frontend` children of the tree: `doc_processor` and `http`, last in
+//! `replicator_sup`'s `rest_for_one` order, started only on nodes whose types include
+//! `api_frontend`.
+//!
+//! Each is a [`FrontendService`] actor running one future (a service) on a task. The service
+//! gets the node's [`Replicator`] handle; because the handle only exists once the tree has
+//! started, the task waits for it on a watch channel the handle fills right after start. The
+//! service ending with an error fails the actor (the supervisor restarts it); stopping the
+//! actor aborts the task (dropping the service: its listener, its followers). `http` lives in
+//! the `http` module, which depends on this one, so the host passes it in as a [`ServiceFn`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ractor::ActorRef;
+use supervisors::{BoxError, ExitReason, Server};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::Replicator;
+use super::doc_processor::{DocProcessor, DocProcessorConfig};
+
+/// A running service; `Err` is a crash (the actor fails and is restarted).
+pub type ServiceFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+/// Starts a service on the node's handle (called again at every restart).
+pub type ServiceFn = Arc<dyn Fn(Arc<Replicator>) -> ServiceFuture + Send + Sync>;
+
+/// Child id of the doc_processor.
+pub const DOC_PROCESSOR: &str = "doc_processor";
+/// Child id of the HTTP API.
+pub const HTTP: &str = "http";
+
+/// What the `api_frontend` part of a node runs (ignored on nodes without that type).
+#[derive(Clone, Default)]
+pub struct Frontend {
+    /// Follow these `_replicator` databases (`None` or no databases: no doc_processor).
+    pub doc_processor: Option<DocProcessorConfig>,
+    /// The HTTP API (built by the host from `crate::http`).
+    pub http: Option<ServiceFn>,
+}
+
+impl std::fmt::Debug for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frontend")
+            .field("doc_processor", &self.doc_processor)
+            .field("http", &self.http.is_some())
+            .finish()
+    }
+}
+
+impl Frontend {
+    /// The doc_processor as a service, if there are databases to follow.
+    pub(crate) fn doc_processor_service(&self) -> Option<ServiceFn> {
+        let cfg = self.doc_processor.clone().filter(|c| !c.dbs.is_empty())?;
+        Some(Arc::new(move |rep| {
+            let cfg = cfg.clone();
+            Box::pin(async move {
+                // Held until the task is aborted; dropping it aborts the followers.
+                let _docs = DocProcessor::start(rep, cfg).map_err(|e| e.to_string())?;
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+        }))
+    }
+}
+
+/// Where services wait for the node's handle.
+pub(crate) type HandleRx = watch::Receiver<Option<Arc<Replicator>>>;
+
+/// The actor running one service.
+#[derive(Clone)]
+pub(crate) struct FrontendService {
+    pub name: &'static str,
+    pub run: ServiceFn,
+    pub handle: HandleRx,
+}
+
+/// Sent by the service task when the service returns.
+#[derive(Debug)]
+pub enum ServiceMsg {
+    /// The service ended (`Err`: crashed).
+    Ended(Result<(), String>),
+}
+
+impl Server for FrontendService {
+    type Msg = ServiceMsg;
+    type State = JoinHandle<()>;
+    type Args = ();
+
+    async fn init(&self, myself: ActorRef<ServiceMsg>, _: ()) -> Result<JoinHandle<()>, BoxError> {
+        let mut handle = self.handle.clone();
+        let run = self.run.clone();
+        Ok(tokio::spawn(async move {
+            // After the first start the sender is gone; the value stays.
+            let current = handle.borrow().clone();
+            let rep = match current {
+                Some(r) => r,
+                None => match handle.wait_for(Option::is_some).await {
+                    Ok(r) => match r.clone() {
+                        Some(r) => r,
+                        None => return,
+                    },
+                    Err(_) => return,
+                },
+            };
+            let res = run(rep).await;
+            let _ = myself.send_message(ServiceMsg::Ended(res));
+        }))
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ServiceMsg>,
+        msg: ServiceMsg,
+        _: &mut JoinHandle<()>,
+    ) -> Result<(), BoxError> {
+        match msg {
+            ServiceMsg::Ended(Ok(())) => {
+                tracing::info!(service = self.name, "frontend service ended");
+                myself.stop(None);
+                Ok(())
+            }
+            ServiceMsg::Ended(Err(e)) => Err(format!("{} failed: {e}", self.name).into()),
+        }
+    }
+
+    async fn terminate(&self, _: ActorRef<ServiceMsg>, task: JoinHandle<()>, _: ExitReason) {
+        task.abort();
+        let _ = task.await;
+    }
+}
