@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use crate::replication::ReplicationOptions;
+
 /// CouchDB's `min_backoff_penalty_sec` default.
 pub const MIN_BACKOFF_PENALTY: Duration = Duration::from_secs(32);
 /// CouchDB's `max_backoff_penalty_sec` default (2 days).
@@ -40,9 +42,42 @@ pub fn is_healed(ran_for: Duration, health_threshold: Duration) -> bool {
     ran_for > health_threshold
 }
 
+/// After a `max_backoff` crash (429s pushed the AIMD interval to its ceiling) the job
+/// restarts gentler (digest C.5, 4.x values): each setting lowered to these, never raised.
+pub fn gentler_after_max_backoff(o: &mut ReplicationOptions) {
+    o.checkpoint_interval = o.checkpoint_interval.min(Duration::from_millis(5000));
+    o.worker_processes = o.worker_processes.min(2);
+    o.worker_batch_size = o.worker_batch_size.min(100);
+    o.http_connections = o.http_connections.min(2);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_backoff_lowers_settings_but_never_raises_them() {
+        let mut o = ReplicationOptions::default();
+        gentler_after_max_backoff(&mut o);
+        assert_eq!(o.checkpoint_interval, Duration::from_millis(5000));
+        assert_eq!(
+            (o.worker_processes, o.worker_batch_size, o.http_connections),
+            (2, 100, 2)
+        );
+        let mut small = ReplicationOptions {
+            worker_processes: 1,
+            worker_batch_size: 10,
+            http_connections: 1,
+            checkpoint_interval: Duration::from_millis(1000),
+            ..ReplicationOptions::default()
+        };
+        gentler_after_max_backoff(&mut small);
+        assert_eq!(small.checkpoint_interval, Duration::from_millis(1000));
+        assert_eq!(
+            (small.worker_processes, small.worker_batch_size, small.http_connections),
+            (1, 10, 1)
+        );
+    }
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 

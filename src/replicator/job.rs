@@ -215,11 +215,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     };
     if rep_job::str_field(&st.data, "last_error") == Some("max_backoff") {
         // C.5: after a max_backoff crash, restart gentler.
-        let o = &mut spec.options;
-        o.checkpoint_interval = o.checkpoint_interval.min(Duration::from_millis(5000));
-        o.worker_processes = o.worker_processes.min(2);
-        o.worker_batch_size = o.worker_batch_size.min(100);
-        o.http_connections = o.http_connections.min(2);
+        super::backoff::gentler_after_max_backoff(&mut spec.options);
     }
     let limiter = match ractor::call!(
         ctx.child::<RateLimiterMsg>(ids::RATE_LIMITER)
