@@ -43,13 +43,14 @@ pub struct Batch {
     pub last_seq: Value,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct RevObj {
     rev: String,
 }
 
-#[derive(Deserialize)]
-struct Row {
+/// One row of a `_changes` feed (a change, or the closing `last_seq`).
+#[derive(Debug, Deserialize)]
+pub struct Row {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
@@ -72,6 +73,19 @@ pub struct ChangesReader {
     counters: Arc<Counters>,
     on_batch: OnBatch,
     next_index: u64,
+}
+
+/// Parses one line of a continuous `_changes` feed: `None` for a heartbeat (blank line), else
+/// the row; anything that is not a JSON change row is a [`ReplicationError::BadResponse`]
+/// naming the problem.
+pub fn parse_feed_line(line: &[u8]) -> Result<Option<Row>> {
+    let line = line.trim_ascii();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(line)
+        .map(Some)
+        .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))
 }
 
 /// Encodes a sequence for the `since` query argument: strings raw, others as JSON.
@@ -354,12 +368,9 @@ impl ChangesReader {
             let mut ended = false;
             while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=pos).collect();
-                let line = line.trim_ascii();
-                if line.is_empty() {
+                let Some(row) = parse_feed_line(&line)? else {
                     continue; // heartbeat
-                }
-                let row: Row = serde_json::from_slice(line)
-                    .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))?;
+                };
                 if let Some(ls) = row.last_seq.clone() {
                     pending_seq = Some(ls);
                     ended = true;
