@@ -11,6 +11,9 @@
 
 mod support;
 
+#[path = "serve_support/mod.rs"]
+mod serve_support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
@@ -21,7 +24,6 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use support::couch::Couch;
 use support::server::PouchServer;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const ADMIN: (&str, &str) = ("admin", "kill9-secret");
 
@@ -48,34 +50,9 @@ async fn start_serve(dir: &Path, repdb: &str) -> Serve {
         ),
     )
     .unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&cfg)
-        .args(["--port", "0"])
-        .env(
-            "RUST_LOG",
-            std::env::var("RELIABILITY_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines
-        .next_line()
-        .await
-        .unwrap()
-        .expect("serve printed nothing");
-    let base = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line}"))
-        .to_owned();
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let log = std::env::var("RELIABILITY_LOG").unwrap_or_else(|_| "warn".into());
+    let serve_support::ServeProcess { child, base } =
+        serve_support::spawn_serve(&dir.join("data"), &cfg, &[], &log, Stdio::inherit()).await;
     Serve { child, base }
 }
 

@@ -8,6 +8,9 @@
 
 mod support;
 
+#[path = "serve_support/mod.rs"]
+mod serve_support;
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,7 +19,6 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use support::couch::Couch;
 use support::server::{PouchServer, free_port};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const ADMIN: (&str, &str) = ("admin", "adm-Pw-4417");
 const BOB: (&str, &str) = ("bob", "bob-Pw-9921");
@@ -46,27 +48,14 @@ impl Serve {
         )
         .unwrap();
         let log = dir.join("serve.log");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--config")
-            .arg(&cfg)
-            .args(["--port", "0"])
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("serve printed nothing");
-        let base = line.strip_prefix("listening on ").unwrap().to_owned();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let serve_support::ServeProcess { child, base } = serve_support::spawn_serve(
+            &dir.join("data"),
+            &cfg,
+            &[],
+            "debug",
+            Stdio::from(std::fs::File::create(&log).unwrap()),
+        )
+        .await;
         Serve {
             child,
             base,

@@ -6,12 +6,14 @@
 mod http_support;
 mod support;
 
+#[path = "serve_support/mod.rs"]
+mod serve_support;
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use http_support::Pouch;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(150);
 const ADMIN: (&str, &str) = ("admin", "e2e-secret");
@@ -34,29 +36,9 @@ impl Serve {
             ),
         )
         .unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--config")
-            .arg(&cfg)
-            .args(["--port", "0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("serve printed nothing");
-        let base = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line}"))
-            .to_owned();
+        let serve_support::ServeProcess { child, base } =
+            serve_support::spawn_serve(&dir.join("data"), &cfg, &[], "warn", Stdio::inherit())
+                .await;
         Serve {
             child,
             base,

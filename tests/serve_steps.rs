@@ -3,11 +3,13 @@
 //! (named after its node name before `@`) and one for `any` both succeed; anonymous and
 //! non-admin callers are refused.
 
+#[path = "serve_support/mod.rs"]
+mod serve_support;
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 async fn call(
     http: &reqwest::Client,
@@ -39,29 +41,14 @@ async fn serve_runs_steps_jobs_behind_admin_auth() {
              [steps]\nworkers = 2\naction = sleep\nactivity_timeout = 5\n",
         )
         .unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--config")
-            .arg(&cfg)
-            .args(["--port", "0", "--node", "stepper@127.0.0.1"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("serve printed nothing");
-        let base = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line}"))
-            .to_owned();
+        let serve_support::ServeProcess { mut child, base } = serve_support::spawn_serve(
+            &dir.path().join("data"),
+            &cfg,
+            &["--node", "stepper@127.0.0.1"],
+            "warn",
+            Stdio::inherit(),
+        )
+        .await;
         let http = reqwest::Client::new();
         let url = format!("{base}/_steps");
         let spec = json!({"steps": [

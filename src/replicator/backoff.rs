@@ -74,7 +74,11 @@ mod tests {
         gentler_after_max_backoff(&mut small);
         assert_eq!(small.checkpoint_interval, Duration::from_millis(1000));
         assert_eq!(
-            (small.worker_processes, small.worker_batch_size, small.http_connections),
+            (
+                small.worker_processes,
+                small.worker_batch_size,
+                small.http_connections
+            ),
             (1, 10, 1)
         );
     }
