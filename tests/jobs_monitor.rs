@@ -1,6 +1,6 @@
-//! The activity monitor (digest A.7): direct `check_once` tests and the supervised
-//! background (type server → per-type monitor) re-enqueueing a dead worker's job, with paused
-//! time on the memory engine.
+//! The activity monitor (digest A.7): direct `check_once` tests (CouchDB's one check per
+//! timeout, and our default of two), and the supervised background (type server → per-type
+//! monitor) re-enqueueing a dead worker's job, with paused time on the memory engine.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +30,14 @@ fn jobs_with(config: JobsConfig) -> Jobs {
     )
 }
 
+/// CouchDB's monitor: one check per type timeout.
+fn couchdb_config() -> JobsConfig {
+    JobsConfig {
+        activity_monitor_checks_per_timeout: 1,
+        ..JobsConfig::default()
+    }
+}
+
 fn monitor(j: &Jobs) -> ActivityMonitor {
     ActivityMonitor::new(j.db().clone(), j.keys().clone(), T, j.config())
 }
@@ -47,7 +55,7 @@ fn now_opts() -> AcceptOpts {
 #[tokio::test(start_paused = true)]
 async fn check_once_requeues_only_jobs_idle_for_a_whole_period() {
     with_deadline(async {
-        let j = jobs_with(JobsConfig::default());
+        let j = jobs_with(couchdb_config());
         j.set_type_timeout(T, 2).await.unwrap();
         for id in ["idle", "busy"] {
             j.add(T, id, data(json!({"id": id})), 0).await.unwrap();
@@ -95,10 +103,47 @@ async fn check_once_requeues_only_jobs_idle_for_a_whole_period() {
     .await
 }
 
+/// Our default, two checks per timeout: checks every half timeout, and a job is re-enqueued
+/// by the check two checks after the last one that saw it active (a whole timeout later).
+#[tokio::test(start_paused = true)]
+async fn two_checks_per_timeout_requeue_after_one_idle_timeout_not_before() {
+    with_deadline(async {
+        let j = jobs_with(JobsConfig::default());
+        assert_eq!(j.config().activity_monitor_checks_per_timeout, 2);
+        j.set_type_timeout(T, 4).await.unwrap();
+        j.add(T, "idle", data(json!({})), 0).await.unwrap();
+        j.accept(T, now_opts()).await.unwrap();
+        let mut m = monitor(&j);
+        let delay = m.schedule().await.unwrap();
+        // 4 s / 2 + jitter of at most a quarter timeout.
+        assert!(
+            delay > Duration::from_secs(2) && delay <= Duration::from_secs(3),
+            "{delay:?}"
+        );
+        // The first two checks only remember; the third re-enqueues what the first saw.
+        assert_eq!(m.check_once().await.unwrap(), 0);
+        assert_eq!(m.check_once().await.unwrap(), 0);
+        assert_eq!(j.get_job_state(T, "idle").await.unwrap(), JobState::Running);
+        assert_eq!(m.check_once().await.unwrap(), 1);
+        assert_eq!(j.get_job_state(T, "idle").await.unwrap(), JobState::Pending);
+        // A worker that updated after the check two checks ago keeps its job.
+        let (again, _) = j.accept(T, now_opts()).await.unwrap();
+        assert_eq!(m.check_once().await.unwrap(), 0);
+        let again = j.update(&again, None).await.unwrap();
+        assert_eq!(m.check_once().await.unwrap(), 0);
+        assert_eq!(m.check_once().await.unwrap(), 0);
+        assert_eq!(j.get_job_state(T, "idle").await.unwrap(), JobState::Running);
+        // Idle since: gone two checks after the first one that saw its update.
+        assert_eq!(m.check_once().await.unwrap(), 1);
+        assert_eq!(j.update(&again, None).await, Err(JobsError::Halt));
+    })
+    .await
+}
+
 #[tokio::test(start_paused = true)]
 async fn changed_timeout_forgets_the_remembered_versionstamp() {
     with_deadline(async {
-        let j = jobs_with(JobsConfig::default());
+        let j = jobs_with(couchdb_config());
         j.set_type_timeout(T, 2).await.unwrap();
         j.add(T, "a", data(json!({})), 0).await.unwrap();
         j.accept(T, now_opts()).await.unwrap();
@@ -123,7 +168,7 @@ async fn aimd_batches_requeue_everything_and_grow() {
         let j = jobs_with(JobsConfig {
             activity_monitor_init_batch_size: 4,
             activity_monitor_batch_increment: 3,
-            ..JobsConfig::default()
+            ..couchdb_config()
         });
         j.set_type_timeout(T, 1).await.unwrap();
         for i in 0..40 {
@@ -149,7 +194,7 @@ async fn aimd_batches_requeue_everything_and_grow() {
 #[tokio::test(start_paused = true)]
 async fn stale_and_corrupt_activity_entries_are_cleared() {
     with_deadline(async {
-        let j = jobs_with(JobsConfig::default());
+        let j = jobs_with(couchdb_config());
         j.set_type_timeout(T, 1).await.unwrap();
         j.add(T, "a", data(json!({})), 0).await.unwrap();
         let (job, _) = j.accept(T, now_opts()).await.unwrap();
@@ -176,8 +221,9 @@ async fn stale_and_corrupt_activity_entries_are_cleared() {
     .await
 }
 
-/// With the background running, a worker that stops calling `update` loses its job after
-/// one to two periods of timeout + jitter; one that keeps updating never does.
+/// With the background running, a worker that stops calling `update` loses its job after one
+/// to one and a half timeouts (+ three jitters: checks every half timeout); one that keeps
+/// updating never does.
 #[tokio::test(start_paused = true)]
 async fn background_monitor_requeues_a_dead_workers_job() {
     with_deadline(async {
@@ -214,7 +260,7 @@ async fn background_monitor_requeues_a_dead_workers_job() {
                 break;
             }
             assert!(
-                last_update.elapsed() < Duration::from_millis(2 * 2500 + 200),
+                last_update.elapsed() < Duration::from_millis(3 * (1000 + 500) + 200),
                 "not re-enqueued in time"
             );
         }

@@ -1,13 +1,18 @@
 //! The per-type activity monitor (digest A.7): re-enqueues jobs whose worker stopped calling
 //! `update`.
 //!
-//! Each check remembers the type's activity watch versionstamp `VS`; the next check, one
-//! timeout (+ jitter) later, re-enqueues every job whose ACTIVITY key is still `≤ VS` (not
-//! touched for a whole period) as pending with its data kept, in AIMD-sized batches, then
-//! bumps the activity watch. A dead worker's job is therefore re-enqueued after 1-2 type
-//! timeouts (+ jitter) and the old worker gets `Halt`. [`ActivityMonitor::check_once`] is one
-//! check; [`MonitorActor`] runs checks on a timer (message `Check`).
+//! Checks run `n` times per type timeout (`activity_monitor_checks_per_timeout`, + jitter).
+//! Each check remembers the type's activity watch versionstamp `VS`; the check `n` checks
+//! later (at least one whole timeout later) re-enqueues every job whose ACTIVITY key is still
+//! `≤ VS` (not touched for a whole timeout) as pending with its data kept, in AIMD-sized
+//! batches, then bumps the activity watch. A dead worker's job is therefore re-enqueued
+//! between 1 and `1 + 1/n` timeouts (+ jitter) after its last update, and the old worker
+//! gets `Halt`. CouchDB checks once per timeout (`n = 1`: 1-2 timeouts); we default to
+//! `n = 2` so that a lost node's jobs run again within 2 timeouts including the accept.
+//! [`ActivityMonitor::check_once`] is one check; [`MonitorActor`] runs checks on a timer
+//! (message `Check`).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -35,9 +40,11 @@ pub struct ActivityMonitor {
     keys: Keys,
     ty: String,
     max_jitter_ms: u64,
+    checks: usize,
     aimd: Aimd,
     timeout_secs: Option<i64>,
-    last_vs: Option<Versionstamp>,
+    /// The versionstamps of the last `checks` checks, oldest first.
+    seen: VecDeque<Versionstamp>,
 }
 
 /// What one batch did.
@@ -53,13 +60,14 @@ impl ActivityMonitor {
             keys,
             ty: ty.to_string(),
             max_jitter_ms: config.activity_monitor_max_jitter_msec,
+            checks: config.activity_monitor_checks_per_timeout.max(1) as usize,
             aimd: Aimd::new(
                 config.activity_monitor_init_batch_size,
                 config.activity_monitor_batch_increment,
                 config.activity_monitor_batch_factor,
             ),
             timeout_secs: None,
-            last_vs: None,
+            seen: VecDeque::new(),
         }
     }
 
@@ -68,9 +76,9 @@ impl ActivityMonitor {
         self.aimd.size
     }
 
-    /// Reads the type timeout and returns the delay until the next check: timeout + uniform
-    /// jitter in `1..=max(1, min(timeout/2, max_jitter))` ms, or 5 s while no timeout is set.
-    /// A changed timeout forgets the remembered versionstamp.
+    /// Reads the type timeout and returns the delay until the next check: `timeout / n` +
+    /// uniform jitter in `1..=max(1, min(timeout/2n, max_jitter))` ms, or 5 s while no timeout
+    /// is set. A changed timeout forgets the remembered versionstamps.
     pub async fn schedule(&mut self) -> JobsResult<Duration> {
         let (keys, ty) = (&self.keys, self.ty.as_str());
         let timeout = self
@@ -78,26 +86,31 @@ impl ActivityMonitor {
             .run(|tx| async move { get_type_timeout(keys, &tx, ty).await })
             .await?;
         if timeout != self.timeout_secs {
-            self.last_vs = None;
+            self.seen.clear();
             self.timeout_secs = timeout;
         }
         let Some(secs) = timeout else {
             return Ok(NO_TIMEOUT_POLL);
         };
-        let ms = secs.max(0) as u64 * 1000;
+        let ms = secs.max(0) as u64 * 1000 / self.checks as u64;
         let bound = (ms / 2).min(self.max_jitter_ms).max(1);
         let jitter = rand::rng().random_range(1..=bound);
         Ok(Duration::from_millis(ms + jitter))
     }
 
-    /// One check: the first only remembers the activity watch's versionstamp; later ones
-    /// re-enqueue jobs not active since the previous check. Returns how many were re-enqueued.
+    /// One check: the first `n` only remember the activity watch's versionstamp; later ones
+    /// re-enqueue jobs not active since the check `n` checks ago. Returns how many were
+    /// re-enqueued.
     pub async fn check_once(&mut self) -> JobsResult<usize> {
-        let requeued = match self.last_vs.clone() {
-            None => 0,
-            Some(vs) => self.reenqueue_upto(&vs).await?,
+        let requeued = match self.seen.front().cloned() {
+            Some(vs) if self.seen.len() >= self.checks => self.reenqueue_upto(&vs).await?,
+            _ => 0,
         };
-        self.last_vs = Some(self.read_watch_vs().await?);
+        let vs = self.read_watch_vs().await?;
+        self.seen.push_back(vs);
+        while self.seen.len() > self.checks {
+            self.seen.pop_front();
+        }
         Ok(requeued)
     }
 

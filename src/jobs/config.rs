@@ -7,6 +7,11 @@ use std::time::Duration;
 pub struct JobsConfig {
     /// Upper bound of the activity monitor's jitter: `uniform(min(timeout/2, this))`.
     pub activity_monitor_max_jitter_msec: u64,
+    /// Checks per type timeout (ours; CouchDB checks once per timeout, which is `1`). With
+    /// `n` checks a job is re-enqueued `1 + 1/n` timeouts (+ jitter) after its worker's last
+    /// update at worst, instead of 2; a job is still only re-enqueued after a whole timeout
+    /// without an update.
+    pub activity_monitor_checks_per_timeout: u32,
     /// AIMD start size of the activity monitor's re-enqueue batches.
     pub activity_monitor_init_batch_size: usize,
     /// AIMD additive step after a full batch.
@@ -33,6 +38,7 @@ impl Default for JobsConfig {
     fn default() -> Self {
         Self {
             activity_monitor_max_jitter_msec: 10_000,
+            activity_monitor_checks_per_timeout: 2,
             activity_monitor_init_batch_size: 1000,
             activity_monitor_batch_increment: 100,
             activity_monitor_batch_factor: 0.75,
@@ -62,6 +68,10 @@ impl JobsConfig {
             (
                 "activity_monitor_max_jitter_msec",
                 self.activity_monitor_max_jitter_msec as u128,
+            ),
+            (
+                "activity_monitor_checks_per_timeout",
+                self.activity_monitor_checks_per_timeout as u128,
             ),
             (
                 "activity_monitor_init_batch_size",
