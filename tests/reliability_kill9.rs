@@ -190,6 +190,9 @@ async fn kill9_torture_loses_nothing() {
     let kills = env_num("RELIABILITY_KILLS", if long { 20 } else { 5 });
     let n_docs = env_num("RELIABILITY_DOCS", if long { 50_000 } else { 5_000 }) as usize;
     let budget = if long { 1800 } else { 240 };
+    // Long mode kills sooner after each restart so that all 20 kills land before the
+    // 50,000-doc replication completes (each restart first waits out the activity timeout).
+    let kill_ms = if long { 100..500u64 } else { 200..1500u64 };
     println!("kill9: seed={seed} kills={kills} docs={n_docs} (RELIABILITY_SEED={seed} to replay)");
     support::deadline(budget, "the kill9 torture to finish", async {
         let started = Instant::now();
@@ -220,6 +223,7 @@ async fn kill9_torture_loses_nothing() {
         let mut base_id: Option<String> = None;
         let mut claims = Vec::new();
         let mut survived = 0;
+        let mut mid_run = 0;
         let mut last_count = 0;
         for k in 0..kills {
             let mut node = start_serve(dir.path(), &a.db_url("jobs_replicator")).await;
@@ -236,7 +240,8 @@ async fn kill9_torture_loses_nothing() {
             .await;
             base_id.get_or_insert(id);
             let run_wait = run_wait.elapsed();
-            let wait = rng.random_range(200..1500u64);
+            let wait = rng.random_range(kill_ms.clone());
+            mid_run += usize::from(running != "completed");
             tokio::time::sleep(Duration::from_millis(wait)).await;
             let pid = node.child.id().unwrap() as i32;
             // SAFETY: signalling our own child process.
@@ -284,8 +289,8 @@ async fn kill9_torture_loses_nothing() {
         .unwrap();
         assert!(reopened.is_ok(), "store did not reopen: {reopened:?}");
         println!(
-            "kill9: RESULT kills_survived={survived} docs={} leaves_verified={compared} \
-             checkpoints_checked={} final_seq={last:?} stats={} elapsed={:?}",
+            "kill9: RESULT kills_survived={survived} mid_replication={mid_run} docs={} \
+             leaves_verified={compared} checkpoints_checked={} final_seq={last:?} stats={} elapsed={:?}",
             changes.len(),
             claims.iter().filter(|c| c.is_some()).count() + 1,
             doc["_replication_stats"],

@@ -81,7 +81,7 @@ impl Users {
 }
 
 /// Compares two secrets in time independent of where they differ.
-fn same(a: &str, b: &str) -> bool {
+pub(crate) fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     let mut diff = a.len() ^ b.len();
     for i in 0..a.len().max(b.len()) {
@@ -92,7 +92,8 @@ fn same(a: &str, b: &str) -> bool {
     diff == 0
 }
 
-fn decode_basic(h: &str) -> Option<(String, String)> {
+/// `(name, password)` of a `Basic` `Authorization` header value.
+pub(crate) fn decode_basic(h: &str) -> Option<(String, String)> {
     let (scheme, rest) = h.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;

@@ -4,6 +4,7 @@
 
 use axum::Json;
 use axum::http::StatusCode;
+use axum::http::header::WWW_AUTHENTICATE;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -18,6 +19,8 @@ pub struct HttpError {
     pub error: String,
     /// Human-readable reason.
     pub reason: String,
+    /// Send `WWW-Authenticate: Basic` with a 401 (routes meant for command-line clients).
+    pub basic_challenge: bool,
 }
 
 impl HttpError {
@@ -27,7 +30,14 @@ impl HttpError {
             status,
             error: error.to_owned(),
             reason: reason.into(),
+            basic_challenge: false,
         }
+    }
+
+    /// The same error; a 401 also asks for Basic credentials (`WWW-Authenticate`).
+    pub fn with_basic_challenge(mut self) -> Self {
+        self.basic_challenge = self.status == StatusCode::UNAUTHORIZED;
+        self
     }
 
     /// 400: the request is malformed.
@@ -80,11 +90,12 @@ impl HttpError {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"error": self.error, "reason": self.reason})),
-        )
-            .into_response()
+        let body = Json(json!({"error": self.error, "reason": self.reason}));
+        if self.basic_challenge {
+            let challenge = [(WWW_AUTHENTICATE, "Basic realm=\"server\"")];
+            return (self.status, challenge, body).into_response();
+        }
+        (self.status, body).into_response()
     }
 }
 

@@ -145,10 +145,8 @@ pub fn admin_check(users: Users) -> self::steps::AdminCheck {
         let header = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let to_steps =
-            |e: HttpError| self::steps::StepsHttpError::new(e.status, &e.error, e.reason);
-        let caller = users.authenticate(header).map_err(to_steps)?;
-        caller.require_admin().map(|_| ()).map_err(to_steps)
+        let caller = users.authenticate(header)?;
+        caller.require_admin().map(|_| ())
     })
 }
 

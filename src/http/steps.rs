@@ -12,67 +12,22 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::auth::{decode_basic, same};
+use super::error::HttpError;
 use crate::steps::{JobSpec, ListOptions, Steps, StepsError, StepsState};
 
 /// Most jobs one `GET /_steps` returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
 
-/// An error reply: HTTP status, CouchDB's short tag, and a reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StepsHttpError {
-    pub status: StatusCode,
-    pub error: String,
-    pub reason: String,
-}
-
-impl StepsHttpError {
-    /// A reply with this status, tag and reason.
-    pub fn new(status: StatusCode, error: &str, reason: impl Into<String>) -> Self {
-        Self {
-            status,
-            error: error.to_string(),
-            reason: reason.into(),
-        }
-    }
-
-    /// 400 `bad_request`.
-    pub fn bad_request(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", reason)
-    }
-
-    /// 401 `unauthorized`.
-    pub fn unauthorized(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", reason)
-    }
-
-    /// 403 `forbidden`.
-    pub fn forbidden(reason: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", reason)
-    }
-}
-
-impl IntoResponse for StepsHttpError {
-    fn into_response(self) -> Response {
-        let body = Json(json!({"error": self.error, "reason": self.reason}));
-        if self.status == StatusCode::UNAUTHORIZED {
-            // Lets command-line clients know Basic credentials are what is wanted.
-            let challenge = [(WWW_AUTHENTICATE, "Basic realm=\"server\"")];
-            return (self.status, challenge, body).into_response();
-        }
-        (self.status, body).into_response()
-    }
-}
-
-impl From<StepsError> for StepsHttpError {
+impl From<StepsError> for HttpError {
     fn from(e: StepsError) -> Self {
         match e {
             StepsError::Spec(s) => Self::bad_request(s.to_string()),
@@ -91,7 +46,7 @@ impl From<StepsError> for StepsHttpError {
 
 /// Decides whether a request comes from a server admin: `Ok` lets it through, an error
 /// (normally 401 or 403) is returned to the client as is.
-pub type AdminCheck = Arc<dyn Fn(&HeaderMap) -> Result<(), StepsHttpError> + Send + Sync>;
+pub type AdminCheck = Arc<dyn Fn(&HeaderMap) -> Result<(), HttpError> + Send + Sync>;
 
 /// An [`AdminCheck`] accepting HTTP Basic credentials of one admin. The password is
 /// compared in time independent of where it differs.
@@ -99,47 +54,22 @@ pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> Admi
     let (name, password) = (name.into(), password.into());
     Arc::new(move |headers: &HeaderMap| {
         let Some(value) = headers.get(AUTHORIZATION) else {
-            return Err(StepsHttpError::unauthorized(
+            return Err(HttpError::unauthorized(
                 "authentication required: send Basic credentials",
             ));
         };
         let Some((n, p)) = value.to_str().ok().and_then(decode_basic) else {
-            return Err(StepsHttpError::unauthorized(
+            return Err(HttpError::unauthorized(
                 "only Basic authentication with name:password is supported",
             ));
         };
         // Both compared in full, so timing says nothing about which one differed.
-        if same(n.as_bytes(), name.as_bytes()) & same(p.as_bytes(), password.as_bytes()) {
+        if same(&n, &name) & same(&p, &password) {
             Ok(())
         } else {
-            Err(StepsHttpError::unauthorized(
-                "Name or password is incorrect.",
-            ))
+            Err(HttpError::unauthorized("Name or password is incorrect."))
         }
     })
-}
-
-fn decode_basic(h: &str) -> Option<(String, String)> {
-    let (scheme, rest) = h.trim().split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(rest.trim())
-        .ok()?;
-    let text = String::from_utf8(raw).ok()?;
-    let (n, p) = text.split_once(':')?;
-    Some((n.to_string(), p.to_string()))
-}
-
-fn same(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
 }
 
 /// What the steps routes need: the steps API of this node and the admin check.
@@ -170,8 +100,8 @@ async fn create(
     State(s): State<StepsHttp>,
     headers: HeaderMap,
     body: Result<Json<JobSpec>, JsonRejection>,
-) -> Result<Response, StepsHttpError> {
-    (s.admin)(&headers)?;
+) -> Result<Response, HttpError> {
+    (s.admin)(&headers).map_err(HttpError::with_basic_challenge)?;
     let Json(spec) = body.map_err(json_rejection)?;
     let id = s.steps.submit(spec).await?;
     Ok((StatusCode::CREATED, Json(json!({"ok": true, "id": id}))).into_response())
@@ -181,8 +111,8 @@ async fn get_one(
     State(s): State<StepsHttp>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Response, StepsHttpError> {
-    (s.admin)(&headers)?;
+) -> Result<Response, HttpError> {
+    (s.admin)(&headers).map_err(HttpError::with_basic_challenge)?;
     Ok(Json(s.steps.get(&id).await?).into_response())
 }
 
@@ -199,12 +129,12 @@ async fn list(
     State(s): State<StepsHttp>,
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Response, StepsHttpError> {
-    (s.admin)(&headers)?;
-    let Query(q) = query.map_err(|e| StepsHttpError::bad_request(e.body_text()))?;
+) -> Result<Response, HttpError> {
+    (s.admin)(&headers).map_err(HttpError::with_basic_challenge)?;
+    let Query(q) = query.map_err(|e| HttpError::bad_request(e.body_text()))?;
     let limit = q.limit.unwrap_or(ListOptions::default().limit);
     if limit == 0 || limit > MAX_LIST_LIMIT {
-        return Err(StepsHttpError::bad_request(format!(
+        return Err(HttpError::bad_request(format!(
             "limit must be between 1 and {MAX_LIST_LIMIT}"
         )));
     }
@@ -216,33 +146,34 @@ async fn list(
     Ok(Json(s.steps.list(opts).await?).into_response())
 }
 
-async fn method_not_allowed() -> StepsHttpError {
-    StepsHttpError::new(
+async fn method_not_allowed() -> HttpError {
+    HttpError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         "Only GET and POST are allowed on /_steps, and only GET on /_steps/{id}",
     )
 }
 
-fn json_rejection(e: JsonRejection) -> StepsHttpError {
+fn json_rejection(e: JsonRejection) -> HttpError {
     match e {
-        JsonRejection::MissingJsonContentType(_) => StepsHttpError::new(
+        JsonRejection::MissingJsonContentType(_) => HttpError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "bad_content_type",
             "Content-Type must be application/json",
         ),
-        other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => StepsHttpError::new(
+        other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => HttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             "the job is larger than the request body limit",
         ),
-        other => StepsHttpError::bad_request(other.body_text()),
+        other => HttpError::bad_request(other.body_text()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
 
     fn headers(auth: Option<&str>) -> HeaderMap {
         let mut h = HeaderMap::new();
