@@ -31,9 +31,7 @@ fn free_addr() -> SocketAddr {
 fn http_at(addr: SocketAddr) -> ServiceFn {
     Arc::new(move |rep: Arc<Replicator>| {
         Box::pin(async move {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| e.to_string())?;
+            let listener = http::bind_listener(addr).await.map_err(|e| e.to_string())?;
             let cfg = HttpConfig {
                 users: Users::new(vec![("admin".into(), "pw".into())], Vec::new()),
                 replicator_dbs: vec!["jobs_replicator".into()],
@@ -243,6 +241,85 @@ async fn frontend_node_creates_jobs_but_runs_none() {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "the API stops with the tree"
         );
+    })
+    .await;
+}
+
+/// A crashed (killed) `http` child: no terminate hook runs, yet its listener goes with it and
+/// the restarted child serves the API on the same address; being last in `rest_for_one`
+/// order, its crash restarts nothing else, and a running job keeps its actor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_http_child_comes_back_on_the_same_port_alone() {
+    deadline(90, async {
+        let pouch = Pouch::start().await;
+        let store = Store::open();
+        for d in ["src", "jobs_replicator"] {
+            pouch.create_db(d).await;
+        }
+        pouch.put_docs("src", "d", 10).await;
+        let addr = free_addr();
+        let node = start(
+            &store.db,
+            "both@127.0.0.1",
+            vec![NodeType::ApiFrontend, NodeType::Replication],
+            frontend(addr, &pouch.url("jobs_replicator")),
+        )
+        .await;
+        let job = node
+            .add(NewJob {
+                kind: JobKind::Transient { user: None },
+                rep: json!({"source": pouch.url("src"), "target": pouch.url("tgt"),
+                            "create_target": true, "continuous": true}),
+            })
+            .await
+            .unwrap();
+        pouch.wait_count("tgt", 10, Duration::from_secs(30)).await;
+        let running = node.get(&job.job_id).await.unwrap();
+        assert_eq!(running.state, RepState::Running);
+        let jobs_url = format!("http://{addr}/_scheduler/jobs");
+        let answers = |v: &Option<Value>| v.as_ref().is_some_and(|v| v.get("jobs").is_some());
+        let mut up = false;
+        for _ in 0..100 {
+            if answers(&get_json(&jobs_url).await) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(up, "the API never answered on {addr}");
+        let ids = |n: &Replicator| {
+            ["job_sup", "doc_processor", "http"]
+                .map(|c| n.tree().children().cell(c).map(|c| c.get_id()))
+        };
+        let before = ids(&node);
+        node.tree().children().cell("http").unwrap().kill();
+        let mut after = ids(&node);
+        let mut back = false;
+        for _ in 0..100 {
+            after = ids(&node);
+            if after[2].is_some() && after[2] != before[2] && answers(&get_json(&jobs_url).await) {
+                back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(back, "the API did not come back on {addr}: {after:?}");
+        // The new child holds the port for good: had the killed one's listener lived on, the
+        // new one could not bind and would fail and restart after the rebind patience.
+        tokio::time::sleep(http::REBIND_PATIENCE + Duration::from_secs(1)).await;
+        assert_eq!(
+            ids(&node)[2],
+            after[2],
+            "the new http child did not stay up"
+        );
+        assert!(answers(&get_json(&jobs_url).await));
+        assert_eq!(after[..2], before[..2], "earlier children were restarted");
+        let still = node.get(&job.job_id).await.unwrap();
+        assert_eq!(still.state, RepState::Running);
+        assert_eq!(still.pid, running.pid, "the job was restarted");
+        pouch.put_docs("src", "e", 5).await;
+        pouch.wait_count("tgt", 15, Duration::from_secs(30)).await;
+        node.shutdown().await;
     })
     .await;
 }

@@ -300,7 +300,7 @@ fn http_service(
                 Some(Ok(a)) => *a,
                 _ => addr,
             };
-            let listener = match tokio::net::TcpListener::bind(at).await {
+            let listener = match http::bind_listener(at).await {
                 Ok(l) => l,
                 Err(e) => {
                     let msg = format!("cannot listen on {at}: {e}");

@@ -150,6 +150,27 @@ pub fn admin_check(users: Users) -> self::steps::AdminCheck {
     })
 }
 
+/// How long [`bind_listener`] waits for an address still held by a previous listener.
+pub const REBIND_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Binds `addr`, retrying for up to [`REBIND_PATIENCE`] while it is in use: a restarted
+/// `http` child may start before the killed one's listener task has been dropped, and a
+/// fast failure there would burn the tree's restart intensity.
+pub async fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let deadline = tokio::time::Instant::now() + REBIND_PATIENCE;
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves.
 pub async fn serve_router(
     listener: tokio::net::TcpListener,

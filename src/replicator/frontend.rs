@@ -5,8 +5,8 @@
 //! Each is a [`FrontendService`] actor running one future (a service) on a task. The service
 //! gets the node's [`Replicator`] handle; because the handle only exists once the tree has
 //! started, the task waits for it on a watch channel the handle fills right after start. The
-//! service ending with an error fails the actor (the supervisor restarts it); stopping the
-//! actor aborts the task (dropping the service: its listener, its followers). `http` lives in
+//! service ending with an error fails the actor (the supervisor restarts it); stopping or
+//! killing the actor aborts the task (dropping the service: its listener, its followers). `http` lives in
 //! the `http` module, which depends on this one, so the host passes it in as a [`ServiceFn`].
 
 use std::future::Future;
@@ -76,6 +76,19 @@ pub(crate) struct FrontendService {
     pub handle: HandleRx,
 }
 
+/// The service's task. Dropping it aborts the service, so that a killed actor (which runs
+/// no `terminate`) does not leave its listener or followers behind for the restart to
+/// collide with.
+pub struct ServiceTask(Option<JoinHandle<()>>);
+
+impl Drop for ServiceTask {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
+}
+
 /// Sent by the service task when the service returns.
 #[derive(Debug)]
 pub enum ServiceMsg {
@@ -85,13 +98,13 @@ pub enum ServiceMsg {
 
 impl Server for FrontendService {
     type Msg = ServiceMsg;
-    type State = JoinHandle<()>;
+    type State = ServiceTask;
     type Args = ();
 
-    async fn init(&self, myself: ActorRef<ServiceMsg>, _: ()) -> Result<JoinHandle<()>, BoxError> {
+    async fn init(&self, myself: ActorRef<ServiceMsg>, _: ()) -> Result<ServiceTask, BoxError> {
         let mut handle = self.handle.clone();
         let run = self.run.clone();
-        Ok(tokio::spawn(async move {
+        Ok(ServiceTask(Some(tokio::spawn(async move {
             // After the first start the sender is gone; the value stays.
             let current = handle.borrow().clone();
             let rep = match current {
@@ -106,14 +119,14 @@ impl Server for FrontendService {
             };
             let res = run(rep).await;
             let _ = myself.send_message(ServiceMsg::Ended(res));
-        }))
+        }))))
     }
 
     async fn handle(
         &self,
         myself: ActorRef<ServiceMsg>,
         msg: ServiceMsg,
-        _: &mut JoinHandle<()>,
+        _: &mut ServiceTask,
     ) -> Result<(), BoxError> {
         match msg {
             ServiceMsg::Ended(Ok(())) => {
@@ -125,8 +138,10 @@ impl Server for FrontendService {
         }
     }
 
-    async fn terminate(&self, _: ActorRef<ServiceMsg>, task: JoinHandle<()>, _: ExitReason) {
-        task.abort();
-        let _ = task.await;
+    async fn terminate(&self, _: ActorRef<ServiceMsg>, mut task: ServiceTask, _: ExitReason) {
+        if let Some(t) = task.0.take() {
+            t.abort();
+            let _ = t.await;
+        }
     }
 }
