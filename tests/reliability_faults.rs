@@ -33,6 +33,11 @@ struct Rig {
 
 impl Rig {
     async fn start() -> Rig {
+        Self::start_with(test_settings()).await
+    }
+
+    /// With `settings`, crash backoff shortened to 1–4 s.
+    async fn start_with(settings: ReplicatorSettings) -> Rig {
         let pouch = Pouch::start().await;
         let root = format!("http://127.0.0.1:{}/", pouch.port);
         let proxy = FaultProxy::start(&root).await;
@@ -40,7 +45,7 @@ impl Rig {
         let settings = ReplicatorSettings {
             min_backoff_penalty_sec: 1,
             max_backoff_penalty_sec: 4,
-            ..test_settings()
+            ..settings
         };
         let node = node(&store.db, "n1", settings).await;
         Rig {
@@ -260,6 +265,60 @@ async fn a_429_storm_backs_off_converges_and_finishes() {
              the end, done in {:.1} s",
             STORM.as_secs(),
             t0.elapsed().as_secs_f64()
+        );
+        rig.node.shutdown().await;
+    })
+    .await;
+}
+
+/// 429s until the AIMD interval reaches the ceiling (lowered to 300 ms here; CouchDB's is
+/// 25 s): the job crashes with `max_backoff`, is rescheduled with backoff, and restarts with
+/// the gentler settings (batches of at most 100, at most 2 workers); once the 429s stop it
+/// completes with the target equal to the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_429s_crash_with_max_backoff_and_the_job_restarts_gentler() {
+    deadline(120, "max_backoff", async {
+        let rig = Rig::start_with(ReplicatorSettings {
+            rate_limiter_max_interval_msec: 300,
+            ..test_settings()
+        })
+        .await;
+        rig.couch.create_db("s").await;
+        rig.couch.bulk_insert("s", &numbered_docs("d", 400)).await;
+        rig.proxy
+            .add(Rule::new(None, "/s/_", usize::MAX, Fault::Status(429)));
+        let id = rig.add("ceiling", json!({})).await;
+        let crashed = wait_for(60, "a max_backoff crash", || async {
+            let v = rig.node.get(&id).await.ok()?;
+            (v.error_count > 0).then_some(v)
+        })
+        .await;
+        let info = crashed.state_info.to_string();
+        assert!(info.contains("max_backoff"), "crashed with {info}");
+        let injected = rig.proxy.fired()[0];
+        rig.proxy.clear();
+        let seen_before = rig.proxy.log().len();
+        let done = rig.completed(&id, 60).await;
+        assert_eq!(rig.couch.assert_same("s", &rig.couch, "t").await, 400);
+        assert!(done.history.iter().any(|h| h.kind == "crashed"));
+        let revs_diffs: Vec<usize> = rig.proxy.log()[seen_before..]
+            .iter()
+            .filter(|r| r.path.contains("/t/_revs_diff"))
+            .map(|r| {
+                serde_json::from_slice::<Value>(&r.body)
+                    .ok()
+                    .and_then(|v| v.as_object().map(|o| o.len()))
+                    .unwrap_or(0)
+            })
+            .collect();
+        assert!(
+            revs_diffs.len() >= 4 && revs_diffs.iter().all(|n| *n <= 100),
+            "the restart did not use batches of at most 100: {revs_diffs:?}"
+        );
+        eprintln!(
+            "FAULTS max_backoff: {injected} × 429 until the 300 ms ceiling, crashed with \
+             {info}, restarted gentler ({} _revs_diff batches of <= 100), completed",
+            revs_diffs.len()
         );
         rig.node.shutdown().await;
     })

@@ -50,7 +50,7 @@ async fn bus_delivers_in_order_and_drops_dead_subscribers() {
 
 #[tokio::test(start_paused = true)]
 async fn rate_limiter_follows_the_aimd_table_step_by_step() {
-    let (rl, _) = supervisors::start(None, RateLimiterServer, ())
+    let (rl, _) = supervisors::start(None, RateLimiterServer::default(), ())
         .await
         .unwrap();
     let t = call!(rl, RateLimiterMsg::Table).unwrap();

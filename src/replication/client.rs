@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use super::auth::Auth;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
-use super::rate_limit::{MAX_INTERVAL_MS, RateKey, RateLimiter};
+use super::rate_limit::{RateKey, RateLimiter};
 
 /// First retry sleep.
 /// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
@@ -197,7 +197,7 @@ impl HttpClient {
         let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
         loop {
             let pause = self.limiter.interval(&key);
-            if pause.as_millis() as u64 >= MAX_INTERVAL_MS {
+            if pause >= self.limiter.max_interval() {
                 return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
             }
             if !pause.is_zero() {
@@ -216,7 +216,7 @@ impl HttpClient {
                     let status = out.status();
                     if status == StatusCode::TOO_MANY_REQUESTS {
                         let next = self.limiter.failure(&key);
-                        if next.as_millis() as u64 >= MAX_INTERVAL_MS {
+                        if next >= self.limiter.max_interval() {
                             return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
                         }
                         tracing::debug!(%what, interval_ms = next.as_millis() as u64, "429, backing off");

@@ -25,6 +25,11 @@ pub trait RateLimiter: Send + Sync {
     fn failure(&self, key: &RateKey) -> Duration;
     /// A non-429 response was received.
     fn success(&self, key: &RateKey);
+    /// The ceiling: a request that would wait this long fails with `max_backoff`
+    /// (CouchDB: 25 s).
+    fn max_interval(&self) -> Duration {
+        Duration::from_millis(MAX_INTERVAL_MS)
+    }
 }
 
 /// Default AIMD limiter (B.8): multiplicative increase on 429, additive decrease on success,

@@ -61,6 +61,21 @@ impl AimdTable {
         self.entries.get(key).map_or(0, |e| e.interval_ms)
     }
 
+    /// The wait before a request to `key` at `now_ms`, forgetting the entry first when it
+    /// was not updated for `stale_after_ms` (what the periodic cleanup would do at its next
+    /// run): a job restarting after a `max_backoff` crash must not meet the ceiling it left
+    /// behind just because the cleanup has not run yet.
+    pub fn interval_at(&mut self, key: &RateKey, now_ms: u64, stale_after_ms: u64) -> u64 {
+        match self.entries.get(key) {
+            Some(e) if now_ms.saturating_sub(e.updated_ms) > stale_after_ms => {
+                self.entries.remove(key);
+                0
+            }
+            Some(e) => e.interval_ms,
+            None => 0,
+        }
+    }
+
     /// Records a 429 from `key` at `now_ms`; returns the new interval.
     pub fn failure(&mut self, key: &RateKey, now_ms: u64) -> u64 {
         let (interval, updated) = self.current(key);
@@ -148,6 +163,17 @@ mod tests {
 
     fn key() -> RateKey {
         RateKey::new("http://127.0.0.1:5984/db/", "POST")
+    }
+
+    #[test]
+    fn an_entry_idle_past_the_staleness_bound_reads_as_zero_and_is_forgotten() {
+        let mut t = AimdTable::new();
+        let k = key();
+        let i = t.failure(&k, 1_000);
+        assert_eq!(t.interval_at(&k, 1_300, 300), i); // exactly at the bound: kept
+        assert_eq!(t.interval_at(&k, 1_301, 300), 0);
+        assert!(t.is_empty());
+        assert_eq!(t.interval_at(&k, 1_302, 300), 0);
     }
 
     #[test]

@@ -34,6 +34,7 @@ const EPOCH_OFFSET_MS: u64 = 1_000_000;
 pub struct SharedAimd {
     table: Arc<Mutex<AimdTable>>,
     epoch: Instant,
+    max_interval: Duration,
 }
 
 impl Default for SharedAimd {
@@ -41,11 +42,21 @@ impl Default for SharedAimd {
         Self {
             table: Arc::default(),
             epoch: Instant::now(),
+            max_interval: Duration::from_millis(MAX_INTERVAL_MS),
         }
     }
 }
 
 impl SharedAimd {
+    /// An empty table whose requests fail with `max_backoff` once they would wait `max`
+    /// (capped at CouchDB's 25 s, which the table never exceeds).
+    pub fn with_max_interval(max: Duration) -> Self {
+        Self {
+            max_interval: max.min(Duration::from_millis(MAX_INTERVAL_MS)),
+            ..Self::default()
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + EPOCH_OFFSET_MS
     }
@@ -84,7 +95,8 @@ fn key(k: &EngineKey) -> RateKey {
 
 impl RateLimiter for SharedAimd {
     fn interval(&self, k: &EngineKey) -> Duration {
-        Duration::from_millis(self.with(|t, _| t.interval(&key(k))))
+        let stale = self.max_interval.as_millis() as u64;
+        Duration::from_millis(self.with(|t, now| t.interval_at(&key(k), now, stale)))
     }
 
     fn failure(&self, k: &EngineKey) -> Duration {
@@ -93,6 +105,10 @@ impl RateLimiter for SharedAimd {
 
     fn success(&self, k: &EngineKey) {
         self.with(|t, now| t.success(&key(k), now));
+    }
+
+    fn max_interval(&self) -> Duration {
+        self.max_interval
     }
 }
 
@@ -106,8 +122,20 @@ pub enum RateLimiterMsg {
 }
 
 /// The rate limiter server.
-#[derive(Debug, Clone, Default)]
-pub struct RateLimiterServer;
+#[derive(Debug, Clone)]
+pub struct RateLimiterServer {
+    /// The `max_backoff` ceiling (`rate_limiter_max_interval_msec`).
+    pub max_interval: Duration,
+}
+
+impl Default for RateLimiterServer {
+    /// CouchDB's 25 s ceiling.
+    fn default() -> Self {
+        Self {
+            max_interval: Duration::from_millis(MAX_INTERVAL_MS),
+        }
+    }
+}
 
 /// Its state: the table and the cleanup timer.
 pub struct RateLimiterState {
@@ -142,7 +170,7 @@ impl Server for RateLimiterServer {
             }
         });
         Ok(RateLimiterState {
-            table: SharedAimd::default(),
+            table: SharedAimd::with_max_interval(self.max_interval),
             _timer: timer,
         })
     }

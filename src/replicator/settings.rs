@@ -47,6 +47,9 @@ pub struct ReplicatorSettings {
     pub cluster_quiet_period: u64,
     /// The same window right after boot, seconds.
     pub cluster_start_period: u64,
+    /// Ours (CouchDB hard-codes 25,000): a request whose 429 back-off would wait this long
+    /// fails the job with `max_backoff`, milliseconds, at most 25,000.
+    pub rate_limiter_max_interval_msec: u64,
     /// Idle pooled connections are closed after this, milliseconds.
     pub connection_close_interval: u64,
     /// What this node runs.
@@ -71,6 +74,7 @@ impl Default for ReplicatorSettings {
             job_timeout_sec: 61,
             cluster_quiet_period: 60,
             cluster_start_period: 5,
+            rate_limiter_max_interval_msec: 25_000,
             connection_close_interval: 90_000,
             node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
         }
@@ -80,6 +84,11 @@ impl Default for ReplicatorSettings {
 impl ReplicatorSettings {
     pub fn interval(&self) -> Duration {
         Duration::from_secs(self.interval_sec)
+    }
+
+    /// The 429 back-off ceiling.
+    pub fn rate_limiter_max_interval(&self) -> Duration {
+        Duration::from_millis(self.rate_limiter_max_interval_msec)
     }
 
     pub fn min_run_time(&self) -> Duration {
@@ -114,6 +123,10 @@ impl ReplicatorSettings {
             ("max_acceptors", self.max_acceptors as u64),
             ("job_timeout_sec", self.job_timeout_sec),
             ("stats_update_interval_sec", self.stats_update_interval_sec),
+            (
+                "rate_limiter_max_interval_msec",
+                self.rate_limiter_max_interval_msec,
+            ),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("[replicator] {name} must be greater than 0"));
@@ -123,6 +136,9 @@ impl ReplicatorSettings {
                 "[replicator] node_types must name at least one of api_frontend, replication"
                     .into(),
             );
+        }
+        if self.rate_limiter_max_interval_msec > 25_000 {
+            return Err("[replicator] rate_limiter_max_interval_msec must be at most 25000".into());
         }
         if self.min_backoff_penalty_sec > self.max_backoff_penalty_sec {
             return Err(

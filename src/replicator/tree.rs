@@ -77,7 +77,9 @@ pub async fn start(
             // 4. AIMD 429 limiter shared by every job's HTTP clients.
             .child(ChildSpec::server(
                 ids::RATE_LIMITER,
-                RateLimiterServer,
+                RateLimiterServer {
+                    max_interval: s.rate_limiter_max_interval(),
+                },
                 |_| (),
             ))
             // 5. Acceptors, max_jobs, churn and trimming, transient cleanup, gauges.
