@@ -42,6 +42,15 @@ fn monitor(j: &Jobs) -> ActivityMonitor {
     ActivityMonitor::new(j.db().clone(), j.keys().clone(), T, j.config())
 }
 
+/// The monitor's next check comes after more than `lo` and at most `hi` seconds.
+async fn assert_next_check_in(m: &mut ActivityMonitor, lo: u64, hi: u64) {
+    let delay = m.schedule().await.unwrap();
+    assert!(
+        delay > Duration::from_secs(lo) && delay <= Duration::from_secs(hi),
+        "{delay:?}"
+    );
+}
+
 async fn with_deadline<F: std::future::Future<Output = ()>>(f: F) {
     tokio::time::timeout(Duration::from_secs(300), f)
         .await
@@ -69,11 +78,7 @@ async fn check_once_requeues_only_jobs_idle_for_a_whole_period() {
             .unwrap();
 
         let mut m = monitor(&j);
-        let delay = m.schedule().await.unwrap();
-        assert!(
-            delay > Duration::from_secs(2) && delay <= Duration::from_secs(3),
-            "{delay:?}"
-        );
+        assert_next_check_in(&mut m, 2, 3).await;
         // The first check only remembers the activity versionstamp.
         assert_eq!(m.check_once().await.unwrap(), 0);
         assert_eq!(j.get_job_state(T, "idle").await.unwrap(), JobState::Running);
@@ -114,12 +119,8 @@ async fn two_checks_per_timeout_requeue_after_one_idle_timeout_not_before() {
         j.add(T, "idle", data(json!({})), 0).await.unwrap();
         j.accept(T, now_opts()).await.unwrap();
         let mut m = monitor(&j);
-        let delay = m.schedule().await.unwrap();
         // 4 s / 2 + jitter of at most a quarter timeout.
-        assert!(
-            delay > Duration::from_secs(2) && delay <= Duration::from_secs(3),
-            "{delay:?}"
-        );
+        assert_next_check_in(&mut m, 2, 3).await;
         // The first two checks only remember; the third re-enqueues what the first saw.
         assert_eq!(m.check_once().await.unwrap(), 0);
         assert_eq!(m.check_once().await.unwrap(), 0);
