@@ -233,7 +233,7 @@ impl ChangesReader {
                     }
                     failures += 1;
                     if failures > self.opts.retries_per_request {
-                        return Err(ReplicationError::ChangesReqFailed(e.to_string()));
+                        return Err(e.into_changes_failure());
                     }
                     tracing::debug!(error = %e, "one-shot changes feed interrupted, resuming");
                     tokio::time::sleep(wait).await;
@@ -325,7 +325,7 @@ impl ChangesReader {
                     progressed = false;
                     failures_without_progress += 1;
                     if failures_without_progress > self.opts.retries_per_request {
-                        return Err(ReplicationError::ChangesReqFailed(e.to_string()));
+                        return Err(e.into_changes_failure());
                     }
                 }
             }

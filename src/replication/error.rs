@@ -77,6 +77,15 @@ impl ReplicationError {
         self.class() == ErrorClass::Transient
     }
 
+    /// The error that ends a changes reader after its retries: `changes_req_failed` with the
+    /// last failure's text, without repeating the tag when that failure already was one.
+    pub fn into_changes_failure(self) -> Self {
+        match self {
+            e @ Self::ChangesReqFailed(_) => e,
+            other => Self::ChangesReqFailed(other.to_string()),
+        }
+    }
+
     /// CouchDB's short reason tag (`db_not_found`, `unauthorized`, `max_backoff`, ...).
     pub fn reason(&self) -> &'static str {
         match self {
@@ -105,6 +114,17 @@ pub type Result<T, E = ReplicationError> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changes_failure_is_tagged_once() {
+        let inner = ReplicationError::ChangesReqFailed("404".into());
+        assert_eq!(
+            inner.into_changes_failure().to_string(),
+            "changes_req_failed: 404"
+        );
+        let other = ReplicationError::DbNotFound("x".into()).into_changes_failure();
+        assert_eq!(other.reason(), "changes_req_failed");
+    }
 
     #[test]
     fn classes_follow_d7() {

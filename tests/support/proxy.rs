@@ -95,12 +95,15 @@ struct Ctx {
     upstream: String,
     http: reqwest::Client,
     inner: Arc<Mutex<Inner>>,
+    /// Bumped by [`FaultProxy::cut_streams`]; forwarded bodies end when it changes.
+    cut: tokio::sync::watch::Sender<u64>,
 }
 
 /// The running proxy; stops when dropped.
 pub struct FaultProxy {
     port: u16,
     inner: Arc<Mutex<Inner>>,
+    cut: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -108,7 +111,9 @@ impl FaultProxy {
     /// Starts a proxy forwarding to `upstream_root` (`http://127.0.0.1:PORT/`).
     pub async fn start(upstream_root: &str) -> Self {
         let inner = Arc::new(Mutex::new(Inner::default()));
+        let cut = tokio::sync::watch::Sender::new(0);
         let ctx = Ctx {
+            cut: cut.clone(),
             upstream: upstream_root.trim_end_matches('/').to_owned(),
             http: reqwest::Client::builder()
                 .no_gzip()
@@ -124,7 +129,18 @@ impl FaultProxy {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { port, inner, task }
+        Self {
+            port,
+            inner,
+            cut,
+            task,
+        }
+    }
+
+    /// Breaks every response being forwarded right now (e.g. a continuous `_changes` feed),
+    /// as a server does when the database behind it is deleted.
+    pub fn cut_streams(&self) {
+        self.cut.send_modify(|g| *g += 1);
     }
 
     /// The proxied URL of database `db`.
@@ -290,8 +306,24 @@ async fn handle(State(ctx): State<Ctx>, req: Request) -> Response {
             if let Some(len) = full_len {
                 resp = resp.header("content-length", len);
             }
-            resp.body(Body::from_stream(up.bytes_stream()))
-                .expect("response")
+            let mut cut = ctx.cut.subscribe();
+            cut.mark_unchanged();
+            let mut was_cut = ctx.cut.subscribe();
+            was_cut.mark_unchanged();
+            // Ends with an error only when cut, so that a cut looks like a dropped connection.
+            let body = up
+                .bytes_stream()
+                .map(|r| r.map_err(std::io::Error::other))
+                .take_until(async move {
+                    let _ = cut.changed().await;
+                })
+                .chain(
+                    futures::stream::once(async move { was_cut.has_changed().unwrap_or(false) })
+                        .filter_map(|cut| async move {
+                            cut.then(|| Err(std::io::Error::other("fault proxy: stream cut")))
+                        }),
+                );
+            resp.body(Body::from_stream(body)).expect("response")
         }
     }
 }
