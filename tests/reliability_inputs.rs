@@ -1,13 +1,14 @@
 //! Bad input (issue 7, item 4): property tests that the `_changes` feed-line parser, the
 //! couch_jobs key and value decoders, and the `_replicator` doc / `POST /_replicate` body
 //! parsers never panic on arbitrary input and reject it with a non-empty reason, and that
-//! valid input round-trips. (The rep-doc module's own unit proptests cover "no panic" on
-//! random JSON; these add the reason and round-trip properties and the byte-level decoders.)
+//! valid input round-trips.
 
 use couch_replicator::jobs::Keys;
 use couch_replicator::jobs::job_data::{JobRow, decode_activity, decode_data};
 use couch_replicator::replication::changes::parse_feed_line;
-use couch_replicator::replicator::rep_doc::{parse_rep_doc, parse_replicate_body};
+use couch_replicator::replicator::rep_doc::{
+    DocAction, classify_change, parse_rep_doc, parse_replicate_body,
+};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -39,6 +40,12 @@ fn arb_json() -> impl Strategy<Value = Value> {
         Just("_id".to_owned()),
         Just("_replication_state".to_owned()),
         Just("worker_processes".to_owned()),
+        Just("query_params".to_owned()),
+        Just("user_ctx".to_owned()),
+        Just("roles".to_owned()),
+        Just("_deleted".to_owned()),
+        Just("socket_options".to_owned()),
+        Just("auth".to_owned()),
         "[a-z_]{1,8}",
     ];
     leaf.prop_recursive(4, 48, 8, move |inner| {
@@ -144,6 +151,10 @@ proptest! {
         }
         if let Err(e) = parse_replicate_body(&v) {
             prop_assert!(!e.0.trim().is_empty(), "empty reason for {v}");
+        }
+        // What the doc processor does with a `_replicator` change (never panics either).
+        if let DocAction::Fail { reason, .. } = classify_change(&v) {
+            prop_assert!(!reason.0.trim().is_empty(), "empty reason for {v}");
         }
     }
 }

@@ -6,9 +6,14 @@ mod replicator_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use couch_replicator::replicator::{JobKind, NewJob, RepState, WaitFor};
+use couch_replicator::replicator::{JobKind, NewJob, RepState, Replicator, WaitFor};
 use replicator_support::*;
 use serde_json::json;
+
+/// A node that is still running.
+fn alive(nodes: &[Option<Replicator>]) -> &Replicator {
+    nodes.iter().flatten().next().expect("a live node")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
@@ -42,11 +47,7 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
             ids.push(v.job_id);
         }
         for id in &ids {
-            nodes
-                .iter()
-                .flatten()
-                .next()
-                .unwrap()
+            alive(&nodes)
                 .wait(id, WaitFor::Running, Duration::from_secs(30))
                 .await
                 .unwrap();
@@ -59,14 +60,7 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
         // Kill the node running the most jobs.
         let mut per_node: HashMap<String, usize> = HashMap::new();
         for id in &ids {
-            let v = nodes
-                .iter()
-                .flatten()
-                .next()
-                .unwrap()
-                .get(id)
-                .await
-                .unwrap();
+            let v = alive(&nodes).get(id).await.unwrap();
             *per_node.entry(v.node.unwrap()).or_default() += 1;
         }
         let (victim, moved) = per_node.iter().max_by_key(|(_, n)| **n).unwrap();
@@ -83,11 +77,7 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
         }
         pouch.create_db("once").await;
         pouch.put_docs("once", "o", 15).await;
-        let once = nodes
-            .iter()
-            .flatten()
-            .next()
-            .unwrap()
+        let once = alive(&nodes)
             .add(NewJob {
                 kind: JobKind::Transient { user: None },
                 rep: json!({"source": pouch.url("once"), "target": pouch.url("once_t"),
@@ -100,25 +90,14 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
                 .wait_count(&format!("t{i}"), 30, Duration::from_secs(60))
                 .await;
         }
-        let done = nodes
-            .iter()
-            .flatten()
-            .next()
-            .unwrap()
+        let done = alive(&nodes)
             .wait(&once.job_id, WaitFor::Completed, Duration::from_secs(30))
             .await
             .unwrap();
         assert_ne!(done.node.as_deref(), Some(victim.as_str()));
         assert_eq!(pouch.doc_count("once_t").await, 15);
         for id in &ids {
-            let v = nodes
-                .iter()
-                .flatten()
-                .next()
-                .unwrap()
-                .get(id)
-                .await
-                .unwrap();
+            let v = alive(&nodes).get(id).await.unwrap();
             assert_eq!(v.state, RepState::Running, "{id}");
             assert_ne!(
                 v.node.as_deref(),

@@ -134,31 +134,3 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
     })
     .await;
 }
-
-/// Measures what building one HTTP client costs (the engine builds four per job start).
-#[test]
-#[ignore = "measurement, not a check"]
-fn client_build_cost() {
-    use couch_replicator::replication::client::{ClientConfig, HttpClient};
-    use couch_replicator::replication::{Aimd, Endpoint};
-    let cfg = ClientConfig {
-        connection_timeout: Duration::from_secs(30),
-        request_timeout: None,
-        retries_per_request: 5,
-        http_connections: 20,
-        proxy: None,
-        tcp_nodelay: true,
-    };
-    let ep = Endpoint::parse("http://127.0.0.1:5984/db").unwrap();
-    let _ = HttpClient::new(ep.clone(), cfg.clone(), std::sync::Arc::new(Aimd::new())).unwrap();
-    let t = Instant::now();
-    for _ in 0..20 {
-        let _ = reqwest::Client::builder().build().unwrap();
-    }
-    eprintln!("one plain reqwest client: {:?}", t.elapsed() / 20);
-    let t = Instant::now();
-    for _ in 0..20 {
-        let _ = HttpClient::new(ep.clone(), cfg.clone(), std::sync::Arc::new(Aimd::new())).unwrap();
-    }
-    eprintln!("one engine client: {:?}", t.elapsed() / 20);
-}
