@@ -187,12 +187,10 @@ fn main() -> BenchResult<()> {
         requeue_t.as_secs_f64()
     );
     let floor = f64::MIN_POSITIVE;
-    println!("RESULT jobs_cycles_per_s = {cycle_rate:.1}");
     println!(
         "RESULT jobs_cycles_over_single_tx = {:.3}",
         cycle_rate / plain_rate.max(floor)
     );
-    println!("RESULT requeue_10k_s = {:.3}", requeue_t.as_secs_f64());
     println!(
         "RESULT requeue_per_s_over_single_tx = {:.2}",
         requeue_rate / plain_rate.max(floor)
