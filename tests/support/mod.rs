@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod couch;
+pub mod couchdb;
 pub mod proxy;
 pub mod server;
 
