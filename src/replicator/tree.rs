@@ -41,7 +41,8 @@ pub async fn start(
 ) -> ReplicatorResult<(SupervisorRef, NodeCtx)> {
     let sup = Supervisor::new(Strategy::RestForOne)
         .intensity(MAX_RESTARTS, PERIOD)
-        .name(format!("replicator_sup:{node}"));
+        // A label, not a registered name: one process may run several nodes named alike.
+        .label(format!("replicator_sup:{node}"));
     let children = sup.children();
     let job_sup = job_sup::spec(children.clone());
     let job_sup_ref = job_sup.handle_in(&children, ids::JOB_SUP);

@@ -47,6 +47,7 @@ pub enum Strategy {
 #[derive(Debug, Clone)]
 pub struct Supervisor {
     name: Option<String>,
+    label: Option<String>,
     strategy: Strategy,
     children: Vec<ChildSpec>,
     max_restarts: u32,
@@ -71,6 +72,7 @@ impl Supervisor {
     pub fn new(strategy: Strategy) -> Self {
         Self {
             name: None,
+            label: None,
             strategy,
             children: Vec::new(),
             max_restarts: 3,
@@ -102,6 +104,13 @@ impl Supervisor {
     /// Register the supervisor under `name` in ractor's registry (also used in logs).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Name the supervisor in logs only, without registering it: several instances (two nodes
+    /// of one embedding host, tests sharing a process) may carry the same label.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
         self
     }
 
@@ -348,6 +357,7 @@ impl Actor for SupervisorActor {
         let name = spec
             .name
             .clone()
+            .or_else(|| spec.label.clone())
             .unwrap_or_else(|| myself.get_id().to_string());
         for (n, child) in spec.children.iter().enumerate() {
             if spec.children[..n].iter().any(|c| c.id == child.id) {

@@ -1,13 +1,23 @@
-//! Helpers shared by the integration tests: a real pouchdb-server per test ([`server`]), small
-//! CouchDB client helpers to fill and compare databases ([`couch`]), and an in-process
-//! fault-injecting reverse proxy for faults a real server cannot produce on demand ([`proxy`]).
+//! The one helper tree of the integration tests, declared by each test binary (`mod support;`).
+//!
+//! Endpoints: a real pouchdb-server per test ([`server`]), a real CouchDB 3.4.3 where CouchDB's
+//! own behaviour is the oracle ([`couchdb`]), small client helpers to fill and compare databases
+//! ([`couch`]), and an in-process fault-injecting proxy for faults a real server cannot produce
+//! on demand ([`proxy`]). Nodes: replicator nodes on one real store ([`replicator`]), a node with
+//! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]), steps clusters ([`steps`]),
+//! store harnesses for every engine ([`store`]). Time: one [`deadline`] and one [`wait_for`].
 //! Each test binary uses only part of this, hence the dead-code allowance.
 #![allow(dead_code)]
 
 pub mod couch;
 pub mod couchdb;
+pub mod http;
 pub mod proxy;
+pub mod replicator;
+pub mod serve;
 pub mod server;
+pub mod steps;
+pub mod store;
 
 use std::future::Future;
 use std::time::Duration;

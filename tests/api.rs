@@ -1,0 +1,8 @@
+//! The CouchDB-compatible HTTP API served by a node: scheduler/active-tasks endpoints and `POST /_replicate`.
+
+mod support;
+
+mod api {
+    mod endpoints;
+    mod replicate;
+}

@@ -1,0 +1,9 @@
+//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers).
+
+mod support;
+
+mod cli {
+    mod replicate;
+    mod serve_e2e;
+    mod serve_steps;
+}

@@ -1,0 +1,11 @@
+//! The promises of RELIABILITY.md: the fault matrix through the whole replicator, hostile inputs, kill -9, node loss, security.
+
+mod support;
+
+mod reliability {
+    mod faults;
+    mod inputs;
+    mod kill9;
+    mod nodeloss;
+    mod security;
+}

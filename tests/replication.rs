@@ -1,0 +1,12 @@
+//! The replication protocol engine against real pouchdb-servers: basic copies, faults, fetching, filters, attachments (multipart), resuming from checkpoints.
+
+mod support;
+
+mod replication {
+    mod basic;
+    mod faults;
+    mod fetch;
+    mod filters;
+    mod multipart;
+    mod resume;
+}

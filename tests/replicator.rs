@@ -1,0 +1,13 @@
+//! The replicator actor tree: actors, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor.
+
+mod support;
+
+mod replicator {
+    mod actors;
+    mod cluster;
+    mod doc_processor;
+    mod faults;
+    mod lifecycle;
+    mod node_types;
+    mod scale;
+}

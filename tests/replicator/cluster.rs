@@ -1,0 +1,116 @@
+//! Several replicator nodes on one store: a node killed in a 3-node cluster loses no work —
+//! its jobs are re-enqueued by the activity monitor and finish on the other nodes.
+
+use crate::support::deadline;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::support::replicator::*;
+use couch_replicator::replicator::{JobKind, NewJob, RepState, Replicator, WaitFor};
+use serde_json::json;
+
+/// A node that is still running.
+fn alive(nodes: &[Option<Replicator>]) -> &Replicator {
+    nodes.iter().flatten().next().expect("a live node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
+    deadline(
+        280,
+        "killing one of three nodes moves its jobs and loses no doc",
+        async {
+            let pouch = Pouch::start().await;
+            let store = Store::open();
+            let mut nodes = Vec::new();
+            for name in ["n1", "n2", "n3"] {
+                nodes.push(Some(node(&store.db, name, test_settings()).await));
+            }
+            let jobs = 6;
+            let mut ids = Vec::new();
+            for i in 0..jobs {
+                let src = format!("s{i}");
+                pouch.create_db(&src).await;
+                pouch.put_docs(&src, "a", 20).await;
+                let rep = json!({"source": pouch.url(&src), "target": pouch.url(&format!("t{i}")),
+                             "create_target": true, "continuous": true,
+                             "checkpoint_interval": 500});
+                let n = nodes[i % 3].as_ref().unwrap();
+                let v = n
+                    .add(NewJob {
+                        kind: JobKind::Persistent {
+                            db_name: "_replicator".into(),
+                            doc_id: format!("job{i}"),
+                        },
+                        rep,
+                    })
+                    .await
+                    .unwrap();
+                ids.push(v.job_id);
+            }
+            for id in &ids {
+                alive(&nodes)
+                    .wait(id, WaitFor::Running, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+            }
+            for i in 0..jobs {
+                pouch
+                    .wait_count(&format!("t{i}"), 20, Duration::from_secs(30))
+                    .await;
+            }
+            // Kill the node running the most jobs.
+            let mut per_node: HashMap<String, usize> = HashMap::new();
+            for id in &ids {
+                let v = alive(&nodes).get(id).await.unwrap();
+                *per_node.entry(v.node.unwrap()).or_default() += 1;
+            }
+            let (victim, moved) = per_node.iter().max_by_key(|(_, n)| **n).unwrap();
+            let (victim, moved) = (victim.clone(), *moved);
+            assert!(moved > 0);
+            let idx = ["n1", "n2", "n3"]
+                .iter()
+                .position(|n| *n == victim)
+                .unwrap();
+            nodes[idx].take().unwrap().kill().await;
+            // Work keeps arriving while the node is dead; a one-shot job is added too.
+            for i in 0..jobs {
+                pouch.put_docs(&format!("s{i}"), "b", 10).await;
+            }
+            pouch.create_db("once").await;
+            pouch.put_docs("once", "o", 15).await;
+            let once = alive(&nodes)
+                .add(NewJob {
+                    kind: JobKind::Transient { user: None },
+                    rep: json!({"source": pouch.url("once"), "target": pouch.url("once_t"),
+                            "create_target": true}),
+                })
+                .await
+                .unwrap();
+            for i in 0..jobs {
+                pouch
+                    .wait_count(&format!("t{i}"), 30, Duration::from_secs(60))
+                    .await;
+            }
+            let done = alive(&nodes)
+                .wait(&once.job_id, WaitFor::Completed, Duration::from_secs(30))
+                .await
+                .unwrap();
+            assert_ne!(done.node.as_deref(), Some(victim.as_str()));
+            assert_eq!(pouch.doc_count("once_t").await, 15);
+            for id in &ids {
+                let v = alive(&nodes).get(id).await.unwrap();
+                assert_eq!(v.state, RepState::Running, "{id}");
+                assert_ne!(
+                    v.node.as_deref(),
+                    Some(victim.as_str()),
+                    "{id} still on the dead node"
+                );
+            }
+            for n in nodes.into_iter().flatten() {
+                n.shutdown().await;
+            }
+        },
+    )
+    .await;
+}

@@ -1,0 +1,170 @@
+//! Job lifecycle through the embedded handle against real pouchdb-server endpoints.
+
+use crate::support::deadline;
+use std::time::Duration;
+
+use crate::support::replicator::*;
+use couch_replicator::replicator::{JobKind, NewJob, RepState, ReplicatorEvent, WaitFor};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_transient_job_completes_and_copies_every_doc() {
+    deadline( 180, "one shot transient job completes and copies every doc", async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "d", 50).await;
+        let store = Store::open();
+        let node = node(&store.db, "n1", test_settings()).await;
+        let mut events = node.subscribe().unwrap();
+        let view = node
+            .add(NewJob {
+                kind: JobKind::Transient { user: None },
+                rep: json!({"source": pouch.url("src"), "target": pouch.url("tgt"), "create_target": true}),
+            })
+            .await
+            .unwrap();
+        assert_eq!(view.state, RepState::Pending);
+        let done = node
+            .wait(&view.job_id, WaitFor::Completed, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(done.state, RepState::Completed);
+        assert_eq!(done.info["docs_written"], 50);
+        assert!(done.rep_id.is_some());
+        assert_eq!(pouch.doc_count("tgt").await, 50);
+        let history: Vec<&str> = done.history.iter().map(|h| h.kind.as_str()).collect();
+        assert_eq!(history, ["started", "added"]);
+        // The bus saw the start and the finish of this job.
+        let mut seen = Vec::new();
+        while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(500), events.recv()).await {
+            seen.push(ev);
+        }
+        assert!(seen.iter().any(|e| matches!(e, ReplicatorEvent::Started { job_id, .. } if *job_id == view.job_id)));
+        assert!(seen.iter().any(|e| matches!(e, ReplicatorEvent::Finished { job_id, .. } if *job_id == view.job_id)));
+        node.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_documents_are_rejected_with_a_reason() {
+    deadline(90, "bad documents are rejected with a reason", async {
+        let store = Store::open();
+        let node = node(&store.db, "n1", test_settings()).await;
+        let err = node
+            .add(NewJob {
+                kind: JobKind::Transient { user: None },
+                rep: json!({"source": "http://127.0.0.1:1/a"}),
+            })
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("target"), "{err}");
+        assert!(node.get("nope").await.is_err());
+        node.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_get_active_tasks_and_cancel_through_the_handle() {
+    deadline(
+        180,
+        "list get active tasks and cancel through the handle",
+        async {
+            let pouch = Pouch::start().await;
+            pouch.create_db("src").await;
+            pouch.put_docs("src", "d", 5).await;
+            let store = Store::open();
+            let node = node(&store.db, "n1", test_settings()).await;
+            // (pouchdb-server has no users, so credentials are not used here; masking is covered
+            // by the unit tests of rep_job.)
+            let url = pouch.url("src");
+            let view = node
+                .add(NewJob {
+                    kind: JobKind::Transient {
+                        user: Some("bob".into()),
+                    },
+                    rep: json!({"source": url, "target": pouch.url("tgt"),
+                            "create_target": true, "continuous": true}),
+                })
+                .await
+                .unwrap();
+            let running = node
+                .wait(&view.job_id, WaitFor::Running, Duration::from_secs(30))
+                .await
+                .unwrap();
+            let rep_id = running.rep_id.clone().unwrap();
+            assert!(rep_id.ends_with("+continuous+create_target"));
+            // By replication id as well as by job id.
+            assert_eq!(node.get(&rep_id).await.unwrap().job_id, view.job_id);
+            let listed = node.list().await.unwrap();
+            assert_eq!(listed.len(), 1);
+            let sched = listed[0].scheduler_json();
+            assert_eq!(sched["id"], json!(rep_id));
+            assert_eq!(sched["state"], "running");
+            assert_eq!(sched["user"], "bob");
+            assert_eq!(sched["source"], json!(pouch.url("src")));
+            // _active_tasks appears at the first stats tick (1 s).
+            let mut tasks = Vec::new();
+            for _ in 0..50 {
+                tasks = node.active_tasks().await.unwrap();
+                if !tasks.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(tasks.len(), 1);
+            assert_eq!(tasks[0]["type"], "replication");
+            assert_eq!(tasks[0]["replication_id"], json!(rep_id));
+            assert_eq!(tasks[0]["node"], "n1");
+            // Cancel by replication id: the job is gone and its actor stops at its next update.
+            let cancelled = node.cancel(&rep_id).await.unwrap();
+            assert_eq!(cancelled.job_id, view.job_id);
+            assert!(matches!(
+                node.get(&view.job_id).await,
+                Err(couch_replicator::ReplicatorError::NotFound(_))
+            ));
+            for _ in 0..50 {
+                if node.active_tasks().await.unwrap().is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(node.active_tasks().await.unwrap().is_empty());
+            assert!(node.cancel(&rep_id).await.is_err());
+            node.shutdown().await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_job_that_errors_fails_with_its_reason() {
+    deadline(
+        180,
+        "a transient job that errors fails with its reason",
+        async {
+            let pouch = Pouch::start().await;
+            let store = Store::open();
+            let node = node(&store.db, "n1", test_settings()).await;
+            let view = node
+                .add(NewJob {
+                    kind: JobKind::Transient { user: None },
+                    rep: json!({"source": pouch.url("nope"), "target": pouch.url("t")}),
+                })
+                .await
+                .unwrap();
+            let err = node
+                .wait(&view.job_id, WaitFor::Completed, Duration::from_secs(30))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("db_not_found"), "{err}");
+            assert_eq!(
+                node.get(&view.job_id).await.unwrap().state,
+                RepState::Failed
+            );
+            node.shutdown().await;
+        },
+    )
+    .await;
+}

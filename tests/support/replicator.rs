@@ -1,0 +1,182 @@
+//! Helpers of the replicator integration tests: pouchdb-server endpoints on free loopback
+//! ports (one process, many databases), and replicator nodes on one real on-disk store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_replicator::jobs::{JobsConfig, JobsOptions, TokioClock};
+use couch_replicator::replicator::{Replicator, ReplicatorConfig, ReplicatorSettings};
+use couch_replicator::store::Db;
+use couch_replicator::store::embedded::EmbeddedStore;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+use super::server::free_port;
+
+/// A pouchdb-server process (killed on drop) in its own temp dir.
+pub struct Pouch {
+    pub port: u16,
+    _child: Child,
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl Pouch {
+    pub async fn start() -> Pouch {
+        let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("node_modules/.bin/pouchdb-server");
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let child = Command::new(bin)
+            .args([
+                "--in-memory",
+                "--port",
+                &port.to_string(),
+                "--host",
+                "127.0.0.1",
+            ])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start pouchdb-server");
+        let http = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{port}/");
+        // Up to 60 s: on a loaded machine node takes a while to load pouchdb-server.
+        for _ in 0..600 {
+            if http
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Pouch {
+                    port,
+                    _child: child,
+                    _dir: dir,
+                    http,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pouchdb-server did not start on {port}");
+    }
+
+    pub fn url(&self, db: &str) -> String {
+        format!("http://127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub async fn create_db(&self, db: &str) {
+        let r = self.http.put(self.url(db)).send().await.unwrap();
+        assert!(
+            r.status().is_success() || r.status() == 412,
+            "{}",
+            r.status()
+        );
+    }
+
+    /// Writes `n` docs `{prefix}{i}` in one `_bulk_docs`.
+    pub async fn put_docs(&self, db: &str, prefix: &str, n: usize) {
+        let docs: Vec<Value> = (0..n)
+            .map(|i| json!({"_id": format!("{prefix}{i:05}"), "value": i}))
+            .collect();
+        let r = self
+            .http
+            .post(format!("{}/_bulk_docs", self.url(db)))
+            .json(&json!({ "docs": docs }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+
+    pub async fn doc_count(&self, db: &str) -> u64 {
+        // Node closes idle keep-alive connections after 5 s; a request racing that close
+        // fails with IncompleteMessage, so retry a few times.
+        for _ in 0..5 {
+            let Ok(r) = self.http.get(self.url(db)).send().await else {
+                continue;
+            };
+            let Ok(text) = r.text().await else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            return v.get("doc_count").and_then(Value::as_u64).unwrap_or(0);
+        }
+        panic!("cannot read {db}");
+    }
+
+    /// Waits until `db` holds `n` docs.
+    pub async fn wait_count(&self, db: &str, n: u64, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let c = self.doc_count(db).await;
+            if c >= n {
+                assert_eq!(c, n, "more docs than expected in {db}");
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{db} has {c} of {n} docs"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A store shared by the nodes of a test.
+pub struct Store {
+    pub dir: tempfile::TempDir,
+    pub db: Db,
+}
+
+impl Store {
+    pub fn open() -> Store {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("replicator.redb")).unwrap();
+        Store {
+            db: Db::new(Arc::new(store)),
+            dir,
+        }
+    }
+}
+
+/// Settings for tests: short intervals, little jitter, a 3 s activity timeout.
+pub fn test_settings() -> ReplicatorSettings {
+    ReplicatorSettings {
+        interval_sec: 1,
+        startup_jitter: 100,
+        min_run_time_sec: 1,
+        stats_update_interval_sec: 1,
+        job_timeout_sec: 3,
+        cluster_quiet_period: 1,
+        cluster_start_period: 1,
+        ..ReplicatorSettings::default()
+    }
+}
+
+pub fn jobs_config() -> JobsConfig {
+    JobsConfig {
+        type_check_period_msec: 300,
+        type_check_max_jitter_msec: 100,
+        activity_monitor_max_jitter_msec: 200,
+        ..JobsConfig::default()
+    }
+}
+
+/// A node on `db` named `node`.
+pub async fn node(db: &Db, node: &str, settings: ReplicatorSettings) -> Replicator {
+    let config = ReplicatorConfig {
+        db: db.clone(),
+        jobs: JobsOptions {
+            config: jobs_config(),
+            clock: Arc::new(TokioClock::new()),
+            ..JobsOptions::default()
+        },
+        settings,
+        node: node.to_owned(),
+        server_uuid: "test-cluster".into(),
+    };
+    Replicator::start(config).await.unwrap()
+}

@@ -1,0 +1,172 @@
+//! Engines under test for the store suites: each gives a fresh, private key space and, where
+//! the engine is durable, a way to close and reopen it.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use couch_replicator::store::embedded::EmbeddedStore;
+use couch_replicator::store::memory::MemoryStore;
+use couch_replicator::store::{Db, split_versionstamp_operand, tuple};
+
+/// One engine instance with a private key space.
+pub trait Harness: Send + 'static {
+    fn db(&self) -> Db;
+    /// Prefix of this test's keys (empty for private engines).
+    fn prefix(&self) -> &[u8];
+    /// Closes and reopens a durable engine.
+    fn reopen(&mut self) -> impl Future<Output = ()> + Send;
+    /// Releases the key space (FoundationDB) or the store.
+    fn finish(self) -> impl Future<Output = ()> + Send;
+
+    fn key(&self, k: &str) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(k.as_bytes());
+        out
+    }
+
+    /// The end of this test's key space.
+    fn end(&self) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.push(0xFF);
+        out
+    }
+
+    /// A versionstamped-key operand: prefix ‖ tuple(name, incomplete stamp) ‖ offset.
+    fn vs_key(&self, name: &str) -> Vec<u8> {
+        let packed = tuple::pack_with_versionstamp(&(name, tuple::Versionstamp::incomplete(0)));
+        let (bytes, offset) = split_versionstamp_operand(&packed).expect("valid operand");
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(&((offset + self.prefix().len()) as u32).to_le_bytes());
+        out
+    }
+}
+
+pub struct Embedded {
+    pub dir: tempfile::TempDir,
+    pub store: EmbeddedStore,
+}
+
+impl Embedded {
+    pub fn path(dir: &tempfile::TempDir) -> std::path::PathBuf {
+        dir.path().join("store.redb")
+    }
+
+    pub async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(Self::path(&dir)).expect("open store");
+        Self { dir, store }
+    }
+}
+
+impl Harness for Embedded {
+    fn db(&self) -> Db {
+        Db::new(Arc::new(self.store.clone()))
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        self.store.close().await.expect("close");
+        self.store = EmbeddedStore::open(Self::path(&self.dir)).expect("reopen store");
+    }
+
+    async fn finish(self) {
+        self.store.close().await.expect("close");
+    }
+}
+
+pub struct Memory {
+    pub store: MemoryStore,
+}
+
+impl Memory {
+    pub async fn new() -> Self {
+        Self {
+            store: MemoryStore::new(),
+        }
+    }
+}
+
+impl Harness for Memory {
+    fn db(&self) -> Db {
+        Db::new(Arc::new(self.store.clone()))
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        panic!("the memory engine is not durable");
+    }
+
+    async fn finish(self) {}
+}
+
+// Only the conformance suite uses it; the other store tests share this module.
+#[cfg(feature = "fdb")]
+#[allow(unused_imports)]
+pub use fdb_harness::Fdb;
+
+#[cfg(feature = "fdb")]
+mod fdb_harness {
+    use super::*;
+    use couch_replicator::store::StoreError;
+    use couch_replicator::store::fdb::{FdbStore, boot_network};
+
+    /// FoundationDB at `FDB_CLUSTER_FILE`, each test in its own random subspace.
+    pub struct Fdb {
+        store: FdbStore,
+        prefix: Vec<u8>,
+    }
+
+    impl Fdb {
+        /// `None` (after saying so) when no cluster is configured.
+        pub async fn new() -> Option<Self> {
+            let Ok(cluster_file) = std::env::var("FDB_CLUSTER_FILE") else {
+                println!("skipping FoundationDB conformance: FDB_CLUSTER_FILE not set");
+                return None;
+            };
+            boot_network().expect("boot the FoundationDB network");
+            let store = FdbStore::open(Some(&cluster_file)).expect("open FoundationDB");
+            let prefix = format!("couch-replicator-conformance/{}/", uuid::Uuid::new_v4());
+            Some(Self {
+                store,
+                prefix: prefix.into_bytes(),
+            })
+        }
+    }
+
+    impl Harness for Fdb {
+        fn db(&self) -> Db {
+            Db::new(Arc::new(self.store.clone()))
+        }
+
+        fn prefix(&self) -> &[u8] {
+            &self.prefix
+        }
+
+        async fn reopen(&mut self) {
+            // FoundationDB is durable by itself: a new handle on the same cluster.
+            let cluster_file = std::env::var("FDB_CLUSTER_FILE").ok();
+            self.store = FdbStore::open(cluster_file.as_deref()).expect("reopen FoundationDB");
+        }
+
+        async fn finish(self) {
+            let (begin, end) = (self.prefix.clone(), self.end());
+            let _ = self
+                .db()
+                .run(|tx| {
+                    let (begin, end) = (begin.clone(), end.clone());
+                    async move {
+                        tx.clear_range(&begin, &end);
+                        Ok::<_, StoreError>(())
+                    }
+                })
+                .await;
+        }
+    }
+}
