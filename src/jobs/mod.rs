@@ -20,6 +20,7 @@ mod api;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod event;
 pub mod fold;
 pub mod job_data;
 pub mod jobs_sup;
@@ -37,11 +38,12 @@ pub use accept::AcceptOpts;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use config::JobsConfig;
 pub use error::{JobsError, JobsResult};
+pub use event::{EventState, JobEvent};
 pub use fold::JobInfo;
 pub use job_data::{JobData, JobState};
 pub use jobs_sup::Background;
 pub use keys::Keys;
-pub use subscription::{EventState, JobEvent, Subscribed, Subscription};
+pub use subscription::{Subscribed, Subscription};
 
 /// A job held by a worker after `accept`: the lock fences every later `update`/`finish`.
 #[derive(Debug, Clone, PartialEq, Eq)]

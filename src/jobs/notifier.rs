@@ -22,9 +22,9 @@ use crate::store::{Db, RangeOptions, StoreError};
 use super::Jobs;
 use super::config::{Aimd, JobsConfig};
 use super::error::{JobsError, JobsResult};
+use super::event::{EventState, JobEvent};
 use super::job_data::{JobData, JobRow, decode_activity};
 use super::keys::Keys;
-use super::subscription::{EventState, JobEvent};
 
 static NEXT_SUB_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -17,39 +17,10 @@ use crate::store::tuple::Versionstamp;
 
 use super::Jobs;
 use super::error::{JobsError, JobsResult};
+use super::event::{EventState, JobEvent};
 use super::job_data::{JobData, JobRow, JobState};
 use super::lifecycle::get_row;
 use super::notifier::NotifierMsg;
-
-/// The state a subscriber is told about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventState {
-    Pending,
-    Running,
-    Finished,
-    /// The job was removed.
-    NotFound,
-}
-
-impl From<JobState> for EventState {
-    fn from(s: JobState) -> Self {
-        match s {
-            JobState::Pending => EventState::Pending,
-            JobState::Running => EventState::Running,
-            JobState::Finished => EventState::Finished,
-        }
-    }
-}
-
-/// One state change of a subscribed job.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobEvent {
-    pub job_type: String,
-    pub id: String,
-    pub state: EventState,
-    /// The job's data; `None` for `NotFound`.
-    pub data: Option<JobData>,
-}
 
 /// What `subscribe` found.
 #[derive(Debug)]

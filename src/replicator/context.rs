@@ -7,8 +7,6 @@ use std::sync::Arc;
 
 use supervisors::{ChildHandle, Children};
 
-use super::job_sup::JobSupRef;
-
 use crate::jobs::Jobs;
 use crate::store::tuple;
 
@@ -50,7 +48,6 @@ struct Inner {
     server_uuid: String,
     prefix: Vec<u8>,
     children: Children,
-    job_sup: JobSupRef,
 }
 
 impl NodeCtx {
@@ -62,7 +59,6 @@ impl NodeCtx {
         server_uuid: String,
         prefix: Vec<u8>,
         children: Children,
-        job_sup: JobSupRef,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -72,7 +68,6 @@ impl NodeCtx {
                 server_uuid,
                 prefix,
                 children,
-                job_sup,
             }),
         }
     }
@@ -100,11 +95,6 @@ impl NodeCtx {
     /// The tree's children.
     pub fn children(&self) -> &Children {
         &self.inner.children
-    }
-
-    /// The node's job_sup (valid across its restarts).
-    pub fn job_sup(&self) -> &JobSupRef {
-        &self.inner.job_sup
     }
 
     /// A handle on a sibling actor.

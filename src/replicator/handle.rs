@@ -1,12 +1,11 @@
-//! The embeddable replicator: [`Replicator::start`] starts one node (couch_jobs background
-//! processes plus the `replicator_sup` tree for the configured node types) and returns a
-//! handle to add, cancel, read and list replication jobs, subscribe to events, and shut the
-//! node down gracefully (running jobs checkpoint and go back to `pending`).
+//! The embeddable replicator's handle, [`Replicator`]: add, cancel, read and list replication
+//! jobs, subscribe to events, and shut the node down gracefully (running jobs checkpoint and
+//! go back to `pending`). Starting a node is in `start.rs`, which sits above the tree; this
+//! file sits below it, so the frontend services started by the tree can hold a handle.
 //!
 //! Job operations go straight to couch_jobs, so they work on any node of a cluster sharing one
 //! store, whichever node runs the job.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -19,13 +18,12 @@ use super::collision;
 use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::{EventBusMsg, EventReceiver, subscribe};
-use super::frontend::Frontend;
+use super::job_sup::JobSupRef;
 use super::rep_job::{
     self, JobKind, JobView, REP_JOBS, RepState, new_job_data, parse_rep, persistent_job_id,
     transient_job_id,
 };
 use super::settings::ReplicatorSettings;
-use super::tree;
 
 /// How often [`Replicator::wait`] re-reads the job.
 const WAIT_POLL: Duration = Duration::from_millis(100);
@@ -81,9 +79,11 @@ pub enum WaitFor {
 /// A running replicator node. Dropping it does not stop the node: call
 /// [`Replicator::shutdown`] (graceful) or [`Replicator::kill`] (a crash).
 pub struct Replicator {
-    ctx: NodeCtx,
-    tree: SupervisorRef,
-    background: Option<Background>,
+    pub(super) ctx: NodeCtx,
+    pub(super) tree: SupervisorRef,
+    pub(super) job_sup: JobSupRef,
+    /// couch_jobs' processes; only the host's handle has them (the frontend's view does not).
+    pub(super) background: Option<Background>,
 }
 
 impl std::fmt::Debug for Replicator {
@@ -95,52 +95,6 @@ impl std::fmt::Debug for Replicator {
 }
 
 impl Replicator {
-    /// Starts a node: sets the `rep_jobs` activity timeout, starts couch_jobs' background
-    /// processes and the replicator tree.
-    pub async fn start(config: ReplicatorConfig) -> ReplicatorResult<Replicator> {
-        Self::start_with(config, Frontend::default()).await
-    }
-
-    /// [`Replicator::start`] plus the `api_frontend` children (doc_processor, HTTP API),
-    /// started as the last children of the tree when the node types include `api_frontend`.
-    pub async fn start_with(
-        config: ReplicatorConfig,
-        frontend: Frontend,
-    ) -> ReplicatorResult<Replicator> {
-        config
-            .settings
-            .validate()
-            .map_err(ReplicatorError::Config)?;
-        let prefix = config.jobs.prefix.clone();
-        let jobs = Jobs::new(config.db, config.jobs);
-        jobs.set_type_timeout(REP_JOBS, config.settings.job_timeout_sec as i64)
-            .await?;
-        let background = jobs.start_background().await?;
-        let (handle_tx, handle_rx) = tokio::sync::watch::channel(None);
-        let (tree, ctx) = tree::start(
-            jobs,
-            config.settings,
-            config.node,
-            config.server_uuid,
-            prefix,
-            frontend,
-            handle_rx,
-        )
-        .await?;
-        // The frontend services wait for this handle (a view without the background
-        // processes, which only the host's handle stops).
-        let _ = handle_tx.send(Some(Arc::new(Replicator {
-            ctx: ctx.clone(),
-            tree: tree.clone(),
-            background: None,
-        })));
-        Ok(Replicator {
-            ctx,
-            tree,
-            background: Some(background),
-        })
-    }
-
     /// This node's name.
     pub fn node(&self) -> &str {
         self.ctx.node()
@@ -163,8 +117,8 @@ impl Replicator {
 
     /// The dynamic supervisor of this node's job actors (one child per running job, keyed by
     /// job id), for tests and hosts that inspect or stop single job actors.
-    pub fn job_sup(&self) -> &super::job_sup::JobSupRef {
-        self.ctx.job_sup()
+    pub fn job_sup(&self) -> &JobSupRef {
+        &self.job_sup
     }
 
     /// Adds a job and returns its view (state `pending`). Validates the document first

@@ -27,6 +27,7 @@ use crate::jobs::{AcceptOpts, JobState, JobsError};
 use super::churn::{RunningJob, acceptors_to_add, extra_acceptor_budget, trim_victims};
 use super::context::NodeCtx;
 use super::job::{JobArgs, JobMsg};
+use super::job_sup::JobSupRef;
 use super::rep_job::{self, REP_JOBS};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
@@ -76,6 +77,8 @@ pub struct ServerStatus {
 pub struct JobServer {
     /// The node.
     pub ctx: NodeCtx,
+    /// Where accepted jobs are started.
+    pub job_sup: JobSupRef,
 }
 
 struct Worker {
@@ -109,7 +112,12 @@ impl JobServer {
         for _ in 0..n {
             let id = st.next_acceptor;
             st.next_acceptor += 1;
-            let task = tokio::spawn(acceptor(self.ctx.clone(), myself.clone(), id));
+            let task = tokio::spawn(acceptor(
+                self.ctx.clone(),
+                self.job_sup.clone(),
+                myself.clone(),
+                id,
+            ));
             st.acceptors.insert(id, task);
         }
     }
@@ -243,7 +251,7 @@ impl JobServer {
 }
 
 /// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
-async fn acceptor(ctx: NodeCtx, server: ActorRef<JobServerMsg>, id: u64) {
+async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMsg>, id: u64) {
     let jitter = ctx.settings().startup_jitter.max(1);
     loop {
         let opts = AcceptOpts::default()
@@ -261,7 +269,7 @@ async fn acceptor(ctx: NodeCtx, server: ActorRef<JobServerMsg>, id: u64) {
                         job: job.clone(),
                         data: data.clone(),
                     };
-                    if let Ok(actor) = ctx.job_sup().start_child(job.id.clone(), args).await {
+                    if let Ok(actor) = job_sup.start_child(job.id.clone(), args).await {
                         let _ = server.send_message(JobServerMsg::Accepted {
                             acceptor: id,
                             actor,

@@ -2,7 +2,8 @@
 //! `couch_replicator_scheduler_sup`), a [`supervisors::DynamicSupervisor`] with one child per
 //! running replication, keyed by couch_jobs job id. Children are temporary: a job actor that
 //! exits is never restarted here (its own terminate hook resubmits the job, and the activity
-//! monitor covers killed ones). Every exit is reported to the job server. On shutdown it stops
+//! monitor covers killed ones). Every exit is reported through the `on_exit` hook the tree
+//! gives it (to the job server). On shutdown it stops
 //! every job gracefully and in parallel (each writes its final checkpoint and goes back to
 //! pending), killing any still running after [`JOB_SHUTDOWN`].
 //!
@@ -11,11 +12,9 @@
 
 use std::time::Duration;
 
-use supervisors::{ChildExit, Children, DynamicSupervisor, DynamicSupervisorRef, Shutdown};
+use supervisors::{ChildExit, DynamicSupervisor, DynamicSupervisorRef, Shutdown};
 
-use super::context::ids;
 use super::job::{JobActor, JobArgs, JobMsg};
-use super::job_server::JobServerMsg;
 
 /// How long a stopping job may take before it is killed (CouchDB: 5 s).
 pub const JOB_SHUTDOWN: Duration = Duration::from_secs(5);
@@ -23,15 +22,13 @@ pub const JOB_SHUTDOWN: Duration = Duration::from_secs(5);
 /// A handle on the node's job_sup that stays valid across its restarts.
 pub type JobSupRef = DynamicSupervisorRef<JobArgs, JobMsg>;
 
-/// The job_sup specification; `tree` is the replicator tree's children table, used to tell
-/// the job server about every exit.
-pub fn spec(tree: Children) -> DynamicSupervisor<JobArgs, JobMsg> {
+/// The job_sup specification; `on_exit` hears of every job actor's exit (the tree passes one
+/// that tells the job server, so this module needs no path back up to it).
+pub fn spec(
+    on_exit: impl Fn(ChildExit) + Send + Sync + 'static,
+) -> DynamicSupervisor<JobArgs, JobMsg> {
     // Temporary children (the default): a job resubmits itself, job_sup never restarts it.
     DynamicSupervisor::server(JobActor)
         .shutdown(Shutdown::Timeout(JOB_SHUTDOWN))
-        .on_exit(move |exit: ChildExit| {
-            let _ = tree
-                .handle::<JobServerMsg>(ids::JOB_SERVER)
-                .cast(JobServerMsg::WorkerExited(exit.actor));
-        })
+        .on_exit(on_exit)
 }

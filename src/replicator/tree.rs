@@ -18,8 +18,8 @@ use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::EventBus;
 use super::frontend::{self, Frontend, FrontendService, HandleRx};
-use super::job_server::JobServer;
-use super::job_sup::{self, JOB_SHUTDOWN};
+use super::job_server::{JobServer, JobServerMsg};
+use super::job_sup::{self, JOB_SHUTDOWN, JobSupRef};
 use super::rate_limiter::RateLimiterServer;
 use super::settings::{NodeType, ReplicatorSettings};
 
@@ -28,6 +28,16 @@ const MAX_RESTARTS: u32 = 10;
 const PERIOD: Duration = Duration::from_secs(1);
 /// Connections per endpoint across all jobs of the node.
 pub const ENDPOINT_BUDGET: usize = 1000;
+
+/// A started tree: its supervisor, the context its actors share, and its job_sup.
+pub struct StartedTree {
+    /// `replicator_sup`.
+    pub sup: SupervisorRef,
+    /// What the actors share.
+    pub ctx: NodeCtx,
+    /// The dynamic supervisor of job actors (valid across its restarts).
+    pub job_sup: JobSupRef,
+}
 
 /// Builds and starts the tree; returns it with the node context its actors share.
 pub async fn start(
@@ -38,23 +48,20 @@ pub async fn start(
     prefix: Vec<u8>,
     frontend: Frontend,
     handle: HandleRx,
-) -> ReplicatorResult<(SupervisorRef, NodeCtx)> {
+) -> ReplicatorResult<StartedTree> {
     let sup = Supervisor::new(Strategy::RestForOne)
         .intensity(MAX_RESTARTS, PERIOD)
         // A label, not a registered name: one process may run several nodes named alike.
         .label(format!("replicator_sup:{node}"));
     let children = sup.children();
-    let job_sup = job_sup::spec(children.clone());
+    let exits = children.clone();
+    let job_sup = job_sup::spec(move |exit| {
+        let _ = exits
+            .handle::<JobServerMsg>(ids::JOB_SERVER)
+            .cast(JobServerMsg::WorkerExited(exit.actor));
+    });
     let job_sup_ref = job_sup.handle_in(&children, ids::JOB_SUP);
-    let ctx = NodeCtx::new(
-        jobs,
-        settings,
-        node,
-        server_uuid,
-        prefix,
-        children,
-        job_sup_ref,
-    );
+    let ctx = NodeCtx::new(jobs, settings, node, server_uuid, prefix, children);
     let s = ctx.settings().clone();
 
     // 1. Publish/subscribe of replication events; everything below publishes on it.
@@ -86,7 +93,10 @@ pub async fn start(
             // 5. Acceptors, max_jobs, churn and trimming, transient cleanup, gauges.
             .child(ChildSpec::server(
                 ids::JOB_SERVER,
-                JobServer { ctx: ctx.clone() },
+                JobServer {
+                    ctx: ctx.clone(),
+                    job_sup: job_sup_ref.clone(),
+                },
                 |_| (),
             ))
             // 6. One actor per running replication; stopping it checkpoints every job.
@@ -119,5 +129,9 @@ pub async fn start(
         .start()
         .await
         .map_err(|e| ReplicatorError::Unavailable(e.to_string()))?;
-    Ok((tree, ctx))
+    Ok(StartedTree {
+        sup: tree,
+        ctx,
+        job_sup: job_sup_ref,
+    })
 }

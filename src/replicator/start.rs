@@ -1,0 +1,67 @@
+//! Starting one node: [`Replicator::start`] sets up couch_jobs (the `rep_jobs` activity
+//! timeout and the background processes), starts the `replicator_sup` tree for the configured
+//! node types, and hands the resulting [`Replicator`] handle to the tree's frontend services.
+
+use std::sync::Arc;
+
+use crate::jobs::Jobs;
+
+use super::error::{ReplicatorError, ReplicatorResult};
+use super::frontend::Frontend;
+use super::handle::{Replicator, ReplicatorConfig};
+use super::rep_job::REP_JOBS;
+use super::tree;
+
+impl Replicator {
+    /// Starts a node: sets the `rep_jobs` activity timeout, starts couch_jobs' background
+    /// processes and the replicator tree.
+    pub async fn start(config: ReplicatorConfig) -> ReplicatorResult<Replicator> {
+        Self::start_with(config, Frontend::default()).await
+    }
+
+    /// [`Replicator::start`] plus the `api_frontend` children (doc_processor, HTTP API),
+    /// started as the last children of the tree when the node types include `api_frontend`.
+    pub async fn start_with(
+        config: ReplicatorConfig,
+        frontend: Frontend,
+    ) -> ReplicatorResult<Replicator> {
+        config
+            .settings
+            .validate()
+            .map_err(ReplicatorError::Config)?;
+        let prefix = config.jobs.prefix.clone();
+        let jobs = Jobs::new(config.db, config.jobs);
+        jobs.set_type_timeout(REP_JOBS, config.settings.job_timeout_sec as i64)
+            .await?;
+        let background = jobs.start_background().await?;
+        let (handle_tx, handle_rx) = tokio::sync::watch::channel(None);
+        let tree::StartedTree {
+            sup: tree,
+            ctx,
+            job_sup,
+        } = tree::start(
+            jobs,
+            config.settings,
+            config.node,
+            config.server_uuid,
+            prefix,
+            frontend,
+            handle_rx,
+        )
+        .await?;
+        // The frontend services wait for this handle (a view without the background
+        // processes, which only the host's handle stops).
+        let _ = handle_tx.send(Some(Arc::new(Replicator {
+            ctx: ctx.clone(),
+            tree: tree.clone(),
+            job_sup: job_sup.clone(),
+            background: None,
+        })));
+        Ok(Replicator {
+            ctx,
+            tree,
+            job_sup,
+            background: Some(background),
+        })
+    }
+}
