@@ -19,7 +19,12 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-const TEST_NAME: &str = "acknowledged_commits_survive_sigkill";
+/// The test's name as the harness knows it (its module path without the crate), so the child
+/// runs exactly this test in whichever binary holds it.
+fn test_name() -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::acknowledged_commits_survive_sigkill")
+}
 const CHILD_ENV: &str = "STORE_CRASH_CHILD";
 const ROUND_ENV: &str = "STORE_CRASH_ROUND";
 const WRITERS: u32 = 4;
@@ -100,7 +105,8 @@ async fn child(path: String, round: u32) -> Result<(), StoreError> {
 async fn crash_round(path: &str, round: u32, rng: &mut impl Rng) -> BTreeMap<u32, u64> {
     let exe = std::env::current_exe().expect("test binary path");
     let mut process = Command::new(exe)
-        .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .arg(test_name())
+        .args(["--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, path)
         .env(ROUND_ENV, round.to_string())
         .stdout(Stdio::piped())
