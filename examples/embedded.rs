@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::replicator::{
-    JobKind, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorEvent,
+    NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorEvent,
 };
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
-use serde_json::json;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -37,12 +36,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut events = node.subscribe().ok_or("the event bus is not running")?;
 
     let job = node
-        .add(NewJob {
-            kind: JobKind::Transient {
-                user: Some("embedded-example".into()),
-            },
-            rep: json!({"source": src, "target": tgt, "create_target": true,
-                "continuous": continuous}),
+        .add({
+            let job = NewJob::transient(src.as_str(), tgt.as_str())
+                .create_target()
+                .user("embedded-example");
+            if continuous { job.continuous() } else { job }
         })
         .await?;
     println!("added job {} ({} -> {})", job.job_id, src, tgt);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 use supervisors::SupervisorRef;
 
-use crate::jobs::{Background, Jobs, JobsError, JobsOptions};
+use crate::jobs::{Background, Jobs, JobsError, JobsOptions, Subscribed};
 use crate::store::Db;
 
 use super::collision;
@@ -25,8 +25,9 @@ use super::rep_job::{
 };
 use super::settings::ReplicatorSettings;
 
-/// How often [`Replicator::wait`] re-reads the job.
-const WAIT_POLL: Duration = Duration::from_millis(100);
+/// How long [`Replicator::wait`] pauses before subscribing again when a subscription ended
+/// early (its notifier restarted).
+const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
 
 /// How to start a node.
 #[derive(Debug, Clone)]
@@ -59,12 +60,105 @@ impl ReplicatorConfig {
 }
 
 /// What to add: a persistent job (from a `_replicator` doc) or a transient one.
+///
+/// Build one with [`NewJob::transient`] or [`NewJob::persistent`] and the option methods;
+/// [`NewJob::from_body`] takes a `_replicator` document or `POST /_replicate` body as it came
+/// (the HTTP layer's and doc processor's way in). Options keep CouchDB's names and meaning;
+/// they are checked when the job is added.
+///
+/// ```
+/// use couch_replicator::replicator::NewJob;
+///
+/// let job = NewJob::transient("http://127.0.0.1:5984/a", "http://127.0.0.1:5984/b")
+///     .continuous()
+///     .create_target()
+///     .doc_ids(["x", "y"]);
+/// assert_eq!(job.rep["continuous"], true);
+/// assert_eq!(job.rep["doc_ids"][1], "y");
+/// ```
 #[derive(Debug, Clone)]
 pub struct NewJob {
     /// Persistent or transient.
     pub kind: JobKind,
     /// The replication document / `POST /_replicate` body (`source`, `target`, options).
     pub rep: Value,
+}
+
+impl NewJob {
+    /// A transient replication (as from `POST /_replicate`) of `source` into `target`
+    /// (database URLs, credentials allowed in them), owned by no user.
+    pub fn transient(source: impl Into<String>, target: impl Into<String>) -> Self {
+        Self::from_body(JobKind::Transient { user: None }, endpoints(source, target))
+    }
+
+    /// A persistent replication, as if from document `doc_id` of `_replicator` database
+    /// `db_name`.
+    pub fn persistent(
+        db_name: impl Into<String>,
+        doc_id: impl Into<String>,
+        source: impl Into<String>,
+        target: impl Into<String>,
+    ) -> Self {
+        let kind = JobKind::Persistent {
+            db_name: db_name.into(),
+            doc_id: doc_id.into(),
+        };
+        Self::from_body(kind, endpoints(source, target))
+    }
+
+    /// A job from a replication document or request body as it came.
+    pub fn from_body(kind: JobKind, rep: Value) -> Self {
+        Self { kind, rep }
+    }
+
+    /// Runs a transient job as `user` (who may then see and cancel it over HTTP).
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        if let JobKind::Transient { user: u } = &mut self.kind {
+            *u = Some(user.into());
+        }
+        self
+    }
+
+    /// Keeps replicating new changes after catching up (`continuous: true`).
+    pub fn continuous(self) -> Self {
+        self.option("continuous", true)
+    }
+
+    /// Creates the target database if it is missing (`create_target: true`).
+    pub fn create_target(self) -> Self {
+        self.option("create_target", true)
+    }
+
+    /// Replicates only these documents (`doc_ids`).
+    pub fn doc_ids<S: Into<String>>(self, ids: impl IntoIterator<Item = S>) -> Self {
+        let ids: Vec<String> = ids.into_iter().map(Into::into).collect();
+        self.option("doc_ids", ids)
+    }
+
+    /// Replicates only documents matching a Mango `selector`.
+    pub fn selector(self, selector: Value) -> Self {
+        self.option("selector", selector)
+    }
+
+    /// Replicates through the filter function `ddoc/name` of the source with `query_params`.
+    pub fn filter(self, name: impl Into<String>, query_params: Value) -> Self {
+        self.option("filter", name.into())
+            .option("query_params", query_params)
+    }
+
+    /// Any other replication option by its CouchDB name (`worker_processes`, `since_seq`,
+    /// `checkpoint_interval`, ...).
+    pub fn option(mut self, name: &str, value: impl Into<Value>) -> Self {
+        if let Value::Object(m) = &mut self.rep {
+            m.insert(name.to_owned(), value.into());
+        }
+        self
+    }
+}
+
+/// The `{"source", "target"}` body every builder starts from.
+fn endpoints(source: impl Into<String>, target: impl Into<String>) -> Value {
+    serde_json::json!({"source": source.into(), "target": target.into()})
 }
 
 /// What [`Replicator::wait`] waits for.
@@ -78,6 +172,40 @@ pub enum WaitFor {
 
 /// A running replicator node. Dropping it does not stop the node: call
 /// [`Replicator::shutdown`] (graceful) or [`Replicator::kill`] (a crash).
+///
+/// A host starts one on a store it owns (here the in-memory engine; the embedded on-disk
+/// engine or FoundationDB in production), adds jobs, reads them, and stops the node:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use couch_replicator::replicator::{
+///     NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError, WaitFor,
+/// };
+/// use couch_replicator::store::{Db, memory::MemoryStore};
+///
+/// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+/// # async fn main() -> Result<(), ReplicatorError> {
+/// let node = Replicator::start(ReplicatorConfig::new(Db::new(Arc::new(MemoryStore::new()))))
+///     .await?;
+/// // Nothing listens on port 9: the job is accepted, then crashes and backs off.
+/// let job = node
+///     .add(NewJob::transient("http://127.0.0.1:9/a", "http://127.0.0.1:9/b").continuous())
+///     .await?;
+/// assert_eq!(node.get(&job.job_id).await?.job_id, job.job_id);
+/// // It never completes: a wait for completion runs out.
+/// assert!(matches!(
+///     node.wait(&job.job_id, WaitFor::Completed, Duration::from_millis(300)).await,
+///     Err(ReplicatorError::Timeout(_))
+/// ));
+/// let cancelled = node.cancel(&job.job_id).await?;
+/// assert_ne!(cancelled.state, RepState::Completed);
+/// assert!(matches!(node.get(&job.job_id).await, Err(ReplicatorError::NotFound(_))));
+/// node.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Replicator {
     pub(super) ctx: NodeCtx,
     pub(super) tree: SupervisorRef,
@@ -227,6 +355,10 @@ impl Replicator {
 
     /// Waits until the job is running or completed. A `failed` job ends the wait with
     /// [`ReplicatorError::Failed`] (its reason); [`ReplicatorError::Timeout`] after `timeout`.
+    ///
+    /// Driven by couch_jobs' subscription to the job (the type's notifier tells of every
+    /// state change and every `update`), not by polling: each event carries the job data the
+    /// answer is read from.
     pub async fn wait(
         &self,
         id: &str,
@@ -234,21 +366,46 @@ impl Replicator {
         timeout: Duration,
     ) -> ReplicatorResult<JobView> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let job_id = self.resolve(id).await?;
         loop {
-            let view = self.get(id).await?;
-            match (view.state, until) {
-                (RepState::Failed, _) => {
-                    return Err(ReplicatorError::Failed(reason_text(&view.state_info)));
+            let subscribed = self
+                .ctx
+                .jobs()
+                .subscribe(REP_JOBS, &job_id)
+                .await
+                .map_err(|e| not_found(e, id))?;
+            let (mut sub, data) = match subscribed {
+                Subscribed::Finished(data) => {
+                    return wait_outcome(&JobView::from_data(&job_id, &data), until)
+                        .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.to_owned())));
                 }
-                (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => {
-                    return Ok(view);
+                Subscribed::Active { sub, data, .. } => (sub, data),
+            };
+            if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data), until) {
+                return done;
+            }
+            loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(ReplicatorError::Timeout(id.to_owned()));
                 }
-                _ => {}
+                let Some(event) = sub.wait(left).await else {
+                    // A timeout, or the subscription ended (its notifier restarted):
+                    // subscribe again, which re-reads the job.
+                    break;
+                };
+                let Some(data) = event.data else {
+                    return Err(ReplicatorError::NotFound(id.to_owned()));
+                };
+                if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data), until) {
+                    return done;
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(ReplicatorError::Timeout(id.to_owned()));
             }
-            tokio::time::sleep(WAIT_POLL).await;
+            // Do not spin while a notifier is restarting.
+            tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
         }
     }
 
@@ -285,6 +442,15 @@ impl Replicator {
             return Ok(job_id);
         }
         Ok(id.to_owned())
+    }
+}
+
+/// Whether `view` ends a wait for `until`, and how.
+fn wait_outcome(view: &JobView, until: WaitFor) -> Option<ReplicatorResult<JobView>> {
+    match (view.state, until) {
+        (RepState::Failed, _) => Some(Err(ReplicatorError::Failed(reason_text(&view.state_info)))),
+        (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => Some(Ok(view.clone())),
+        _ => None,
     }
 }
 
