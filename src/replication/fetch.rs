@@ -134,6 +134,70 @@ pub async fn bulk_get(
     wanted: Vec<Wanted>,
     attachments: bool,
 ) -> Result<BulkGetOutcome> {
+    let resp = match request_bulk_get(source, &wanted, attachments).await {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Ok(BulkGetOutcome::unsupported(wanted)),
+        Err(e) => return Err(e),
+    };
+    let Ok(parsed) = serde_json::from_slice::<BulkGetResp<'_>>(&resp.body) else {
+        return Ok(BulkGetOutcome::unsupported(wanted));
+    };
+    let mut out = BulkGetOutcome {
+        supported: true,
+        ..Default::default()
+    };
+    // Results come one per requested revision, in order; match by position when they line up
+    // so no document has to be parsed again.
+    let positional = parsed.results.len() == wanted.len()
+        && parsed
+            .results
+            .iter()
+            .zip(&wanted)
+            .all(|(r, w)| r.id == w.id);
+    let mut seen = Unordered::default();
+    let mut verdicts = vec![Verdict::Refetch; wanted.len()];
+    for (i, r) in parsed.results.into_iter().enumerate() {
+        // Stubs are acceptable in the attachments=true pass only where atts_since asked.
+        let stubs_ok = positional && wanted.get(i).is_some_and(|w| !w.atts_since.is_empty());
+        let track = (!positional).then_some(&mut seen);
+        let verdict = take_result(r, &resp.body, attachments, stubs_ok, &mut out.docs, track);
+        if positional {
+            verdicts[i] = verdict;
+        }
+    }
+    if !positional {
+        for (w, v) in wanted.iter().zip(verdicts.iter_mut()) {
+            *v = seen.verdict(w);
+        }
+    }
+    for (w, v) in wanted.into_iter().zip(verdicts) {
+        match v {
+            Verdict::Done => {}
+            Verdict::Inline => out.inline.push(w),
+            Verdict::Refetch => out.refetch.push(w),
+        }
+    }
+    Ok(out)
+}
+
+impl BulkGetOutcome {
+    /// `_bulk_get` is not usable here: every revision is fetched one by one.
+    fn unsupported(wanted: Vec<Wanted>) -> Self {
+        Self {
+            refetch: wanted,
+            supported: false,
+            ..Default::default()
+        }
+    }
+}
+
+/// Sends the `_bulk_get` request. `Ok(None)` when the source cannot serve it (any failure
+/// but 429 exhaustion, or a status other than 200): the caller falls back to single fetches.
+async fn request_bulk_get(
+    source: &HttpClient,
+    wanted: &[Wanted],
+    attachments: bool,
+) -> Result<Option<super::client::Resp>> {
     let docs: Vec<Value> = wanted
         .iter()
         .map(|w| {
@@ -151,115 +215,90 @@ pub async fn bulk_get(
     } else {
         "_bulk_get?latest=true&revs=true&attachments=false"
     };
-    let resp = match source.send(&Req::json(Method::POST, path, body)).await {
-        Ok(r) => r,
+    match source.send(&Req::json(Method::POST, path, body)).await {
+        Ok(resp) if resp.status == StatusCode::OK => Ok(Some(resp)),
+        Ok(_) => Ok(None),
         // 429 exhaustion ends the replication; any other failure falls back to single fetches.
-        Err(e @ ReplicationError::MaxBackoff(_)) => return Err(e),
+        Err(e @ ReplicationError::MaxBackoff(_)) => Err(e),
         Err(e) => {
             tracing::debug!(error = %e, "_bulk_get failed, fetching one by one");
-            return Ok(BulkGetOutcome {
-                docs: Vec::new(),
-                refetch: wanted,
-                supported: false,
-                ..Default::default()
-            });
+            Ok(None)
         }
-    };
-    if resp.status != StatusCode::OK {
-        return Ok(BulkGetOutcome {
-            docs: Vec::new(),
-            refetch: wanted,
-            supported: false,
-            ..Default::default()
-        });
     }
-    let parsed: BulkGetResp<'_> = match serde_json::from_slice(&resp.body) {
-        Ok(p) => p,
-        Err(_) => {
-            return Ok(BulkGetOutcome {
-                docs: Vec::new(),
-                refetch: wanted,
-                supported: false,
-                ..Default::default()
-            });
-        }
-    };
-    let mut out = BulkGetOutcome {
-        supported: true,
-        ..Default::default()
-    };
-    // Results come one per requested revision, in order; match by position when they line up
-    // so no document has to be parsed again.
-    let positional = parsed.results.len() == wanted.len()
-        && parsed
-            .results
-            .iter()
-            .zip(&wanted)
-            .all(|(r, w)| r.id == w.id);
-    let mut got: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
-    let mut inline_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
-    let mut verdicts = vec![Verdict::Refetch; wanted.len()];
-    for (i, r) in parsed.results.into_iter().enumerate() {
-        let mut verdict = if r.docs.is_empty() {
-            Verdict::Refetch
-        } else {
+}
+
+/// What the results said when they do not line up with the request one to one: the
+/// revisions received and the ids whose attachments are small enough to inline.
+#[derive(Default)]
+struct Unordered {
+    got: std::collections::HashSet<(String, String)>,
+    inline_ids: std::collections::HashSet<String>,
+}
+
+impl Unordered {
+    fn verdict(&self, w: &Wanted) -> Verdict {
+        if self.got.contains(&(w.id.clone(), w.rev.clone())) {
             Verdict::Done
+        } else if self.inline_ids.contains(&w.id) {
+            Verdict::Inline
+        } else {
+            Verdict::Refetch
+        }
+    }
+}
+
+/// Takes the usable documents of one `_bulk_get` result into `docs` (slices of `body`, no
+/// copy) and returns what to do with the requested revision. With `track`, received
+/// revisions and inline candidates are recorded there instead (results out of order).
+fn take_result(
+    r: BulkGetResult<'_>,
+    body: &Bytes,
+    attachments: bool,
+    stubs_ok: bool,
+    docs: &mut Vec<Bytes>,
+    mut track: Option<&mut Unordered>,
+) -> Verdict {
+    let mut verdict = if r.docs.is_empty() {
+        Verdict::Refetch
+    } else {
+        Verdict::Done
+    };
+    for d in r.docs {
+        let Some(raw) = d.ok else {
+            verdict = verdict.max(Verdict::Refetch);
+            continue;
         };
-        // Stubs are acceptable in the attachments=true pass only where atts_since asked.
-        let stubs_ok = positional && wanted.get(i).is_some_and(|w| !w.atts_since.is_empty());
-        for d in r.docs {
-            let Some(raw) = d.ok else {
-                verdict = verdict.max(Verdict::Refetch);
-                continue;
-            };
-            let text = raw.get();
-            if text.contains("\"_attachments\"") {
-                let v = if attachments {
-                    if stubs_ok || !text.contains("\"stub\":true") {
-                        Verdict::Done
-                    } else {
-                        Verdict::Refetch
-                    }
-                } else if attachments_fit_inline(text) {
-                    Verdict::Inline
+        let text = raw.get();
+        if text.contains("\"_attachments\"") {
+            let v = if attachments {
+                if stubs_ok || !text.contains("\"stub\":true") {
+                    Verdict::Done
                 } else {
                     Verdict::Refetch
-                };
-                if v != Verdict::Done {
-                    verdict = verdict.max(v);
-                    continue;
                 }
-            }
-            if !positional && let Some(rev) = rev_of(text) {
-                got.insert((r.id.clone(), rev));
-            }
-            out.docs.push(resp.body.slice_ref(text.as_bytes()));
-        }
-        if positional {
-            verdicts[i] = verdict;
-        } else if verdict == Verdict::Inline {
-            inline_ids.insert(r.id.clone());
-        }
-    }
-    if !positional {
-        for (w, v) in wanted.iter().zip(verdicts.iter_mut()) {
-            *v = if got.contains(&(w.id.clone(), w.rev.clone())) {
-                Verdict::Done
-            } else if inline_ids.contains(&w.id) {
+            } else if attachments_fit_inline(text) {
                 Verdict::Inline
             } else {
                 Verdict::Refetch
             };
+            if v != Verdict::Done {
+                verdict = verdict.max(v);
+                continue;
+            }
         }
-    }
-    for (w, v) in wanted.into_iter().zip(verdicts) {
-        match v {
-            Verdict::Done => {}
-            Verdict::Inline => out.inline.push(w),
-            Verdict::Refetch => out.refetch.push(w),
+        if let Some(seen) = track.as_deref_mut()
+            && let Some(rev) = rev_of(text)
+        {
+            seen.got.insert((r.id.clone(), rev));
         }
+        docs.push(body.slice_ref(text.as_bytes()));
     }
-    Ok(out)
+    if let Some(seen) = track
+        && verdict == Verdict::Inline
+    {
+        seen.inline_ids.insert(r.id.clone());
+    }
+    verdict
 }
 
 /// Whether a document's attachment stubs add up to at most [`INLINE_ATTACHMENTS_MAX`] bytes

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use supervisors::{ChildSpec, Shutdown, Strategy, Supervisor, SupervisorRef};
+use supervisors::{ChildSpec, DynamicSupervisor, Shutdown, Strategy, Supervisor, SupervisorRef};
 
 use crate::jobs::Jobs;
 
@@ -18,6 +18,7 @@ use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::EventBus;
 use super::frontend::{self, Frontend, FrontendService, HandleRx};
+use super::job::{JobArgs, JobMsg};
 use super::job_server::{JobServer, JobServerMsg};
 use super::job_sup::{self, JOB_SHUTDOWN, JobSupRef};
 use super::rate_limiter::RateLimiterServer;
@@ -75,54 +76,10 @@ pub async fn start(
     ));
 
     if s.runs(NodeType::Replication) {
-        // 3. Per-endpoint connection budget; owner death releases.
-        let pool = ConnectionPool {
-            budget: ENDPOINT_BUDGET,
-            close_interval: s.connection_close_interval(),
-        };
-        sup = sup
-            .child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
-            // 4. AIMD 429 limiter shared by every job's HTTP clients.
-            .child(ChildSpec::server(
-                ids::RATE_LIMITER,
-                RateLimiterServer {
-                    max_interval: s.rate_limiter_max_interval(),
-                },
-                |_| (),
-            ))
-            // 5. Acceptors, max_jobs, churn and trimming, transient cleanup, gauges.
-            .child(ChildSpec::server(
-                ids::JOB_SERVER,
-                JobServer {
-                    ctx: ctx.clone(),
-                    job_sup: job_sup_ref.clone(),
-                },
-                |_| (),
-            ))
-            // 6. One actor per running replication; stopping it checkpoints every job.
-            .child(
-                job_sup
-                    .into_child_spec(ids::JOB_SUP)
-                    .shutdown(Shutdown::Timeout(JOB_SHUTDOWN + Duration::from_secs(1))),
-            );
+        sup = replication_children(sup, &ctx, job_sup, job_sup_ref.clone());
     }
-
     if s.runs(NodeType::ApiFrontend) {
-        let services = [
-            (frontend::DOC_PROCESSOR, frontend.doc_processor_service()),
-            (frontend::HTTP, frontend.http.clone()),
-        ];
-        for (name, run) in services {
-            if let Some(run) = run {
-                // 7. `_replicator` docs -> jobs; 8. the HTTP API.
-                let svc = FrontendService {
-                    name,
-                    run,
-                    handle: handle.clone(),
-                };
-                sup = sup.child(ChildSpec::server(name, svc, |_| ()));
-            }
-        }
+        sup = frontend_children(sup, &frontend, &handle);
     }
 
     let tree = sup
@@ -134,4 +91,62 @@ pub async fn start(
         ctx,
         job_sup: job_sup_ref,
     })
+}
+
+/// Children 3-6, on `replication` nodes.
+fn replication_children(
+    sup: Supervisor,
+    ctx: &NodeCtx,
+    job_sup: DynamicSupervisor<JobArgs, JobMsg>,
+    job_sup_ref: JobSupRef,
+) -> Supervisor {
+    let s = ctx.settings();
+    // 3. Per-endpoint connection budget; owner death releases.
+    let pool = ConnectionPool {
+        budget: ENDPOINT_BUDGET,
+        close_interval: s.connection_close_interval(),
+    };
+    sup.child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
+        // 4. AIMD 429 limiter shared by every job's HTTP clients.
+        .child(ChildSpec::server(
+            ids::RATE_LIMITER,
+            RateLimiterServer {
+                max_interval: s.rate_limiter_max_interval(),
+            },
+            |_| (),
+        ))
+        // 5. Acceptors, max_jobs, churn and trimming, transient cleanup, gauges.
+        .child(ChildSpec::server(
+            ids::JOB_SERVER,
+            JobServer {
+                ctx: ctx.clone(),
+                job_sup: job_sup_ref,
+            },
+            |_| (),
+        ))
+        // 6. One actor per running replication; stopping it checkpoints every job.
+        .child(
+            job_sup
+                .into_child_spec(ids::JOB_SUP)
+                .shutdown(Shutdown::Timeout(JOB_SHUTDOWN + Duration::from_secs(1))),
+        )
+}
+
+/// Children 7-8, on `api_frontend` nodes: `_replicator` docs -> jobs, then the HTTP API.
+fn frontend_children(mut sup: Supervisor, frontend: &Frontend, handle: &HandleRx) -> Supervisor {
+    let services = [
+        (frontend::DOC_PROCESSOR, frontend.doc_processor_service()),
+        (frontend::HTTP, frontend.http.clone()),
+    ];
+    for (name, run) in services {
+        if let Some(run) = run {
+            let svc = FrontendService {
+                name,
+                run,
+                handle: handle.clone(),
+            };
+            sup = sup.child(ChildSpec::server(name, svc, |_| ()));
+        }
+    }
+    sup
 }
