@@ -10,6 +10,7 @@
 //! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
 //! - [`http`]: the HTTP API.
 
+pub mod backoff;
 pub mod http;
 pub mod jobs;
 pub mod replication;

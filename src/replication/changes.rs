@@ -7,12 +7,15 @@
 //! named filters with `query_params` as query arguments.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use reqwest::Method;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
+
+use crate::backoff::Backoff;
 
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::encode_query;
@@ -220,7 +223,7 @@ impl ChangesReader {
         }
         let mut since = since;
         let mut failures = 0u32;
-        let mut wait = std::time::Duration::from_millis(250);
+        let mut wait = reconnect_backoff();
         loop {
             let before = since.clone();
             match self.stream_normal(&mut since, &tx, &stop).await {
@@ -229,15 +232,14 @@ impl ChangesReader {
                 Err(e) => {
                     if since != before {
                         failures = 0;
-                        wait = std::time::Duration::from_millis(250);
+                        wait.reset();
                     }
                     failures += 1;
                     if failures > self.opts.retries_per_request {
                         return Err(e.into_changes_failure());
                     }
                     tracing::debug!(error = %e, "one-shot changes feed interrupted, resuming");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(std::time::Duration::from_secs(60));
+                    wait.wait().await;
                 }
             }
         }
@@ -305,7 +307,7 @@ impl ChangesReader {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<()> {
         let mut failures_without_progress = 0u32;
-        let mut wait = std::time::Duration::from_millis(250);
+        let mut wait = reconnect_backoff();
         loop {
             let progressed;
             let outcome = tokio::select! {
@@ -331,10 +333,9 @@ impl ChangesReader {
             }
             if progressed {
                 failures_without_progress = 0;
-                wait = std::time::Duration::from_millis(250);
+                wait.reset();
             } else {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(std::time::Duration::from_secs(60));
+                wait.wait().await;
             }
         }
     }
@@ -409,4 +410,10 @@ impl ChangesReader {
         }
         Ok((false, progressed))
     }
+}
+
+/// Waits between reconnects of the changes feed: 250 ms doubling to a minute, reset after
+/// progress.
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(250), Duration::from_secs(60))
 }

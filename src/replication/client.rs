@@ -11,6 +11,8 @@ use bytes::Bytes;
 use reqwest::{Method, StatusCode, header::HeaderMap};
 use tokio::sync::Semaphore;
 
+use crate::backoff::Backoff;
+
 use super::auth::Auth;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
@@ -191,7 +193,7 @@ impl HttpClient {
     async fn run(&self, req: &Req, buffer: bool) -> Result<Outcome> {
         let key: RateKey = (self.ep.url().to_owned(), req.method.as_str().to_owned());
         let mut attempt: u32 = 0;
-        let mut wait = FIRST_WAIT;
+        let mut wait = Backoff::new(FIRST_WAIT, Duration::from_secs(300));
         let mut first_failure: Option<Instant> = None;
         let mut reauthed = false;
         let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
@@ -247,8 +249,7 @@ impl HttpClient {
             }
             attempt += 1;
             tracing::debug!(%what, attempt, reason = %retry_reason, "retrying request");
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(300));
+            wait.wait().await;
         }
     }
 

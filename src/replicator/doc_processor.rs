@@ -24,6 +24,8 @@ use crate::replication::client::{ClientConfig, HttpClient, Req};
 use crate::replication::endpoint::{encode_doc_id, encode_query};
 use crate::replication::{Aimd, Endpoint, ReplicationError};
 
+use crate::backoff::Backoff;
+
 use super::rep_doc::{self, DocAction};
 use super::rep_job::{REP_JOBS, iso8601, persistent_job_id};
 use super::{JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent};
@@ -325,7 +327,10 @@ async fn write_state_if(
     still_same: impl Fn(&Map<String, Value>) -> bool,
 ) -> Result<bool, ReplicationError> {
     let path = encode_doc_id(doc_id);
-    for attempt in 0..WRITE_ATTEMPTS {
+    // Writers racing on one document retry at random moments, 100 ms doubling to 6.4 s.
+    let mut conflicts =
+        Backoff::new(Duration::from_millis(100), Duration::from_millis(6400)).full_jitter();
+    for _ in 0..WRITE_ATTEMPTS {
         let r = client.send(&Req::get(path.clone())).await?;
         if r.status == StatusCode::NOT_FOUND {
             return Ok(false);
@@ -358,8 +363,7 @@ async fn write_state_if(
         match w.status {
             s if s.is_success() => return Ok(true),
             StatusCode::CONFLICT => {
-                let ms = rand::random_range(10..=100u64) << attempt.min(6);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
+                conflicts.wait().await;
             }
             // A validation function refused the write: log and give up, as CouchDB does.
             StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => return Ok(false),

@@ -24,6 +24,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backoff::Backoff;
+
 use futures::future::BoxFuture;
 
 pub use foundationdb_tuple as tuple;
@@ -277,14 +279,10 @@ impl Db {
     }
 
     fn backoff(&self, attempt: u32) -> Duration {
-        let exp = attempt.saturating_sub(1).min(20);
-        let base = self
-            .retry
-            .initial_delay
-            .saturating_mul(1u32 << exp)
-            .min(self.retry.max_delay);
         // Full jitter keeps retrying transactions from colliding again in lockstep.
-        base.mul_f64(rand::random::<f64>())
+        Backoff::new(self.retry.initial_delay, self.retry.max_delay)
+            .full_jitter()
+            .nth(attempt)
     }
 }
 
