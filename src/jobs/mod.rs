@@ -48,7 +48,9 @@ pub use subscription::{Subscribed, Subscription};
 /// A job held by a worker after `accept`: the lock fences every later `update`/`finish`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
+    /// The job type (a couch_jobs type such as `"replication"`).
     pub job_type: String,
+    /// The job's id, unique within its type.
     pub id: String,
     /// The worker lock (32 hex characters).
     pub jlock: String,
@@ -70,7 +72,9 @@ impl Job {
 pub struct JobsOptions {
     /// The layer prefix the jobs key space lives under (`prefix ‖ pack((51, ...))`).
     pub prefix: Vec<u8>,
+    /// The clock scheduled times and activity deadlines are read from (a manual one in tests).
     pub clock: SharedClock,
+    /// Tunables: activity timeouts, accept and notifier batch sizes.
     pub config: JobsConfig,
 }
 
@@ -108,6 +112,8 @@ impl std::fmt::Debug for Jobs {
 }
 
 impl Jobs {
+    /// A handle on the jobs key space under `options.prefix` in `db`. Starts nothing: call
+    /// [`Jobs::start_background`] on each node that runs workers.
     pub fn new(db: Db, options: JobsOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -120,18 +126,22 @@ impl Jobs {
         }
     }
 
+    /// The store handle every operation runs its transactions on.
     pub fn db(&self) -> &Db {
         &self.inner.db
     }
 
+    /// The key layout, for callers that read or write jobs keys in their own transactions.
     pub fn keys(&self) -> &Keys {
         &self.inner.keys
     }
 
+    /// The clock this handle reads scheduled times from.
     pub fn clock(&self) -> &SharedClock {
         &self.inner.clock
     }
 
+    /// The tunables this handle was built with.
     pub fn config(&self) -> &JobsConfig {
         &self.inner.config
     }
