@@ -8,7 +8,7 @@
 //!
 //! Engines implement [`Store`] and [`Transaction`]; everything above uses the cheap-to-clone
 //! [`Db`] handle and its [`Db::run`] retry loop. Keys are built with the FDB tuple layer
-//! ([`foundationdb_tuple`]), re-exported here as [`tuple`].
+//! ([`foundationdb_tuple`]), re-exported here as [`tuple`](mod@tuple).
 //!
 //! Versionstamped operations take their operand in FDB's wire form: the key (or value)
 //! contains a 10-byte placeholder and ends with a 4-byte little-endian offset of that
