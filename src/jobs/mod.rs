@@ -72,9 +72,11 @@ impl Job {
 pub struct JobsOptions {
     /// The layer prefix the jobs key space lives under (`prefix ‖ pack((51, ...))`).
     pub prefix: Vec<u8>,
-    /// The clock scheduled times and activity deadlines are read from (a manual one in tests).
+    /// The wall clock `accept` compares scheduled times with, also read by the layers above
+    /// (a manual one in tests).
     pub clock: SharedClock,
-    /// Tunables: activity timeouts, accept and notifier batch sizes.
+    /// The `[couch_jobs]` settings: activity monitor, type server and notifier timing and
+    /// batch sizes.
     pub config: JobsConfig,
 }
 
@@ -136,12 +138,12 @@ impl Jobs {
         &self.inner.keys
     }
 
-    /// The clock this handle reads scheduled times from.
+    /// The wall clock of this handle (see [`JobsOptions::clock`]).
     pub fn clock(&self) -> &SharedClock {
         &self.inner.clock
     }
 
-    /// The tunables this handle was built with.
+    /// The `[couch_jobs]` settings this handle was built with.
     pub fn config(&self) -> &JobsConfig {
         &self.inner.config
     }

@@ -170,7 +170,7 @@ impl Steps {
         &self.inner.config
     }
 
-    /// Where steps documents are stored.
+    /// The key layout of the steps documents.
     pub fn keys(&self) -> &StepsKeys {
         &self.inner.keys
     }
