@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! couch-replicator: Apache CouchDB's replicator and its `couch_jobs` background-jobs
 //! framework, re-implemented in Rust on OTP-style supervised actors.
 //!

@@ -75,7 +75,9 @@ pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> Admi
 /// What the steps routes need: the steps API of this node and the admin check.
 #[derive(Clone)]
 pub struct StepsHttp {
+    /// This node's steps API.
     pub steps: Steps,
+    /// Decides who may use the routes (all of them need a server admin).
     pub admin: AdminCheck,
 }
 

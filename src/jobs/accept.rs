@@ -37,16 +37,19 @@ pub struct AcceptOpts {
 }
 
 impl AcceptOpts {
+    /// Accepts only jobs scheduled at or before UNIX time `t` (seconds).
     pub fn max_sched_time(mut self, t: i64) -> Self {
         self.max_sched_time = Some(t);
         self
     }
 
+    /// Waits at most `t` for an eligible job (`Duration::ZERO`: do not wait).
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
         self
     }
 
+    /// Uses the random-probe dequeue; the type's jobs must all be scheduled at time 0.
     pub fn no_schedule(mut self) -> Self {
         self.no_schedule = true;
         self

@@ -54,6 +54,8 @@ struct BatchOutcome {
 }
 
 impl ActivityMonitor {
+    /// A monitor for type `ty` with batch sizing and jitter from `config`; it learns the type's
+    /// timeout on its first check.
     pub fn new(db: Db, keys: Keys, ty: &str, config: &JobsConfig) -> Self {
         Self {
             db,

@@ -24,6 +24,7 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::add`] inside the caller's transaction.
     pub async fn add_tx(
         &self,
         tx: &Tx,
@@ -42,6 +43,7 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::remove`] inside the caller's transaction.
     pub async fn remove_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<()> {
         lc::remove(self.keys(), tx, ty, id).await
     }
@@ -63,6 +65,7 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::resubmit`] inside the caller's transaction.
     pub async fn resubmit_tx(
         &self,
         tx: &Tx,
@@ -74,22 +77,26 @@ impl Jobs {
         lc::resubmit(self.keys(), tx, ty, id, stime, data).await
     }
 
+    /// The job's current data, in any state ([`JobsError::NotFound`] if missing).
     pub async fn get_job_data(&self, ty: &str, id: &str) -> JobsResult<JobData> {
         self.db()
             .run(|tx| async move { self.get_job_data_tx(&tx, ty, id).await })
             .await
     }
 
+    /// [`Jobs::get_job_data`] inside the caller's transaction (a conflict-checked read).
     pub async fn get_job_data_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<JobData> {
         lc::get_job_data(self.keys(), tx, ty, id).await
     }
 
+    /// Whether the job is pending, running or finished ([`JobsError::NotFound`] if missing).
     pub async fn get_job_state(&self, ty: &str, id: &str) -> JobsResult<JobState> {
         self.db()
             .run(|tx| async move { self.get_job_state_tx(&tx, ty, id).await })
             .await
     }
 
+    /// [`Jobs::get_job_state`] inside the caller's transaction (a conflict-checked read).
     pub async fn get_job_state_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<JobState> {
         lc::get_job_state(self.keys(), tx, ty, id).await
     }
@@ -101,6 +108,7 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::get_types`] inside the caller's transaction.
     pub async fn get_types_tx(&self, tx: &Tx) -> JobsResult<Vec<String>> {
         lc::get_types(self.keys(), tx).await
     }
@@ -112,6 +120,7 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::get_active_jobs_ids`] inside the caller's transaction.
     pub async fn get_active_jobs_ids_tx(&self, tx: &Tx, ty: &str) -> JobsResult<Vec<String>> {
         let jobs = lc::get_active_jobs(self.keys(), tx, ty).await?;
         Ok(jobs.into_iter().map(|(id, _)| id).collect())
@@ -189,6 +198,7 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::pending_count`] inside the caller's transaction.
     pub async fn pending_count_tx(
         &self,
         tx: &Tx,
@@ -292,6 +302,8 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::update`] inside the caller's transaction, so a worker's own writes in that
+    /// transaction commit only while it still holds the job's lock.
     pub async fn update_tx(&self, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<Job> {
         lc::update(self.keys(), tx, job, data).await
     }
@@ -306,6 +318,8 @@ impl Jobs {
             .await
     }
 
+    /// [`Jobs::finish`] inside the caller's transaction, fenced by the job's lock like
+    /// [`Jobs::update_tx`].
     pub async fn finish_tx(&self, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<()> {
         lc::finish(self.keys(), tx, job, data).await
     }
@@ -323,16 +337,22 @@ impl Jobs {
         Ok(())
     }
 
+    /// Writes the type's activity timeout (seconds) in the caller's transaction. Unlike
+    /// [`Jobs::set_type_timeout`] it does not wake the type server: monitors start at its next
+    /// periodic check.
     pub fn set_type_timeout_tx(&self, tx: &Tx, ty: &str, secs: i64) {
         lc::set_type_timeout(self.keys(), tx, ty, secs)
     }
 
+    /// The type's activity timeout in seconds, or `None` if the type has none.
     pub async fn get_type_timeout(&self, ty: &str) -> JobsResult<Option<i64>> {
         self.db()
             .run(|tx| async move { lc::get_type_timeout(self.keys(), &tx, ty).await })
             .await
     }
 
+    /// Removes the type's activity timeout and makes the type server stop its monitors now.
+    /// Existing jobs stay; [`Jobs::add`] then fails with [`JobsError::NoTypeTimeout`].
     pub async fn clear_type_timeout(&self, ty: &str) -> JobsResult<()> {
         self.db()
             .run(|tx| async move {

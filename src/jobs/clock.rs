@@ -70,23 +70,26 @@ impl Clock for TokioClock {
     }
 }
 
-/// A clock that only moves when [`ManualClock::advance`] or [`ManualClock::set_ms`] is called.
+/// A clock that only moves when [`ManualClock::advance_ms`] or [`ManualClock::set_ms`] is called.
 #[derive(Debug, Default)]
 pub struct ManualClock {
     ms: AtomicI64,
 }
 
 impl ManualClock {
+    /// A clock stopped at `start_ms` (milliseconds since the UNIX epoch).
     pub fn new(start_ms: i64) -> Self {
         Self {
             ms: AtomicI64::new(start_ms),
         }
     }
 
+    /// Moves the clock to `ms` (it may go backwards).
     pub fn set_ms(&self, ms: i64) {
         self.ms.store(ms, Ordering::SeqCst);
     }
 
+    /// Moves the clock forward by `ms` milliseconds.
     pub fn advance_ms(&self, ms: i64) {
         self.ms.fetch_add(ms, Ordering::SeqCst);
     }

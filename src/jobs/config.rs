@@ -57,7 +57,9 @@ impl Default for JobsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid couch_jobs setting {name}: {reason}")]
 pub struct ConfigError {
+    /// The setting's `[couch_jobs]` name.
     pub name: &'static str,
+    /// Which rule the value breaks.
     pub reason: &'static str,
 }
 
@@ -142,12 +144,16 @@ impl JobsConfig {
 /// and the notifier (digest A.7): a full batch grows the size, a failed one shrinks it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Aimd {
+    /// The current batch size (never below 1).
     pub size: usize,
+    /// Added to `size` after a full batch.
     pub increment: usize,
+    /// Multiplies `size` after a failed batch (in 0..1).
     pub factor: f64,
 }
 
 impl Aimd {
+    /// Starts at `init` (raised to 1 if zero) with the given step and back-off factor.
     pub fn new(init: usize, increment: usize, factor: f64) -> Self {
         Self {
             size: init.max(1),

@@ -9,8 +9,11 @@ use super::job_data::{JobData, JobState};
 /// The state a subscriber is told about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventState {
+    /// The job waits in the pending queue.
     Pending,
+    /// A worker accepted the job and holds its lock.
     Running,
+    /// The job's worker finished it.
     Finished,
     /// The job was removed.
     NotFound,
@@ -29,8 +32,11 @@ impl From<JobState> for EventState {
 /// One state change of a subscribed job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobEvent {
+    /// The job's type.
     pub job_type: String,
+    /// The job's id.
     pub id: String,
+    /// The state the job is in now.
     pub state: EventState,
     /// The job's data; `None` for `NotFound`.
     pub data: Option<JobData>,

@@ -18,10 +18,13 @@ pub const FOLD_PAGE_SIZE: usize = 500;
 /// One job as seen by a fold.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobInfo {
+    /// The job's id.
     pub id: String,
+    /// Pending, running or finished.
     pub state: JobState,
     /// Scheduled time, UNIX seconds.
     pub stime: i64,
+    /// The job's data as last written.
     pub data: JobData,
 }
 

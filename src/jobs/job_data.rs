@@ -19,12 +19,16 @@ pub type JobData = Map<String, Value>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
+    /// Waiting in the pending queue for a worker to accept it.
     Pending,
+    /// Accepted: a worker holds its lock.
     Running,
+    /// Its worker called `finish` (and it was not resubmitted meanwhile).
     Finished,
 }
 
 impl JobState {
+    /// The lowercase name couch_jobs uses (`"pending"`, `"running"`, `"finished"`).
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Pending => "pending",
@@ -37,7 +41,9 @@ impl JobState {
 /// The `Seq` field: `0` pending, `null` finished, a versionstamp while running.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seq {
+    /// Stored as `0`: the job is queued.
     Pending,
+    /// Stored as `null`: the job is done.
     Finished,
     /// A complete versionstamp, or an incomplete one when about to be written.
     Running(Versionstamp),
@@ -46,12 +52,15 @@ pub enum Seq {
 /// One decoded DATA row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {
+    /// Pending, finished, or the running job's activity versionstamp.
     pub seq: Seq,
     /// 32 lowercase hex characters while running.
     pub jlock: Option<String>,
     /// Scheduled time, UNIX seconds.
     pub stime: i64,
+    /// Set when the job was resubmitted while running; `finish` then re-enqueues it.
     pub resubmit: bool,
+    /// The job's data.
     pub data: JobData,
 }
 
@@ -99,6 +108,8 @@ impl JobRow {
         }
     }
 
+    /// Decodes a DATA row value; [`JobsError::Encoding`] for anything not written by
+    /// [`JobRow::encode`].
     pub fn decode(bytes: &[u8]) -> JobsResult<Self> {
         let (seq, jlock, stime, resubmit, json): (Element, Option<Bytes>, i64, bool, Bytes) =
             tuple::unpack(bytes).map_err(|e| JobsError::Encoding(format!("bad job row: {e}")))?;
@@ -133,6 +144,7 @@ pub fn encode_data(data: &JobData) -> Vec<u8> {
     serde_json::to_vec(data).unwrap_or_else(|_| b"{}".to_vec())
 }
 
+/// Parses stored job data; [`JobsError::Encoding`] if it is not a JSON object.
 pub fn decode_data(bytes: &[u8]) -> JobsResult<JobData> {
     serde_json::from_slice(bytes).map_err(|e| JobsError::Encoding(format!("bad job data: {e}")))
 }
@@ -145,6 +157,7 @@ pub fn encode_activity(id: &str, data: &JobData) -> Vec<u8> {
     ))
 }
 
+/// Decodes an ACTIVITY value into the job id and its data.
 pub fn decode_activity(bytes: &[u8]) -> JobsResult<(String, JobData)> {
     let (id, json): (Bytes, Bytes) = tuple::unpack(bytes)
         .map_err(|e| JobsError::Encoding(format!("bad activity value: {e}")))?;

@@ -17,11 +17,19 @@ use super::error::{JobsError, JobsResult};
 
 /// `?JOBS`: the tuple element appended to the layer prefix.
 pub const JOBS: i64 = 51;
+/// `?DATA`: the sub-space of each job's DATA row, `(1, Type, JobId)`.
 pub const DATA: i64 = 1;
+/// `?PENDING`: the pending queue, `(2, Type, STime, JobId)`, ordered by scheduled time.
 pub const PENDING: i64 = 2;
+/// `?WATCHES_PENDING`: a per-type counter bumped on every enqueue; acceptors watch it.
 pub const WATCHES_PENDING: i64 = 3;
+/// `?WATCHES_ACTIVITY`: a per-type versionstamp bumped whenever a job of the type changes;
+/// notifiers and activity monitors watch it.
 pub const WATCHES_ACTIVITY: i64 = 4;
+/// `?ACTIVITY_TIMEOUT`: each type's activity timeout in seconds; its presence makes the type
+/// known.
 pub const ACTIVITY_TIMEOUT: i64 = 5;
+/// `?ACTIVITY`: running jobs by the versionstamp of their last update, `(6, Type, Vs)`.
 pub const ACTIVITY: i64 = 6;
 
 /// The user version written into the activity watch: the highest, so "activity keys with a
@@ -89,6 +97,7 @@ impl Keys {
             .ok_or_else(|| JobsError::Encoding("key outside the jobs prefix".into()))
     }
 
+    /// The DATA key of one job.
     pub fn data(&self, ty: &str, id: &str) -> Vec<u8> {
         self.pack(&(DATA, b(ty), b(id)))
     }
@@ -108,6 +117,7 @@ impl Keys {
         bytes_to_string(id, "job id")
     }
 
+    /// The PENDING key of a job queued at `stime`.
     pub fn pending(&self, ty: &str, stime: i64, id: &str) -> Vec<u8> {
         self.pack(&(PENDING, b(ty), stime, b(id)))
     }
@@ -130,10 +140,12 @@ impl Keys {
         Ok((stime, bytes_to_string(id, "job id")?))
     }
 
+    /// The type's pending-watch counter key.
     pub fn watches_pending(&self, ty: &str) -> Vec<u8> {
         self.pack(&(WATCHES_PENDING, b(ty)))
     }
 
+    /// The type's activity-watch key.
     pub fn watches_activity(&self, ty: &str) -> Vec<u8> {
         self.pack(&(WATCHES_ACTIVITY, b(ty)))
     }
@@ -150,10 +162,12 @@ impl Keys {
         Ok(vs)
     }
 
+    /// The key holding the type's activity timeout.
     pub fn activity_timeout(&self, ty: &str) -> Vec<u8> {
         self.pack(&(ACTIVITY_TIMEOUT, b(ty)))
     }
 
+    /// Every ACTIVITY_TIMEOUT key (one per known type).
     pub fn activity_timeout_range(&self) -> (Vec<u8>, Vec<u8>) {
         Self::prefix_range(self.pack(&(ACTIVITY_TIMEOUT,)))
     }
@@ -168,10 +182,12 @@ impl Keys {
         bytes_to_string(ty, "job type")
     }
 
+    /// Encodes a type timeout value (seconds, as a one-element tuple).
     pub fn encode_timeout(secs: i64) -> Vec<u8> {
         tuple::pack(&(secs,))
     }
 
+    /// Decodes a value written by [`Keys::encode_timeout`].
     pub fn decode_timeout(value: &[u8]) -> JobsResult<i64> {
         let (secs,): (i64,) = tuple::unpack(value)
             .map_err(|e| JobsError::Encoding(format!("bad type timeout value: {e}")))?;
@@ -188,6 +204,7 @@ impl Keys {
         self.pack_vs(&(ACTIVITY, b(ty), Versionstamp::incomplete(user_version)))
     }
 
+    /// Every ACTIVITY key of a type (its running jobs).
     pub fn activity_range(&self, ty: &str) -> (Vec<u8>, Vec<u8>) {
         Self::prefix_range(self.pack(&(ACTIVITY, b(ty))))
     }
@@ -204,6 +221,7 @@ impl Keys {
         (self.activity(ty, vs), self.activity_range(ty).1)
     }
 
+    /// The versionstamp of an ACTIVITY key.
     pub fn decode_activity_key(&self, key: &[u8]) -> JobsResult<Versionstamp> {
         let (sub, _ty, vs): (i64, Bytes, Versionstamp) = tuple::unpack(self.strip(key)?)
             .map_err(|e| JobsError::Encoding(format!("bad ACTIVITY key: {e}")))?;

@@ -82,10 +82,12 @@ pub async fn get_type_timeout(keys: &Keys, tx: &Tx, ty: &str) -> JobsResult<Opti
     }
 }
 
+/// Writes the type's activity timeout (seconds); a type with a timeout is a known type.
 pub fn set_type_timeout(keys: &Keys, tx: &Tx, ty: &str, secs: i64) {
     tx.set(&keys.activity_timeout(ty), &Keys::encode_timeout(secs));
 }
 
+/// Removes the type's activity timeout, so the type server stops its monitors.
 pub fn clear_type_timeout(keys: &Keys, tx: &Tx, ty: &str) {
     tx.clear(&keys.activity_timeout(ty));
 }
@@ -194,6 +196,7 @@ pub async fn remove(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<()> 
     Ok(())
 }
 
+/// The job's data (`NotFound` if the job does not exist).
 pub async fn get_job_data(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<JobData> {
     get_row(keys, tx, ty, id, false)
         .await?
@@ -201,6 +204,7 @@ pub async fn get_job_data(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResul
         .ok_or(JobsError::NotFound)
 }
 
+/// The job's state derived from its DATA row (`NotFound` if the job does not exist).
 pub async fn get_job_state(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<JobState> {
     get_row(keys, tx, ty, id, false)
         .await?

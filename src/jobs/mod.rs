@@ -48,7 +48,9 @@ pub use subscription::{Subscribed, Subscription};
 /// A job held by a worker after `accept`: the lock fences every later `update`/`finish`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
+    /// The job type (a couch_jobs type such as `"replication"`).
     pub job_type: String,
+    /// The job's id, unique within its type.
     pub id: String,
     /// The worker lock (32 hex characters).
     pub jlock: String,
@@ -70,7 +72,11 @@ impl Job {
 pub struct JobsOptions {
     /// The layer prefix the jobs key space lives under (`prefix ‖ pack((51, ...))`).
     pub prefix: Vec<u8>,
+    /// The wall clock `accept` compares scheduled times with, also read by the layers above
+    /// (a manual one in tests).
     pub clock: SharedClock,
+    /// The `[couch_jobs]` settings: activity monitor, type server and notifier timing and
+    /// batch sizes.
     pub config: JobsConfig,
 }
 
@@ -108,6 +114,8 @@ impl std::fmt::Debug for Jobs {
 }
 
 impl Jobs {
+    /// A handle on the jobs key space under `options.prefix` in `db`. Starts nothing: call
+    /// [`Jobs::start_background`] on each node that runs workers.
     pub fn new(db: Db, options: JobsOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -120,18 +128,22 @@ impl Jobs {
         }
     }
 
+    /// The store handle every operation runs its transactions on.
     pub fn db(&self) -> &Db {
         &self.inner.db
     }
 
+    /// The key layout, for callers that read or write jobs keys in their own transactions.
     pub fn keys(&self) -> &Keys {
         &self.inner.keys
     }
 
+    /// The wall clock of this handle (see [`JobsOptions::clock`]).
     pub fn clock(&self) -> &SharedClock {
         &self.inner.clock
     }
 
+    /// The `[couch_jobs]` settings this handle was built with.
     pub fn config(&self) -> &JobsConfig {
         &self.inner.config
     }

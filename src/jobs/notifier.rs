@@ -52,6 +52,7 @@ pub struct NotifierCore {
 }
 
 impl NotifierCore {
+    /// A notifier for type `ty` with batch sizing from `config` and no subscribers.
     pub fn new(db: Db, keys: Keys, ty: &str, config: &JobsConfig) -> Self {
         Self {
             db,
@@ -87,6 +88,7 @@ impl NotifierCore {
         sub_id
     }
 
+    /// Forgets the subscription with id `sub_id` (a no-op if it already ended).
     pub fn unsubscribe(&mut self, sub_id: u64) {
         self.subs.retain(|_, subs| {
             subs.remove(&sub_id);
@@ -294,13 +296,20 @@ fn shrinkable(e: &StoreError) -> bool {
 
 /// Messages of the notifier actor.
 pub enum NotifierMsg {
+    /// Add a subscriber to job `id` and reply with its subscription id.
     Subscribe {
+        /// The subscribed job's id.
         id: String,
+        /// The state the subscriber last saw; it hears only of changes from there.
         state: EventState,
+        /// The `Seq` versionstamp the subscriber last saw while the job ran.
         seq: Option<Versionstamp>,
+        /// Where the subscriber's events go.
         events: mpsc::UnboundedSender<JobEvent>,
+        /// Receives the new subscription id.
         reply: RpcReplyPort<u64>,
     },
+    /// Remove the subscription with this id.
     Unsubscribe(u64),
     /// The type's activity watch changed.
     TypeUpdated,
@@ -313,6 +322,8 @@ pub enum NotifierMsg {
 /// The notifier actor for one type.
 pub struct NotifierActor;
 
+/// The notifier actor's state: the round logic, whether a round is queued, and the type monitor
+/// task that watches the activity key.
 pub struct NotifierState {
     core: NotifierCore,
     round_queued: bool,

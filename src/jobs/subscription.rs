@@ -27,8 +27,11 @@ use super::notifier::NotifierMsg;
 pub enum Subscribed {
     /// The job is pending or running; events follow on `sub`.
     Active {
+        /// Receives the job's later state changes.
         sub: Subscription,
+        /// The job's state when the subscription was made.
         state: JobState,
+        /// The job's data when the subscription was made.
         data: JobData,
     },
     /// The job had already finished: no subscription was created.
@@ -46,10 +49,12 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// The subscribed job's type.
     pub fn job_type(&self) -> &str {
         &self.job_type
     }
 
+    /// The subscribed job's id.
     pub fn id(&self) -> &str {
         &self.id
     }

@@ -80,12 +80,18 @@ impl Registry {
 
 /// Messages of the type server.
 pub enum TypeServerMsg {
+    /// The periodic timer: re-scan the types and schedule the next tick.
     Tick,
+    /// Re-scan the types now and reply when done (sent after a type timeout changed).
     CheckNow(RpcReplyPort<()>),
+    /// Start the monitor and notifier of this type if needed, and reply with its notifier.
     Ensure(String, RpcReplyPort<Result<ActorRef<NotifierMsg>, String>>),
+    /// Reply with the types whose monitors run, sorted.
     Types(RpcReplyPort<Vec<String>>),
 }
 
+/// The type server actor (`couch_jobs_server`); its children are the per-type monitors and
+/// notifiers.
 pub struct TypeServer;
 
 struct Pair {
@@ -93,6 +99,7 @@ struct Pair {
     notifier: ActorRef<NotifierMsg>,
 }
 
+/// The type server's state: the jobs handle and the running monitor/notifier pair per type.
 pub struct TypeServerState {
     jobs: Jobs,
     children: HashMap<String, Pair>,

@@ -99,7 +99,7 @@ pub struct ReplicationHandle {
 }
 
 impl ReplicationHandle {
-    /// The latest stats snapshot (at most [`STATS_PERIOD`] old).
+    /// The latest stats snapshot (at most 250 ms, `STATS_PERIOD`, old).
     pub fn stats(&self) -> ReplicationStats {
         self.stats.borrow().clone()
     }

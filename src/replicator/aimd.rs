@@ -26,11 +26,14 @@ pub const SENSITIVITY_WINDOW_MS: u64 = 80;
 /// What a rate is kept for: the database URL without credentials, and the HTTP method.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RateKey {
+    /// The database URL, credentials removed.
     pub endpoint: String,
+    /// The HTTP method (`GET`, `POST`, ...).
     pub method: String,
 }
 
 impl RateKey {
+    /// The key of requests with `method` to `endpoint` (pass the URL without credentials).
     pub fn new(endpoint: impl Into<String>, method: impl Into<String>) -> Self {
         Self {
             endpoint: endpoint.into(),
@@ -52,6 +55,7 @@ pub struct AimdTable {
 }
 
 impl AimdTable {
+    /// An empty table: every key waits 0 ms.
     pub fn new() -> Self {
         Self::default()
     }
@@ -120,10 +124,12 @@ impl AimdTable {
         before - self.entries.len()
     }
 
+    /// How many keys have a non-zero interval.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether no key has a non-zero interval.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

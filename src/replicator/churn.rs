@@ -12,7 +12,9 @@ use std::time::Duration;
 /// One running job as the job server sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunningJob<Id> {
+    /// The job's id.
     pub id: Id,
+    /// Whether the replication is continuous; only continuous jobs are ever trimmed.
     pub continuous: bool,
     /// How long it has been running.
     pub ran_for: Duration,

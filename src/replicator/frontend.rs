@@ -2,7 +2,7 @@
 //! `replicator_sup`'s `rest_for_one` order, started only on nodes whose types include
 //! `api_frontend`.
 //!
-//! Each is a [`FrontendService`] actor running one future (a service) on a task. The service
+//! Each is a `FrontendService` actor running one future (a service) on a task. The service
 //! gets the node's [`Replicator`] handle; because the handle only exists once the tree has
 //! started, the task waits for it on a watch channel the handle fills right after start. The
 //! service ending with an error fails the actor (the supervisor restarts it); stopping or

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeType {
+    /// `api_frontend`: serves the HTTP API and turns `_replicator` documents into jobs.
     ApiFrontend,
+    /// `replication`: accepts and runs replication jobs.
     Replication,
 }
 
@@ -35,7 +37,10 @@ pub struct ReplicatorSettings {
     pub startup_jitter: u64,
     /// A job running this long without error has its error count reset, seconds.
     pub health_threshold_sec: u64,
+    /// Base of the crash back-off: after `n` consecutive errors a job waits about this times
+    /// 2^n before it may run again, seconds (at least 2).
     pub min_backoff_penalty_sec: u64,
+    /// Ceiling of that wait, seconds (CouchDB: 2 days; at most 30 days).
     pub max_backoff_penalty_sec: u64,
     /// Events kept in a job's history.
     pub max_history: usize,
@@ -82,6 +87,7 @@ impl Default for ReplicatorSettings {
 }
 
 impl ReplicatorSettings {
+    /// The job server's cycle (`interval_sec`).
     pub fn interval(&self) -> Duration {
         Duration::from_secs(self.interval_sec)
     }
@@ -91,26 +97,33 @@ impl ReplicatorSettings {
         Duration::from_millis(self.rate_limiter_max_interval_msec)
     }
 
+    /// How long a continuous job runs before it may be trimmed (`min_run_time_sec`).
     pub fn min_run_time(&self) -> Duration {
         Duration::from_secs(self.min_run_time_sec)
     }
 
+    /// How long a job must run without error for its error count to be reset
+    /// (`health_threshold_sec`).
     pub fn health_threshold(&self) -> Duration {
         Duration::from_secs(self.health_threshold_sec)
     }
 
+    /// The crash back-off's starting wait (`min_backoff_penalty_sec`).
     pub fn min_backoff_penalty(&self) -> Duration {
         Duration::from_secs(self.min_backoff_penalty_sec)
     }
 
+    /// The crash back-off's ceiling (`max_backoff_penalty_sec`).
     pub fn max_backoff_penalty(&self) -> Duration {
         Duration::from_secs(self.max_backoff_penalty_sec)
     }
 
+    /// How long an idle pooled connection is kept (`connection_close_interval`).
     pub fn connection_close_interval(&self) -> Duration {
         Duration::from_millis(self.connection_close_interval)
     }
 
+    /// Whether this node has `node_type` in its `node_types`.
     pub fn runs(&self, node_type: NodeType) -> bool {
         self.node_types.contains(&node_type)
     }

@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 /// Where a command runs: which job, step, attempt and worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionContext {
+    /// The steps job's id.
     pub job_id: String,
     /// 0-based step index.
     pub step: usize,
@@ -18,7 +19,9 @@ pub struct ActionContext {
     pub attempt: u32,
     /// True when this is the step's alternative command, run after every attempt failed.
     pub alternative: bool,
+    /// The node the worker runs on.
     pub node: String,
+    /// The worker's name, `<node>/<index>`.
     pub worker: String,
 }
 

@@ -30,14 +30,18 @@ pub enum StepsState {
     Pending,
     /// A worker runs its current step.
     Running,
+    /// Every step succeeded.
     Success,
+    /// A step failed; the rest were skipped.
     Failed,
 }
 
 /// One job with per-step status.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobView {
+    /// The job's state, from its document and couch_jobs.
     pub state: StepsState,
+    /// The stored document (flattened into the JSON view).
     #[serde(flatten)]
     pub doc: JobDoc,
 }
@@ -45,12 +49,19 @@ pub struct JobView {
 /// One line of a job listing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSummary {
+    /// The job's id.
     pub id: String,
+    /// The job's state.
     pub state: StepsState,
+    /// The node whose API created the job.
     pub creator: String,
+    /// UNIX milliseconds of creation.
     pub created_at: i64,
+    /// UNIX milliseconds when the job ended, if it has.
     pub finished_at: Option<i64>,
+    /// Index of the step to run next (the step count once done).
     pub current_step: usize,
+    /// How many steps the job has.
     pub step_count: usize,
     /// The target of the current step, while the job is in progress.
     pub current_target: Option<Target>,
@@ -80,6 +91,7 @@ impl Default for ListOptions {
 /// A page of jobs, in id order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobList {
+    /// The jobs of this page.
     pub jobs: Vec<JobSummary>,
     /// Pass as `start_after` for the next page; `None` at the end.
     pub next: Option<String>,
@@ -143,22 +155,27 @@ impl Steps {
         })
     }
 
+    /// The node this handle runs on: the creator of jobs submitted here.
     pub fn node(&self) -> &str {
         &self.inner.node
     }
 
+    /// The couch_jobs handle the steps queues live in.
     pub fn jobs(&self) -> &Jobs {
         &self.inner.jobs
     }
 
+    /// The steps settings of this node.
     pub fn config(&self) -> &StepsConfig {
         &self.inner.config
     }
 
+    /// The key layout of the steps documents.
     pub fn keys(&self) -> &StepsKeys {
         &self.inner.keys
     }
 
+    /// Write counters of this node (shared when built with [`Steps::with_stats`]).
     pub fn stats(&self) -> &Arc<WriteStats> {
         &self.inner.stats
     }

@@ -9,23 +9,32 @@ use super::retry::retry_delay;
 /// Who runs the step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunIdentity {
+    /// The steps job's id.
     pub job_id: String,
+    /// The 0-based index of the step.
     pub step: usize,
+    /// The node the worker runs on.
     pub node: String,
+    /// The worker's name, `<node>/<index>`.
     pub worker: String,
 }
 
 /// What running a step produced; copied into the step's document.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StepResult {
+    /// Whether an attempt of the main command exited with status 0.
     pub succeeded: bool,
     /// Attempts of the main command.
     pub attempts: u32,
+    /// Exit status of the last attempt of the main command, if it exited.
     pub exit_status: Option<i32>,
+    /// Output of the last attempt of the main command, truncated.
     pub output: Option<String>,
     /// Set when the alternative command ran.
     pub alt_ran: bool,
+    /// Exit status of the alternative command, if it ran and exited.
     pub alt_exit_status: Option<i32>,
+    /// Output of the alternative command, truncated, if it ran.
     pub alt_output: Option<String>,
     /// Why the last attempt (or the alternative) produced no exit status, if so.
     pub error: Option<String>,

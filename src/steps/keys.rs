@@ -57,12 +57,14 @@ pub struct StepsKeys {
 const DOCS: i64 = 1;
 
 impl StepsKeys {
+    /// Document keys under the layer prefix `prefix`.
     pub fn new(prefix: &[u8]) -> Self {
         let mut docs = prefix.to_vec();
         tuple::pack_into(&(DOCS,), &mut docs);
         Self { docs }
     }
 
+    /// The key of job `id`'s document.
     pub fn doc(&self, id: &str) -> Vec<u8> {
         let mut key = self.docs.clone();
         tuple::pack_into(&(Bytes(Cow::Borrowed(id.as_bytes())),), &mut key);

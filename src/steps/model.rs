@@ -50,7 +50,9 @@ pub fn validate_node_name(name: &str) -> Result<(), &'static str> {
 /// Where a step may run: one named node, or any node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Target {
+    /// Any node's workers may run the step (the shared `any` queue).
     Any,
+    /// Only workers on the node with this name may run the step.
     Node(String),
 }
 
@@ -64,6 +66,7 @@ impl Target {
         Ok(Target::Node(s.to_string()))
     }
 
+    /// `"any"` or the node name, as stored and shown in the API.
     pub fn as_str(&self) -> &str {
         match self {
             Target::Any => ANY,
@@ -105,6 +108,7 @@ impl<'de> Deserialize<'de> for Target {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryStrategy {
+    /// Attempts after the first one that failed (0 = run once, at most 1000).
     pub max_retries: u32,
     /// Seconds before the first retry.
     pub sleep: f64,
@@ -163,9 +167,12 @@ impl RetryStrategy {
 pub struct StepSpec {
     /// A node name or `any`.
     pub target: String,
+    /// The command the step's action runs (not blank, at most 64 KiB).
     pub command: String,
+    /// Run once after every attempt of `command` failed (the step still fails).
     #[serde(default)]
     pub alt_command: Option<String>,
+    /// How failed attempts of `command` are retried (default: no retry).
     #[serde(default)]
     pub retry: RetryStrategy,
 }
@@ -181,11 +188,13 @@ impl StepSpec {
         }
     }
 
+    /// Sets the alternative command run after every attempt failed.
     pub fn with_alt(mut self, alt: impl Into<String>) -> Self {
         self.alt_command = Some(alt.into());
         self
     }
 
+    /// Sets how failed attempts are retried.
     pub fn with_retry(mut self, retry: RetryStrategy) -> Self {
         self.retry = retry;
         self
@@ -196,10 +205,12 @@ impl StepSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
+    /// The steps, run one after the other (1 to 1000 of them).
     pub steps: Vec<StepSpec>,
 }
 
 impl JobSpec {
+    /// A job of these steps; [`JobSpec::validate`] checks it.
     pub fn new(steps: Vec<StepSpec>) -> Self {
         Self { steps }
     }
@@ -250,7 +261,9 @@ impl JobSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobOutcome {
+    /// Every step succeeded.
     Success,
+    /// A step failed; the steps after it were skipped.
     Failed,
 }
 
@@ -264,6 +277,7 @@ pub enum StepStatus {
     Pending,
     /// A worker accepted it.
     Running,
+    /// Its command exited with status 0 (possibly after retries).
     Succeeded,
     /// Every attempt failed (the alternative command, if any, ran).
     Failed,
@@ -274,21 +288,30 @@ pub enum StepStatus {
 /// Which worker ran (or runs) a step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Executor {
+    /// The node the worker runs on.
     pub node: String,
+    /// The worker's name, `<node>/<index>`.
     pub worker: String,
 }
 
 /// One step of a stored job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepDoc {
+    /// Where the step may run.
     pub target: Target,
+    /// The step's command.
     pub command: String,
+    /// The command run after every attempt of `command` failed, if any.
     pub alt_command: Option<String>,
+    /// How failed attempts are retried.
     pub retry: RetryStrategy,
+    /// Where the step stands.
     pub status: StepStatus,
+    /// The worker that last accepted the step.
     pub executor: Option<Executor>,
     /// UNIX milliseconds of the (latest) start.
     pub started_at: Option<i64>,
+    /// UNIX milliseconds when the step ended.
     pub finished_at: Option<i64>,
     /// Attempts of the command in the run that finished (1 + retries used).
     pub attempts: u32,
@@ -299,9 +322,11 @@ pub struct StepDoc {
     pub runs: u32,
     /// Exit status of the last attempt (`None`: killed, timed out, or not run).
     pub exit_status: Option<i32>,
+    /// Exit status of the alternative command, if it ran and exited.
     pub alt_exit_status: Option<i32>,
     /// Output of the last attempt, truncated.
     pub output: Option<String>,
+    /// Output of the alternative command, truncated, if it ran.
     pub alt_output: Option<String>,
     /// Why the last attempt could not produce an exit status, if so.
     pub error: Option<String>,
@@ -310,6 +335,7 @@ pub struct StepDoc {
 /// A stored steps job: the one source of truth about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobDoc {
+    /// The job's id (also its couch_jobs job id).
     pub id: String,
     /// The node whose API created it.
     pub creator: String,
@@ -317,9 +343,11 @@ pub struct JobDoc {
     pub created_at: i64,
     /// Index of the step to run next (or running); equals the step count when done.
     pub current_step: usize,
+    /// The steps with their progress.
     pub steps: Vec<StepDoc>,
     /// `None` while the job runs.
     pub status: Option<JobOutcome>,
+    /// UNIX milliseconds when the job ended.
     pub finished_at: Option<i64>,
 }
 
@@ -378,11 +406,14 @@ impl JobDoc {
         self.steps.get(self.current_step)
     }
 
+    /// The document as stored: JSON.
     pub fn encode(&self) -> Vec<u8> {
         // A struct of strings, numbers and options always serializes.
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// Parses a stored document; [`SpecError::Malformed`] for bad JSON or an out-of-range step
+    /// index.
     pub fn decode(bytes: &[u8]) -> Result<Self, SpecError> {
         let doc: JobDoc =
             serde_json::from_slice(bytes).map_err(|e| SpecError::Malformed(e.to_string()))?;

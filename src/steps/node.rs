@@ -22,6 +22,7 @@ use super::worker_actor::{PoolShared, StepWorker};
 
 /// Restarts allowed within [`INTENSITY_PERIOD`] before the pool gives up.
 pub const MAX_RESTARTS: u32 = 10;
+/// The window [`MAX_RESTARTS`] counts restarts in.
 pub const INTENSITY_PERIOD: Duration = Duration::from_secs(10);
 /// Pause between a worker's crash and its restart.
 pub const RESTART_PAUSE: Duration = Duration::from_millis(100);
@@ -99,6 +100,7 @@ impl StepsNode {
         })
     }
 
+    /// The node's name (the queue its workers serve besides `any`).
     pub fn name(&self) -> &str {
         &self.name
     }

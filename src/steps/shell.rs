@@ -28,6 +28,8 @@ pub struct ShellAction {
 }
 
 impl ShellAction {
+    /// Runs commands with `timeout`, passing only `PATH` through and keeping 4096 bytes of
+    /// output.
     pub fn new(timeout: Duration) -> Self {
         Self {
             timeout,
@@ -36,11 +38,13 @@ impl ShellAction {
         }
     }
 
+    /// Replaces the environment variables passed through (default: `PATH` only).
     pub fn keep_env(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.keep_env = names.into_iter().map(Into::into).collect();
         self
     }
 
+    /// Sets how many bytes of stdout and of stderr are kept.
     pub fn output_limit(mut self, limit: usize) -> Self {
         self.output_limit = limit;
         self

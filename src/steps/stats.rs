@@ -79,6 +79,7 @@ impl WriteStats {
         self.halts.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The counters as they are now (each read on its own, so not one consistent instant).
     pub fn snapshot(&self) -> WriteCounts {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         WriteCounts {

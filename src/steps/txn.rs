@@ -45,6 +45,7 @@ pub async fn read_doc(
     }
 }
 
+/// Writes (replaces) `doc` under its id in the caller's transaction.
 pub fn write_doc(keys: &StepsKeys, tx: &Tx, doc: &JobDoc) {
     tx.set(&keys.doc(&doc.id), &doc.encode());
 }
@@ -77,13 +78,23 @@ pub async fn submit_tx(
 pub enum Taken {
     /// A step to run: the couch_jobs lock, its queue and the document as written.
     Step {
+        /// The couch_jobs job, holding the worker's lock.
         job: Job,
+        /// The couch_jobs type (queue) the step was taken from.
         queue: String,
+        /// The index of the step to run.
         step: usize,
+        /// The job document with the step marked running.
         doc: JobDoc,
     },
     /// A queue entry that no longer matched its document was removed.
-    Dropped { id: String, reason: String },
+    Dropped {
+        /// The job id of the dropped entry.
+        id: String,
+        /// Why the entry did not match (document gone or unreadable, job finished, another step
+        /// or queue).
+        reason: String,
+    },
     /// Nothing eligible; the watches fire when one of the queues gets a step.
     Empty(Vec<Watch>),
 }

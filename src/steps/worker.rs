@@ -24,7 +24,9 @@ use super::txn::{Finished, Taken, finish_step_tx, take_step_tx};
 /// Everything a worker needs.
 #[derive(Clone)]
 pub struct WorkerCtx {
+    /// The node's steps handle: queues, documents and settings.
     pub steps: Steps,
+    /// What runs each step's command.
     pub action: Arc<dyn Action>,
     /// `<node>/<index>`.
     pub worker: String,

@@ -22,7 +22,9 @@ use super::worker::{WorkerCtx, run_worker};
 /// What the node shares with all its workers.
 #[derive(Clone)]
 pub struct PoolShared {
+    /// The node's steps handle.
     pub steps: Steps,
+    /// What runs each step's command.
     pub action: Arc<dyn Action>,
     /// Turns true when the node stops: workers end after their current step.
     pub shutdown: watch::Receiver<bool>,
@@ -35,7 +37,9 @@ pub struct PoolShared {
 /// One worker of the pool: its index in the node.
 #[derive(Clone)]
 pub struct StepWorker {
+    /// What all workers of the node share.
     pub shared: PoolShared,
+    /// The worker's index in its node (the `<index>` of its name `<node>/<index>`).
     pub index: usize,
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Engines implement [`Store`] and [`Transaction`]; everything above uses the cheap-to-clone
 //! [`Db`] handle and its [`Db::run`] retry loop. Keys are built with the FDB tuple layer
-//! ([`foundationdb_tuple`]), re-exported here as [`tuple`].
+//! ([`foundationdb_tuple`]), re-exported here as [`tuple`](mod@tuple).
 //!
 //! Versionstamped operations take their operand in FDB's wire form: the key (or value)
 //! contains a 10-byte placeholder and ends with a 4-byte little-endian offset of that
@@ -37,7 +37,9 @@ pub type CommitStamp = [u8; 10];
 /// One key and its value, as returned by range reads.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct KeyValue {
+    /// The key, in the store's byte order.
     pub key: Vec<u8>,
+    /// The value stored under `key`.
     pub value: Vec<u8>,
 }
 
@@ -58,16 +60,19 @@ impl RangeOptions {
         Self::default()
     }
 
+    /// Returns at most `limit` rows.
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = Some(limit);
         self
     }
 
+    /// Reads the range from its end backwards.
     pub fn reverse(mut self) -> Self {
         self.reverse = true;
         self
     }
 
+    /// Reads without adding a read-conflict range, so the read never makes the transaction conflict.
     pub fn snapshot(mut self) -> Self {
         self.snapshot = true;
         self
@@ -99,8 +104,11 @@ pub enum StoreError {
     /// An error from FoundationDB itself.
     #[error("foundationdb error {code}: {message}")]
     Fdb {
+        /// FoundationDB's numeric error code.
         code: i32,
+        /// FoundationDB's description of the error.
         message: String,
+        /// Whether FoundationDB marks the error as retryable (its `on_error` would retry).
         retryable: bool,
     },
 }
@@ -119,6 +127,7 @@ impl StoreError {
 /// Errors returned from a [`Db::run`] closure must say whether they are a retryable store
 /// error, so that layers above can use their own error types inside transactions.
 pub trait RetryableError: From<StoreError> {
+    /// Whether [`Db::run`] should run the transaction again after this error.
     fn is_retryable(&self) -> bool;
 }
 
@@ -151,7 +160,9 @@ pub trait Transaction: Send + Sync {
         options: RangeOptions,
     ) -> BoxFuture<'a, Result<Vec<KeyValue>, StoreError>>;
 
+    /// Writes `value` under `key` (buffered until commit; a blind write adds no read conflict).
     fn set(&self, key: &[u8], value: &[u8]);
+    /// Removes `key` if present (buffered until commit).
     fn clear(&self, key: &[u8]);
     /// Clears every key with `begin <= key < end`.
     fn clear_range(&self, begin: &[u8], end: &[u8]);
@@ -228,6 +239,7 @@ impl std::fmt::Debug for Db {
 }
 
 impl Db {
+    /// A handle on `store` with the default [`RetryPolicy`].
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
             store,
@@ -235,11 +247,13 @@ impl Db {
         }
     }
 
+    /// Replaces the retry policy [`Db::run`] uses.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
     }
 
+    /// The engine's short name, for logs (see [`Store::engine_name`]).
     pub fn engine_name(&self) -> &'static str {
         self.store.engine_name()
     }

@@ -3,13 +3,13 @@
 //!
 //! - [`EmbeddedStore`] (this file) opens the file, hands out transactions that read from the
 //!   latest committed snapshot, and owns the committer thread.
-//! - [`transaction`] runs one optimistic transaction: snapshot reads, read-your-writes,
+//! - `transaction` runs one optimistic transaction: snapshot reads, read-your-writes,
 //!   read-conflict ranges, buffered writes.
-//! - [`committer`] batches commit requests, checks conflicts ([`conflicts`]), applies a batch
+//! - `committer` batches commit requests, checks conflicts (`conflicts`), applies a batch
 //!   in one redb transaction made durable by one fsync (group commit), assigns versionstamps
-//!   and fires watches ([`watches`]).
-//! - [`writes`] is a transaction's write buffer.
-//! - [`wal`] is the commit log (`<file>.wal`) that makes batches durable between redb
+//!   and fires watches (`watches`).
+//! - `writes` is a transaction's write buffer.
+//! - `wal` is the commit log (`<file>.wal`) that makes batches durable between redb
 //!   checkpoints; `open` replays it onto redb after a crash.
 //!
 //! Versions: the committed version is a counter persisted with the data, bumped once per
