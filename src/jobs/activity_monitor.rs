@@ -10,13 +10,14 @@
 //! gets `Halt`. CouchDB checks once per timeout (`n = 1`: 1-2 timeouts); we default to
 //! `n = 2` so that a lost node's jobs run again within 2 timeouts including the accept.
 //! [`ActivityMonitor::check_once`] is one check; [`MonitorActor`] runs checks on a timer
-//! (message `Check`).
+//! (messages `Check`, `Observe`).
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::Rng;
+use supervisors::Observable;
 
 use crate::store::tuple::Versionstamp;
 use crate::store::{Db, RangeOptions, StoreError};
@@ -45,6 +46,9 @@ pub struct ActivityMonitor {
     timeout_secs: Option<i64>,
     /// The versionstamps of the last `checks` checks, oldest first.
     seen: VecDeque<Versionstamp>,
+    /// Checks run and jobs re-enqueued since this monitor started.
+    checked: u64,
+    requeued: u64,
 }
 
 /// What one batch did.
@@ -70,12 +74,27 @@ impl ActivityMonitor {
             ),
             timeout_secs: None,
             seen: VecDeque::new(),
+            checked: 0,
+            requeued: 0,
         }
     }
 
     /// The current AIMD batch size.
     pub fn batch_size(&self) -> usize {
         self.aimd.size
+    }
+
+    /// What an operator wants to know of this monitor.
+    pub fn observe(&self) -> MonitorObservation {
+        MonitorObservation {
+            job_type: self.ty.clone(),
+            timeout_secs: self.timeout_secs,
+            checks_per_timeout: self.checks,
+            remembered: self.seen.len(),
+            batch_size: self.aimd.size,
+            checks: self.checked,
+            requeued: self.requeued,
+        }
     }
 
     /// Reads the type timeout and returns the delay until the next check: `timeout / n` +
@@ -113,6 +132,8 @@ impl ActivityMonitor {
         while self.seen.len() > self.checks {
             self.seen.pop_front();
         }
+        self.checked += 1;
+        self.requeued += requeued as u64;
         Ok(requeued)
     }
 
@@ -223,6 +244,35 @@ async fn reenqueue_batch(
 pub enum MonitorMsg {
     /// Run a check, then schedule the next one.
     Check,
+    /// The monitor's state.
+    Observe(RpcReplyPort<MonitorObservation>),
+}
+
+/// What [`MonitorMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MonitorObservation {
+    /// The job type.
+    pub job_type: String,
+    /// The type's activity timeout as last read (`None`: no timeout, no checks).
+    pub timeout_secs: Option<i64>,
+    /// Checks per timeout.
+    pub checks_per_timeout: usize,
+    /// Activity versionstamps remembered (checks re-enqueue once this reaches
+    /// `checks_per_timeout`).
+    pub remembered: usize,
+    /// The current AIMD batch size.
+    pub batch_size: usize,
+    /// Completed checks since this monitor started.
+    pub checks: u64,
+    /// Jobs re-enqueued since this monitor started.
+    pub requeued: u64,
+}
+
+impl Observable for MonitorMsg {
+    type Observation = MonitorObservation;
+    fn observe(reply: RpcReplyPort<MonitorObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The activity monitor actor for one type.
@@ -248,9 +298,13 @@ impl Actor for MonitorActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        MonitorMsg::Check: Self::Msg,
+        msg: Self::Msg,
         monitor: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if let MonitorMsg::Observe(reply) = msg {
+            let _ = reply.send(monitor.observe());
+            return Ok(());
+        }
         if monitor.timeout_secs.is_some() {
             match monitor.check_once().await {
                 Ok(0) => {}

@@ -5,7 +5,8 @@
 //! linked children of the type server (it starts and stops them as types come and go), so a
 //! restart of the type server restarts every pair started after it: the same effect. The
 //! supervisor itself is a [`supervisors::Supervisor`]; past 3 restarts in 10 s it fails.
-//! It takes no messages of its own; [`Background`] is its handle.
+//! It takes no messages of its own; [`Background`] is its handle, and hands out the type
+//! server, monitors and notifiers so they can be observed (`supervisors::observe`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,8 +17,10 @@ use supervisors::SupervisorRef;
 use supervisors::{ChildContext, ChildSpec, Shutdown, Strategy, Supervisor, SupervisorMsg};
 
 use super::Jobs;
+use super::activity_monitor::MonitorMsg;
 use super::error::{JobsError, JobsResult};
-use super::type_server::TypeServer;
+use super::notifier::NotifierMsg;
+use super::type_server::{Registry, TypeServer, TypeServerMsg};
 
 /// Restart intensity: at most this many restarts ...
 pub const MAX_RESTARTS: u32 = 3;
@@ -28,6 +31,7 @@ pub const MAX_SECONDS: Duration = Duration::from_secs(10);
 pub struct Background {
     sup: SupervisorRef,
     starts: Arc<AtomicUsize>,
+    registry: Arc<Registry>,
 }
 
 impl std::fmt::Debug for Background {
@@ -40,6 +44,7 @@ impl std::fmt::Debug for Background {
 
 pub(crate) async fn start(jobs: Jobs) -> JobsResult<Background> {
     let starts = Arc::new(AtomicUsize::new(0));
+    let registry = jobs.registry().clone();
     let counter = starts.clone();
     let type_server = ChildSpec::new("type_server", move |ctx: ChildContext| {
         let jobs = jobs.clone();
@@ -58,7 +63,11 @@ pub(crate) async fn start(jobs: Jobs) -> JobsResult<Background> {
         .start()
         .await
         .map_err(|e| JobsError::Unavailable(e.to_string()))?;
-    Ok(Background { sup, starts })
+    Ok(Background {
+        sup,
+        starts,
+        registry,
+    })
 }
 
 impl Background {
@@ -81,6 +90,21 @@ impl Background {
     /// How many times the type server was restarted.
     pub async fn restarts(&self) -> JobsResult<usize> {
         Ok(self.starts.load(Ordering::Relaxed).saturating_sub(1))
+    }
+
+    /// The running type server (`None` while it restarts).
+    pub fn type_server(&self) -> Option<ActorRef<TypeServerMsg>> {
+        self.registry.server()
+    }
+
+    /// The running notifier of `ty` (`None` before the type server has found the type).
+    pub fn notifier(&self, ty: &str) -> Option<ActorRef<NotifierMsg>> {
+        self.registry.running_notifier(ty)
+    }
+
+    /// The running activity monitor of `ty`.
+    pub fn monitor(&self, ty: &str) -> Option<ActorRef<MonitorMsg>> {
+        self.registry.monitor(ty)
     }
 
     /// The `jobs_sup` actor (for tests and hosts that link it into their own tree).

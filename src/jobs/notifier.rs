@@ -6,13 +6,14 @@
 //! changed, or a `running` event for a newer `Seq`; `finished`/`not_found` end the
 //! subscription. [`NotifierActor`] wraps it: messages `Subscribe`, `Unsubscribe`,
 //! `TypeUpdated` (from its type monitor task, which watches WATCHES_ACTIVITY with a holdoff)
-//! and `Round`.
+//! `Round` and `Observe`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use supervisors::Observable;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
@@ -315,8 +316,30 @@ pub enum NotifierMsg {
     TypeUpdated,
     /// Run a round now.
     Round,
-    /// How many subscriptions are live (for tests and metrics).
-    Count(RpcReplyPort<usize>),
+    /// The notifier's state.
+    Observe(RpcReplyPort<NotifierObservation>),
+}
+
+/// What [`NotifierMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NotifierObservation {
+    /// The job type.
+    pub job_type: String,
+    /// Live subscriptions (dead subscribers are dropped first).
+    pub subscribers: usize,
+    /// Distinct jobs with a subscription.
+    pub jobs: usize,
+    /// The current AIMD batch size of a round.
+    pub batch_size: usize,
+    /// A round is queued or waiting to retry.
+    pub round_queued: bool,
+}
+
+impl Observable for NotifierMsg {
+    type Observation = NotifierObservation;
+    fn observe(reply: RpcReplyPort<NotifierObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The notifier actor for one type.
@@ -395,8 +418,15 @@ impl Actor for NotifierActor {
                     Err(e) => return Err(e.into()),
                 }
             }
-            NotifierMsg::Count(reply) => {
-                let _ = reply.send(state.core.subscriber_count());
+            NotifierMsg::Observe(reply) => {
+                let subscribers = state.core.subscriber_count();
+                let _ = reply.send(NotifierObservation {
+                    job_type: state.core.ty.clone(),
+                    subscribers,
+                    jobs: state.core.subs.len(),
+                    batch_size: state.core.aimd.size,
+                    round_queued: state.round_queued,
+                });
             }
         }
         Ok(())

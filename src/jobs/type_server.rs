@@ -4,7 +4,7 @@
 //! Every `type_check_period_msec` + jitter it reads the ACTIVITY_TIMEOUT range, starts the
 //! monitor/notifier pair of each new type and stops those of removed types. Messages: `Tick`
 //! (timer), `CheckNow` (after `set_type_timeout`), `Ensure` (a subscriber needs the notifier
-//! of a type now). Its children are linked to it: if one dies the server fails, and `jobs_sup`
+//! of a type now), `Observe`. Its children are linked to it: if one dies the server fails, and `jobs_sup`
 //! restarts it with a fresh set. The [`Registry`] lets callers find the notifiers.
 
 use std::collections::HashMap;
@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
 use rand::Rng;
+use supervisors::Observable;
 
 use super::Jobs;
 use super::activity_monitor::{MonitorActor, MonitorMsg};
@@ -25,6 +26,7 @@ use super::notifier::{NotifierActor, NotifierMsg};
 pub struct Registry {
     server: RwLock<Option<ActorRef<TypeServerMsg>>>,
     notifiers: RwLock<HashMap<String, ActorRef<NotifierMsg>>>,
+    monitors: RwLock<HashMap<String, ActorRef<MonitorMsg>>>,
 }
 
 fn alive<T>(r: &ActorRef<T>) -> bool {
@@ -32,7 +34,8 @@ fn alive<T>(r: &ActorRef<T>) -> bool {
 }
 
 impl Registry {
-    fn server(&self) -> Option<ActorRef<TypeServerMsg>> {
+    /// The running type server.
+    pub(crate) fn server(&self) -> Option<ActorRef<TypeServerMsg>> {
         let server = self.server.read().unwrap_or_else(|p| p.into_inner());
         server.clone().filter(alive)
     }
@@ -43,6 +46,22 @@ impl Registry {
 
     fn set_notifiers(&self, notifiers: HashMap<String, ActorRef<NotifierMsg>>) {
         *self.notifiers.write().unwrap_or_else(|p| p.into_inner()) = notifiers;
+    }
+
+    fn set_monitors(&self, monitors: HashMap<String, ActorRef<MonitorMsg>>) {
+        *self.monitors.write().unwrap_or_else(|p| p.into_inner()) = monitors;
+    }
+
+    /// The running notifier of `ty`, if any (not started on demand).
+    pub(crate) fn running_notifier(&self, ty: &str) -> Option<ActorRef<NotifierMsg>> {
+        let map = self.notifiers.read().unwrap_or_else(|p| p.into_inner());
+        map.get(ty).cloned().filter(alive)
+    }
+
+    /// The running activity monitor of `ty`, if any.
+    pub(crate) fn monitor(&self, ty: &str) -> Option<ActorRef<MonitorMsg>> {
+        let map = self.monitors.read().unwrap_or_else(|p| p.into_inner());
+        map.get(ty).cloned().filter(alive)
     }
 
     /// The notifier of `ty`, started on demand.
@@ -72,7 +91,10 @@ impl Registry {
     /// Types with running monitors (empty when the background is not running).
     pub async fn running_types(&self) -> Vec<String> {
         match self.server() {
-            Some(server) => ractor::call!(server, TypeServerMsg::Types).unwrap_or_default(),
+            Some(server) => supervisors::observe(&server)
+                .await
+                .map(|o| o.types)
+                .unwrap_or_default(),
             None => Vec::new(),
         }
     }
@@ -86,8 +108,22 @@ pub enum TypeServerMsg {
     CheckNow(RpcReplyPort<()>),
     /// Start the monitor and notifier of this type if needed, and reply with its notifier.
     Ensure(String, RpcReplyPort<Result<ActorRef<NotifierMsg>, String>>),
-    /// Reply with the types whose monitors run, sorted.
-    Types(RpcReplyPort<Vec<String>>),
+    /// The server's state.
+    Observe(RpcReplyPort<TypeServerObservation>),
+}
+
+/// What [`TypeServerMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TypeServerObservation {
+    /// Job types with a running activity monitor and notifier, sorted.
+    pub types: Vec<String>,
+}
+
+impl Observable for TypeServerMsg {
+    type Observation = TypeServerObservation;
+    fn observe(reply: RpcReplyPort<TypeServerObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The type server actor (`couch_jobs_server`); its children are the per-type monitors and
@@ -142,6 +178,12 @@ impl TypeServerState {
             .map(|(ty, p)| (ty.clone(), p.notifier.clone()))
             .collect();
         self.jobs.registry().set_notifiers(map);
+        let monitors = self
+            .children
+            .iter()
+            .map(|(ty, p)| (ty.clone(), p.monitor.clone()))
+            .collect();
+        self.jobs.registry().set_monitors(monitors);
     }
 
     async fn check(&mut self, myself: &ActorRef<TypeServerMsg>) -> Result<(), ActorProcessingErr> {
@@ -255,10 +297,10 @@ impl Actor for TypeServer {
                     .ok_or_else(|| format!("no notifier for type {ty}"));
                 let _ = reply.send(found);
             }
-            TypeServerMsg::Types(reply) => {
-                let mut tys: Vec<String> = state.children.keys().cloned().collect();
-                tys.sort();
-                let _ = reply.send(tys);
+            TypeServerMsg::Observe(reply) => {
+                let mut types: Vec<String> = state.children.keys().cloned().collect();
+                types.sort();
+                let _ = reply.send(TypeServerObservation { types });
             }
         }
         Ok(())

@@ -124,6 +124,11 @@ impl AimdTable {
         before - self.entries.len()
     }
 
+    /// Every key with an interval, and that interval in ms.
+    pub fn intervals(&self) -> impl Iterator<Item = (&RateKey, u64)> {
+        self.entries.iter().map(|(k, e)| (k, e.interval_ms))
+    }
+
     /// How many keys have a non-zero interval.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -10,13 +10,13 @@
 //! neighbour in sorted order and removes it when its heartbeat is older than `dead_after`, so
 //! each dead node is removed by exactly one live neighbour.
 //!
-//! Messages: `Changed`, `Heartbeat`, `Quiet(generation)` (own timers), `Members`, `IsStable`.
+//! Messages: `Changed`, `Heartbeat`, `Quiet(generation)` (own timers), `Observe`.
 //! A graceful stop deregisters the node.
 
 use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
-use supervisors::{BoxError, ExitReason, Server};
+use supervisors::{BoxError, ExitReason, Observable, Server};
 
 use crate::jobs::JobsError;
 use crate::store::tuple::{self, Bytes};
@@ -34,10 +34,34 @@ pub enum ClusterMsg {
     Heartbeat,
     /// `quiet_period` elapsed since change number `generation`.
     Quiet(u64),
-    /// The members, sorted.
-    Members(RpcReplyPort<Vec<String>>),
-    /// Whether the cluster is stable.
-    IsStable(RpcReplyPort<bool>),
+    /// The actor's view of the cluster.
+    Observe(RpcReplyPort<ClusteringObservation>),
+}
+
+/// What [`ClusterMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ClusteringObservation {
+    /// This node.
+    pub node: String,
+    /// The members at the last membership change this node saw, sorted.
+    pub members: Vec<String>,
+    /// Whether the cluster is stable (no change for the quiet period).
+    pub stable: bool,
+    /// Membership changes seen since this actor started.
+    pub changes: u64,
+    /// Dead neighbours this node removed, oldest first.
+    pub removed: Vec<String>,
+    /// How often this node refreshes its heartbeat.
+    pub heartbeat: Duration,
+    /// `cluster_quiet_period`.
+    pub quiet_period: Duration,
+}
+
+impl Observable for ClusterMsg {
+    type Observation = ClusteringObservation;
+    fn observe(reply: RpcReplyPort<ClusteringObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The clustering server.
@@ -181,6 +205,7 @@ pub struct ClusterState {
     members: Vec<String>,
     generation: u64,
     stable: bool,
+    removed: Vec<String>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -253,6 +278,7 @@ impl Server for Clustering {
             members,
             generation: 0,
             stable: false,
+            removed: Vec::new(),
             tasks: vec![watcher, beats],
         })
     }
@@ -283,6 +309,7 @@ impl Server for Clustering {
             ClusterMsg::Heartbeat => {
                 if let Some(dead) = self.beat(false).await? {
                     tracing::warn!(node = self.ctx.node(), %dead, "removed dead neighbour");
+                    state.removed.push(dead);
                 }
             }
             ClusterMsg::Quiet(generation) => {
@@ -292,11 +319,16 @@ impl Server for Clustering {
                         .publish(ReplicatorEvent::Cluster(ClusterStatus::Stable));
                 }
             }
-            ClusterMsg::Members(reply) => {
-                let _ = reply.send(state.members.clone());
-            }
-            ClusterMsg::IsStable(reply) => {
-                let _ = reply.send(state.stable);
+            ClusterMsg::Observe(reply) => {
+                let _ = reply.send(ClusteringObservation {
+                    node: self.ctx.node().to_owned(),
+                    members: state.members.clone(),
+                    stable: state.stable,
+                    changes: state.generation,
+                    removed: state.removed.clone(),
+                    heartbeat: self.heartbeat,
+                    quiet_period: self.quiet_period,
+                });
             }
         }
         Ok(())

@@ -4,16 +4,16 @@
 //! Messages: [`PoolMsg::Acquire`] (an owner actor asks for up to `want` connections to an
 //! endpoint and gets what is left of the budget; when nothing is left it still gets one, as
 //! CouchDB's callers start a new worker on `all_allocated` so the pool never blocks — the
-//! overflow is counted), [`PoolMsg::Release`] (all of an owner's leases), [`PoolMsg::Usage`],
+//! overflow is counted), [`PoolMsg::Release`] (all of an owner's leases), [`PoolMsg::Observe`],
 //! and the actor's own [`PoolMsg::Sweep`] tick, which releases the leases of owners that have
 //! died (owner death releases) and forgets endpoints idle for `connection_close_interval`
 //! (idle close). Endpoints are keyed by scheme, host and port, without credentials.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use ractor::{ActorCell, ActorId, ActorRef, ActorStatus, RpcReplyPort};
-use supervisors::{BoxError, Server};
+use supervisors::{BoxError, Observable, Server};
 use tokio::time::Instant;
 
 /// How often dead owners and idle endpoints are looked for.
@@ -29,10 +29,12 @@ pub struct Lease {
 }
 
 /// Use of one endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Usage {
     /// Connections leased.
     pub in_use: usize,
+    /// Owners holding a lease.
+    pub owners: usize,
     /// Grants beyond the budget so far.
     pub overflows: u64,
 }
@@ -53,10 +55,29 @@ pub enum PoolMsg {
     },
     /// Release every lease of `owner`.
     Release(ActorId),
-    /// The use of one endpoint (`None` when the pool has forgotten it).
-    Usage(String, RpcReplyPort<Option<Usage>>),
+    /// The pool's state.
+    Observe(RpcReplyPort<PoolObservation>),
     /// Timer tick.
     Sweep,
+}
+
+/// What [`PoolMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PoolObservation {
+    /// Connections per endpoint.
+    pub budget: usize,
+    /// Idle time after which an unused endpoint is forgotten.
+    pub close_interval: Duration,
+    /// The use of every endpoint the pool knows, by [`endpoint_key`] (a forgotten endpoint
+    /// is absent).
+    pub endpoints: BTreeMap<String, Usage>,
+}
+
+impl Observable for PoolMsg {
+    type Observation = PoolObservation;
+    fn observe(reply: RpcReplyPort<PoolObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The key of an endpoint URL: scheme, host and port, never credentials or path.
@@ -173,12 +194,20 @@ impl Server for ConnectionPool {
                 let _ = reply.send(lease);
             }
             PoolMsg::Release(owner) => state.release(owner),
-            PoolMsg::Usage(endpoint, reply) => {
-                let u = state.endpoints.get(&endpoint).map(|ep| Usage {
-                    in_use: ep.in_use(),
-                    overflows: ep.overflows,
+            PoolMsg::Observe(reply) => {
+                let endpoints = state.endpoints.iter().map(|(key, ep)| {
+                    let usage = Usage {
+                        in_use: ep.in_use(),
+                        owners: ep.leases.len(),
+                        overflows: ep.overflows,
+                    };
+                    (key.clone(), usage)
                 });
-                let _ = reply.send(u);
+                let _ = reply.send(PoolObservation {
+                    budget: self.budget,
+                    close_interval: self.close_interval,
+                    endpoints: endpoints.collect(),
+                });
             }
             PoolMsg::Sweep => {
                 let dead: Vec<ActorId> = state

@@ -4,14 +4,14 @@
 //! Messages: [`EventBusMsg::Subscribe`] (a channel sender; the subscription dies with the
 //! subscriber: when its receiver is dropped — the subscribing task or actor ended — the entry
 //! is pruned), [`EventBusMsg::Publish`] (delivered in publish order to every live subscriber;
-//! delivery errors are swallowed, as `gen_event:notify` does), [`EventBusMsg::Count`].
+//! delivery errors are swallowed, as `gen_event:notify` does), [`EventBusMsg::Observe`].
 //! Subscriptions live in the actor, so a restarted bus starts empty and every subscriber
 //! sees its channel close (like gen_event handlers dying with their manager) and can
 //! subscribe again.
 
 use ractor::{ActorRef, RpcReplyPort};
 use serde_json::Value;
-use supervisors::{BoxError, Server};
+use supervisors::{BoxError, Observable, Server};
 use tokio::sync::mpsc;
 
 /// Cluster stability (DESIGN.md 5.2).
@@ -89,8 +89,24 @@ pub enum EventBusMsg {
     Subscribe(mpsc::UnboundedSender<ReplicatorEvent>),
     /// Deliver an event to every live subscriber.
     Publish(ReplicatorEvent),
-    /// How many live subscribers there are.
-    Count(RpcReplyPort<usize>),
+    /// The bus's state.
+    Observe(RpcReplyPort<EventBusObservation>),
+}
+
+/// What [`EventBusMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EventBusObservation {
+    /// Live subscribers (dead ones are pruned first).
+    pub subscribers: usize,
+    /// Events published since this bus started.
+    pub published: u64,
+}
+
+impl Observable for EventBusMsg {
+    type Observation = EventBusObservation;
+    fn observe(reply: RpcReplyPort<EventBusObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The event bus server.
@@ -101,6 +117,7 @@ pub struct EventBus;
 #[derive(Debug, Default)]
 pub struct EventBusState {
     subscribers: Vec<mpsc::UnboundedSender<ReplicatorEvent>>,
+    published: u64,
 }
 
 impl Server for EventBus {
@@ -122,11 +139,15 @@ impl Server for EventBus {
             EventBusMsg::Subscribe(tx) => state.subscribers.push(tx),
             EventBusMsg::Publish(ev) => {
                 tracing::debug!(event = ?ev, "replicator event");
+                state.published += 1;
                 state.subscribers.retain(|s| s.send(ev.clone()).is_ok());
             }
-            EventBusMsg::Count(reply) => {
+            EventBusMsg::Observe(reply) => {
                 state.subscribers.retain(|s| !s.is_closed());
-                let _ = reply.send(state.subscribers.len());
+                let _ = reply.send(EventBusObservation {
+                    subscribers: state.subscribers.len(),
+                    published: state.published,
+                });
             }
         }
         Ok(())

@@ -13,8 +13,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use ractor::ActorRef;
-use supervisors::{BoxError, ExitReason, Server};
+use ractor::{ActorRef, RpcReplyPort};
+use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -89,11 +89,31 @@ impl Drop for ServiceTask {
     }
 }
 
-/// Sent by the service task when the service returns.
+/// Messages of a frontend service actor.
 #[derive(Debug)]
 pub enum ServiceMsg {
-    /// The service ended (`Err`: crashed).
+    /// Sent by the service task when the service returns (`Err`: crashed).
     Ended(Result<(), String>),
+    /// The service's state.
+    Observe(RpcReplyPort<FrontendObservation>),
+}
+
+/// What [`ServiceMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FrontendObservation {
+    /// The child id (`doc_processor`, `http`).
+    pub service: String,
+    /// The node's handle is there (before, the service waits for it).
+    pub handle_ready: bool,
+    /// The service's task is still running.
+    pub running: bool,
+}
+
+impl Observable for ServiceMsg {
+    type Observation = FrontendObservation;
+    fn observe(reply: RpcReplyPort<FrontendObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 impl Server for FrontendService {
@@ -126,9 +146,17 @@ impl Server for FrontendService {
         &self,
         myself: ActorRef<ServiceMsg>,
         msg: ServiceMsg,
-        _: &mut ServiceTask,
+        task: &mut ServiceTask,
     ) -> Result<(), BoxError> {
         match msg {
+            ServiceMsg::Observe(reply) => {
+                let _ = reply.send(FrontendObservation {
+                    service: self.name.to_owned(),
+                    handle_ready: self.handle.borrow().is_some(),
+                    running: task.0.as_ref().is_some_and(|t| !t.is_finished()),
+                });
+                Ok(())
+            }
             ServiceMsg::Ended(Ok(())) => {
                 tracing::info!(service = self.name, "frontend service ended");
                 myself.stop(None);

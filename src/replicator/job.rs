@@ -3,7 +3,7 @@
 //! Started by `job_sup` for a job an acceptor took from couch_jobs. Messages: `Start` (sent to
 //! itself from `init`, so a failing start runs the terminate hook), `Tick` (stats timer:
 //! `update` with fresh stats, which is also the keep-alive the activity monitor watches, and
-//! healing), `Done` (the replication ended), `Info` (a snapshot for tests and the server).
+//! healing), `Done` (the replication ended), `Observe` (a snapshot for operators and tests).
 //!
 //! Start: parse the document (invalid → `failed`), compute the replication id, then in one
 //! transaction claim it in the collision index (C.2) and mark the job `running` (node, pid,
@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
-use supervisors::{BoxError, ExitReason, Server};
+use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::{oneshot, watch};
 
 use crate::jobs::{Job, JobData, JobsError};
@@ -53,20 +53,35 @@ pub enum JobMsg {
     /// The replication ended.
     Done(Box<Result<ReplicationStats, ReplicationError>>),
     /// A snapshot of the job.
-    Info(RpcReplyPort<JobInfo>),
+    Observe(RpcReplyPort<JobObservation>),
     /// Trimmed by the job server: stop, and go back to pending this much later.
     Rotate(Duration),
 }
 
-/// What [`JobMsg::Info`] answers.
-#[derive(Debug, Clone)]
-pub struct JobInfo {
+/// What [`JobMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JobObservation {
     /// The couch_jobs id.
     pub job_id: String,
     /// The replication id, once computed.
     pub rep_id: Option<String>,
     /// Continuous replication.
     pub continuous: bool,
+    /// The replication is running (started, not yet ended or stopping).
+    pub running: bool,
+    /// When the current run started (seconds, the node's clock).
+    pub last_start: Option<i64>,
+    /// The replication's latest progress, while it runs.
+    pub stats: Option<ReplicationStats>,
+    /// The reason tag of the error that ended the run (`max_backoff`, ...).
+    pub error: Option<String>,
+}
+
+impl Observable for JobMsg {
+    type Observation = JobObservation;
+    fn observe(reply: RpcReplyPort<JobObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// Start arguments: the accepted job and its data.
@@ -168,8 +183,9 @@ impl Server for JobActor {
                 myself.stop(None);
                 Ok(())
             }
-            JobMsg::Info(reply) => {
-                let _ = reply.send(JobInfo {
+            JobMsg::Observe(reply) => {
+                let stats = st.runner.as_ref().map(|r| r.progress.borrow().clone());
+                let _ = reply.send(JobObservation {
                     job_id: st.job.id.clone(),
                     rep_id: st.rep_id.clone(),
                     continuous: st
@@ -177,6 +193,10 @@ impl Server for JobActor {
                         .get("continuous")
                         .and_then(Value::as_bool)
                         .unwrap_or(false),
+                    running: stats.is_some(),
+                    last_start: st.last_start,
+                    stats,
+                    error: st.error_tag.map(str::to_owned),
                 });
                 Ok(())
             }

@@ -10,7 +10,7 @@
 //! Trimmed jobs go back to pending after one interval per `max_churn` waiting jobs (see
 //! `rotation_delay`; CouchDB waits one interval) so that no job starves.
 //!
-//! Other messages: `WorkerExited` (from job_sup), `Status`.
+//! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use std::time::Duration;
 use ractor::{ActorId, ActorRef, RpcReplyPort};
 use rand::Rng;
 use serde_json::Value;
-use supervisors::{BoxError, ExitReason, Server};
+use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -48,6 +48,8 @@ pub enum JobServerMsg {
         acceptor: u64,
         /// The job actor.
         actor: ActorRef<JobMsg>,
+        /// The couch_jobs id of its job.
+        job_id: String,
         /// One-shot jobs are never trimmed.
         continuous: bool,
     },
@@ -57,19 +59,39 @@ pub enum JobServerMsg {
     WorkerExited(ActorId),
     /// The periodic cycle.
     Tick,
-    /// Counts.
-    Status(RpcReplyPort<ServerStatus>),
+    /// The server's state.
+    Observe(RpcReplyPort<JobServerObservation>),
 }
 
-/// What [`JobServerMsg::Status`] answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServerStatus {
-    /// Acceptors waiting.
+/// What [`JobServerMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct JobServerObservation {
+    /// Acceptors waiting for a job.
     pub acceptors: usize,
-    /// Running job actors.
-    pub workers: usize,
-    /// Starts in the current cycle.
+    /// Running job actors, sorted by job id.
+    pub jobs: Vec<RunningJobObservation>,
+    /// Starts and trims in the current cycle.
     pub churn: usize,
+    /// The `max_jobs` setting.
+    pub max_jobs: usize,
+}
+
+/// One running job as the job server sees it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RunningJobObservation {
+    /// The couch_jobs id.
+    pub job_id: String,
+    /// Continuous (only these are trimmed).
+    pub continuous: bool,
+    /// Time since its actor was accepted.
+    pub running_for: Duration,
+}
+
+impl Observable for JobServerMsg {
+    type Observation = JobServerObservation;
+    fn observe(reply: RpcReplyPort<JobServerObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The job server.
@@ -83,6 +105,7 @@ pub struct JobServer {
 
 struct Worker {
     actor: ActorRef<JobMsg>,
+    job_id: String,
     continuous: bool,
     started: Instant,
 }
@@ -273,6 +296,7 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
                         let _ = server.send_message(JobServerMsg::Accepted {
                             acceptor: id,
                             actor,
+                            job_id: job.id.clone(),
                             continuous,
                         });
                         return;
@@ -328,6 +352,7 @@ impl Server for JobServer {
             JobServerMsg::Accepted {
                 acceptor,
                 actor,
+                job_id,
                 continuous,
             } => {
                 st.acceptors.remove(&acceptor);
@@ -335,6 +360,7 @@ impl Server for JobServer {
                     actor.get_id(),
                     Worker {
                         actor,
+                        job_id,
                         continuous,
                         started: Instant::now(),
                     },
@@ -351,11 +377,22 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
-            JobServerMsg::Status(reply) => {
-                let _ = reply.send(ServerStatus {
+            JobServerMsg::Observe(reply) => {
+                let mut jobs: Vec<RunningJobObservation> = st
+                    .workers
+                    .values()
+                    .map(|w| RunningJobObservation {
+                        job_id: w.job_id.clone(),
+                        continuous: w.continuous,
+                        running_for: w.started.elapsed(),
+                    })
+                    .collect();
+                jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+                let _ = reply.send(JobServerObservation {
                     acceptors: st.acceptors.len(),
-                    workers: st.workers.len(),
+                    jobs,
                     churn: st.churn,
+                    max_jobs: self.ctx.settings().max_jobs,
                 });
             }
         }

@@ -4,7 +4,8 @@
 //! Like CouchDB's limiter process owning public ETS tables, the actor owns a [`SharedAimd`]
 //! table that every HTTP client of every job on the node reads and updates directly through
 //! the engine's [`RateLimiter`] hook (a request must not wait for an actor round trip); the
-//! actor hands the table out ([`RateLimiterMsg::Table`]) and runs the periodic cleanup of
+//! actor hands the table out ([`RateLimiterMsg::Table`]), answers [`RateLimiterMsg::Observe`]
+//! with the current intervals, and runs the periodic cleanup of
 //! entries idle for longer than the maximum interval. A restarted limiter starts with an
 //! empty table, as a restarted ETS owner does. Reaching the 25 s maximum makes the engine
 //! fail the request with `max_backoff`, which crashes the job (see `job.rs`).
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
-use supervisors::{BoxError, Server};
+use supervisors::{BoxError, Observable, Server};
 use tokio::time::Instant;
 
 use crate::replication::RateLimiter;
@@ -87,6 +88,32 @@ impl SharedAimd {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Every `(endpoint, method)` with an interval, sorted.
+    pub fn intervals(&self) -> Vec<RateInterval> {
+        let mut out: Vec<RateInterval> = self.with(|t, _| {
+            t.intervals()
+                .map(|(k, ms)| RateInterval {
+                    endpoint: k.endpoint.clone(),
+                    method: k.method.clone(),
+                    interval: Duration::from_millis(ms),
+                })
+                .collect()
+        });
+        out.sort_by(|a, b| (&a.endpoint, &a.method).cmp(&(&b.endpoint, &b.method)));
+        out
+    }
+}
+
+/// The current wait before requests of one method to one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RateInterval {
+    /// The database URL, without credentials.
+    pub endpoint: String,
+    /// The HTTP method.
+    pub method: String,
+    /// The wait before each request.
+    pub interval: Duration,
 }
 
 fn key(k: &EngineKey) -> RateKey {
@@ -119,6 +146,26 @@ pub enum RateLimiterMsg {
     Table(RpcReplyPort<SharedAimd>),
     /// Periodic cleanup (sent by the actor's own timer).
     Cleanup,
+    /// The limiter's state.
+    Observe(RpcReplyPort<RateLimiterObservation>),
+}
+
+/// What [`RateLimiterMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RateLimiterObservation {
+    /// The `max_backoff` ceiling.
+    pub max_interval: Duration,
+    /// Every `(endpoint, method)` with a non-zero interval, sorted.
+    pub intervals: Vec<RateInterval>,
+    /// Entries the periodic cleanup dropped since this limiter started.
+    pub cleaned: u64,
+}
+
+impl Observable for RateLimiterMsg {
+    type Observation = RateLimiterObservation;
+    fn observe(reply: RpcReplyPort<RateLimiterObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// The rate limiter server.
@@ -140,6 +187,7 @@ impl Default for RateLimiterServer {
 /// Its state: the table and the cleanup timer.
 pub struct RateLimiterState {
     table: SharedAimd,
+    cleaned: u64,
     _timer: tokio::task::JoinHandle<()>,
 }
 
@@ -171,6 +219,7 @@ impl Server for RateLimiterServer {
         });
         Ok(RateLimiterState {
             table: SharedAimd::with_max_interval(self.max_interval),
+            cleaned: 0,
             _timer: timer,
         })
     }
@@ -187,9 +236,17 @@ impl Server for RateLimiterServer {
             }
             RateLimiterMsg::Cleanup => {
                 let n = state.table.cleanup();
+                state.cleaned += n as u64;
                 if n > 0 {
                     tracing::debug!(removed = n, "rate limiter cleanup");
                 }
+            }
+            RateLimiterMsg::Observe(reply) => {
+                let _ = reply.send(RateLimiterObservation {
+                    max_interval: state.table.max_interval,
+                    intervals: state.table.intervals(),
+                    cleaned: state.cleaned,
+                });
             }
         }
         Ok(())

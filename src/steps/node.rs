@@ -105,6 +105,11 @@ impl StepsNode {
         &self.name
     }
 
+    /// The running actor of worker `index` (`None` while it restarts), to observe it.
+    pub fn worker(&self, index: usize) -> Option<ractor::ActorRef<super::worker_actor::WorkerMsg>> {
+        self.sup.which_child(&format!("worker/{index}"))
+    }
+
     /// Worker restarts so far.
     pub fn restarts(&self) -> u64 {
         self.restarts.load(Ordering::Relaxed)

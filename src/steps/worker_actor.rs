@@ -2,16 +2,16 @@
 //! ([`run_worker`]) as its task, so the node's [`supervisors::Supervisor`] restarts it the
 //! OTP way when the loop fails or panics.
 //!
-//! Takes one message, [`WorkerMsg::Exited`], sent by a watcher of the loop's task when the
-//! loop ends: an error or panic fails the actor (the supervisor restarts it); any end after
+//! Takes [`WorkerMsg::Observe`] and [`WorkerMsg::Exited`], sent by a watcher of the loop's
+//! task when the loop ends: an error or panic fails the actor (the supervisor restarts it); any end after
 //! the node's shutdown signal leaves the actor idle until the supervisor stops it, so a
 //! stopping (or killed) node does not restart workers. The loop's task is aborted whenever the actor's
 //! state is dropped (stopped, failed or killed), so no loop outlives its actor.
 
 use std::sync::Arc;
 
-use ractor::ActorRef;
-use supervisors::{BoxError, ExitReason, Server};
+use ractor::{ActorRef, RpcReplyPort};
+use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
@@ -48,6 +48,26 @@ pub struct StepWorker {
 pub enum WorkerMsg {
     /// The worker loop ended: `Ok` when it stopped cleanly, else why it failed.
     Exited(Result<(), String>),
+    /// The worker's state.
+    Observe(RpcReplyPort<WorkerObservation>),
+}
+
+/// What [`WorkerMsg::Observe`] answers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkerObservation {
+    /// The worker's name in step records (`node/index`).
+    pub worker: String,
+    /// Its loop is running (false after it ended, until the supervisor restarts the worker).
+    pub loop_running: bool,
+    /// The node is stopping: the loop ends after its current step.
+    pub shutting_down: bool,
+}
+
+impl Observable for WorkerMsg {
+    type Observation = WorkerObservation;
+    fn observe(reply: RpcReplyPort<WorkerObservation>) -> Self {
+        Self::Observe(reply)
+    }
 }
 
 /// Aborts the worker loop when dropped.
@@ -98,9 +118,19 @@ impl Server for StepWorker {
         &self,
         _myself: ActorRef<WorkerMsg>,
         msg: WorkerMsg,
-        _state: &mut LoopGuard,
+        state: &mut LoopGuard,
     ) -> Result<(), BoxError> {
-        let WorkerMsg::Exited(exit) = msg;
+        let exit = match msg {
+            WorkerMsg::Exited(exit) => exit,
+            WorkerMsg::Observe(reply) => {
+                let _ = reply.send(WorkerObservation {
+                    worker: format!("{}/{}", self.shared.steps.node(), self.index),
+                    loop_running: !state.0.is_finished(),
+                    shutting_down: *self.shared.shutdown.borrow(),
+                });
+                return Ok(());
+            }
+        };
         // Once the node stops or is killed, however a loop ended, it is not restarted.
         if *self.shared.shutdown.borrow() {
             return Ok(());

@@ -127,6 +127,7 @@ mod dynamic;
 mod error;
 mod intensity;
 mod lookup;
+mod observe;
 mod server;
 mod shutdown;
 mod supervisor;
@@ -138,6 +139,7 @@ pub use dynamic::{
 pub use error::{BoxError, SupervisorError};
 pub use intensity::Intensity;
 pub use lookup::{ChildHandle, Children};
+pub use observe::{Observable, observe, observe_within};
 pub use server::{ExitReason, Server, start, start_linked};
 pub use shutdown::Shutdown;
 pub use supervisor::{Strategy, Supervisor, SupervisorMsg, SupervisorRef};

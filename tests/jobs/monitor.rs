@@ -247,7 +247,12 @@ async fn background_monitor_requeues_a_dead_workers_job() {
                 ..JobsConfig::default()
             });
             let bg = j.start_background().await.unwrap();
+            let types = bg.type_server().expect("the type server");
+            assert!(supervisors::observe(&types).await.unwrap().types.is_empty());
             j.set_type_timeout(T, 2).await.unwrap();
+            // Setting a timeout makes the type known at once, with its monitor.
+            assert_eq!(supervisors::observe(&types).await.unwrap().types, [T]);
+            let monitor = bg.monitor(T).expect("the type's activity monitor");
             j.add(T, "dead", data(json!({})), 0).await.unwrap();
             j.add(T, "alive", data(json!({})), 0).await.unwrap();
             let (a, _) = j.accept(T, now_opts()).await.unwrap();
@@ -285,6 +290,10 @@ async fn background_monitor_requeues_a_dead_workers_job() {
                 "re-enqueued too early: {took:?}"
             );
             assert_eq!(j.update(&dead, None).await, Err(JobsError::Halt));
+            let seen = supervisors::observe(&monitor).await.unwrap();
+            assert_eq!(seen.job_type, T);
+            assert_eq!((seen.timeout_secs, seen.requeued), (Some(2), 1));
+            assert!(seen.checks >= 2, "{seen:?}");
 
             // Ten more periods: the live worker keeps its job.
             tokio::time::sleep(Duration::from_secs(25)).await;

@@ -59,6 +59,11 @@ async fn subscription_sees_pending_running_updates_finished_then_ends() {
                 panic!("expected an active subscription");
             };
             assert_eq!((state, d), (JobState::Pending, data(json!({"v": 0}))));
+            // The type's notifier holds the subscription.
+            let notifier = bg.notifier(T).expect("the type's notifier");
+            let seen = supervisors::observe(&notifier).await.unwrap();
+            assert_eq!(seen.job_type, T);
+            assert_eq!((seen.subscribers, seen.jobs), (1, 1));
             // Nothing changed yet: no event.
             assert_eq!(sub.wait(Duration::from_millis(500)).await, None);
 
@@ -80,6 +85,8 @@ async fn subscription_sees_pending_running_updates_finished_then_ends() {
             assert_eq!(ev.data, Some(data(json!({"done": true}))));
             // Auto-unsubscribed: the stream ends.
             assert_eq!(sub.wait(W).await, None);
+            let seen = supervisors::observe(&notifier).await.unwrap();
+            assert_eq!((seen.subscribers, seen.jobs), (0, 0));
 
             // Already finished → no subscription.
             match j.subscribe(T, "a").await.unwrap() {

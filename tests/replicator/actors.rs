@@ -1,8 +1,9 @@
 //! Each actor of the replicator tree alone: event bus delivery and subscriber death, the
 //! rate limiter's AIMD numbers with paused time, the connection pool's budget and owner
-//! death, clustering's stable/unstable events and dead-neighbour removal.
+//! death, clustering's stable/unstable events and dead-neighbour removal; then the
+//! observations of a node's actors while one job runs and after it is cancelled.
 
-use crate::support::deadline;
+use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
 use crate::support::replicator::*;
@@ -12,10 +13,11 @@ use couch_replicator::replicator::connection_pool::{ConnectionPool, Lease, PoolM
 use couch_replicator::replicator::event_bus::{
     ClusterStatus, EventBus, EventBusMsg, ReplicatorEvent, subscribe,
 };
-use couch_replicator::replicator::rate_limiter::{RateLimiterMsg, RateLimiterServer};
-use couch_replicator::replicator::{NodeType, ReplicatorSettings};
+use couch_replicator::replicator::job_server::JobServerMsg;
+use couch_replicator::replicator::rate_limiter::{RateInterval, RateLimiterMsg, RateLimiterServer};
+use couch_replicator::replicator::{NewJob, NodeType, ReplicatorSettings};
 use ractor::{ActorRef, call};
-use supervisors::{BoxError, Server};
+use supervisors::{BoxError, Server, observe};
 
 fn stopped(job: &str) -> ReplicatorEvent {
     ReplicatorEvent::Stopped { job_id: job.into() }
@@ -42,9 +44,10 @@ async fn bus_delivers_in_order_and_drops_dead_subscribers() {
                 assert_eq!(a.recv().await.unwrap(), stopped(j));
             }
             assert_eq!(dying.await.unwrap(), Some(stopped("1")));
-            assert_eq!(call!(bus, EventBusMsg::Count).unwrap(), 1);
+            let seen = observe(&bus).await.unwrap();
+            assert_eq!((seen.subscribers, seen.published), (1, 3));
             drop(a);
-            assert_eq!(call!(bus, EventBusMsg::Count).unwrap(), 0);
+            assert_eq!(observe(&bus).await.unwrap().subscribers, 0);
             bus.stop(None);
         },
     )
@@ -85,9 +88,20 @@ async fn rate_limiter_follows_the_aimd_table_step_by_step() {
     tokio::time::advance(Duration::from_millis(3_000)).await;
     t.success(&k);
     assert_eq!(ms(t.interval(&k)), 25_000 - 6_000 - 1_000);
+    // The actor's observation shows the same table.
+    let seen = observe(&rl).await.unwrap();
+    assert_eq!(seen.max_interval, Duration::from_secs(25));
+    let interval = RateInterval {
+        endpoint: k.0.clone(),
+        method: k.1.clone(),
+        interval: Duration::from_millis(18_000),
+    };
+    assert_eq!((seen.intervals, seen.cleaned), (vec![interval], 0));
     // The cleanup timer (every 50 s) drops entries idle for more than 25 s.
     tokio::time::sleep(Duration::from_secs(101)).await;
     assert!(t.is_empty());
+    let seen = observe(&rl).await.unwrap();
+    assert_eq!((seen.intervals, seen.cleaned), (vec![], 1));
     rl.stop(None);
 }
 
@@ -132,11 +146,13 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             let (a, _) = supervisors::start(None, Idle, ()).await.unwrap();
             let (b, _) = supervisors::start(None, Idle, ()).await.unwrap();
             let (c, _) = supervisors::start(None, Idle, ()).await.unwrap();
-            let ep = "http://127.0.0.1:5984".to_owned();
             let usage = |p: &ActorRef<PoolMsg>| {
                 let p = p.clone();
-                let ep = ep.clone();
-                async move { call!(p, PoolMsg::Usage, ep).unwrap() }
+                async move {
+                    let seen = observe(&p).await.unwrap();
+                    assert_eq!(seen.budget, 5);
+                    seen.endpoints.get("http://127.0.0.1:5984").copied()
+                }
             };
             assert_eq!(
                 acquire(&pool, &a, 3).await,
@@ -160,17 +176,23 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
                 }
             );
             let u = usage(&pool).await.unwrap();
-            assert_eq!((u.in_use, u.overflows), (6, 1));
-            // Owner death releases its connections at the next sweep.
+            assert_eq!((u.in_use, u.owners, u.overflows), (6, 3, 1));
+            // Owner death releases its connections at a later sweep.
             a.kill();
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            assert_eq!(usage(&pool).await.unwrap().in_use, 3);
+            let u = wait_for(10, "the dead owner's connections released", || async {
+                usage(&pool).await.filter(|u| u.owners < 3)
+            })
+            .await;
+            assert_eq!((u.in_use, u.owners, u.overflows), (3, 2, 1));
             pool.send_message(PoolMsg::Release(b.get_id())).unwrap();
             pool.send_message(PoolMsg::Release(c.get_id())).unwrap();
-            assert_eq!(usage(&pool).await.unwrap().in_use, 0);
+            let u = usage(&pool).await.unwrap();
+            assert_eq!((u.in_use, u.owners), (0, 0));
             // Idle for longer than the close interval: the endpoint is closed.
-            tokio::time::sleep(Duration::from_millis(3_500)).await;
-            assert!(usage(&pool).await.is_none());
+            wait_for(15, "the idle endpoint closed", || async {
+                usage(&pool).await.is_none().then_some(())
+            })
+            .await;
             pool.stop(None);
         },
     )
@@ -208,23 +230,110 @@ async fn clustering_goes_unstable_on_changes_and_removes_a_dead_neighbour() {
             let n3 = node(&store.db, "n3", frontend_only()).await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
-            let members = |r: &couch_replicator::replicator::Replicator| {
+            let seen = |r: &couch_replicator::replicator::Replicator| {
                 let c = r.tree().which_child::<ClusterMsg>("clustering").unwrap();
-                async move { call!(c, ClusterMsg::Members).unwrap() }
+                async move { observe(&c).await.unwrap() }
             };
-            assert_eq!(members(&n3).await, ["n1", "n2", "n3"]);
+            assert_eq!(seen(&n3).await.members, ["n1", "n2", "n3"]);
             // n2 dies without deregistering; its left neighbour n1 removes it once its heartbeat
             // is older than the activity timeout (3 s).
             n2.kill().await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
-            assert_eq!(members(&n1).await, ["n1", "n3"]);
-            assert_eq!(members(&n3).await, ["n1", "n3"]);
+            let one = seen(&n1).await;
+            assert_eq!(one.members, ["n1", "n3"]);
+            // n1 saw three changes (n2, n3 joining, n2 removed) and removed n2 itself.
+            assert_eq!((one.stable, one.changes), (true, 3));
+            assert_eq!(one.removed, ["n2"]);
+            let three = seen(&n3).await;
+            assert_eq!(three.members, ["n1", "n3"]);
+            assert!(three.removed.is_empty(), "{three:?}");
             // A graceful stop deregisters at once.
             n3.shutdown().await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
-            assert_eq!(members(&n1).await, ["n1"]);
+            assert_eq!(seen(&n1).await.members, ["n1"]);
             n1.shutdown().await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observations_follow_a_job_from_start_to_cancel() {
+    deadline(
+        180,
+        "observations follow a job from start to cancel",
+        async {
+            let pouch = Pouch::start().await;
+            pouch.create_db("src").await;
+            pouch.put_docs("src", "d", 5).await;
+            let store = Store::open();
+            let n = node(&store.db, "n1", test_settings()).await;
+            let tree = n.tree();
+            let job_server = tree.which_child::<JobServerMsg>("job_server").unwrap();
+            let pool = tree.which_child::<PoolMsg>("connection_pool").unwrap();
+            let limiter = tree.which_child::<RateLimiterMsg>("rate_limiter").unwrap();
+            let bus = tree.which_child::<EventBusMsg>("event_bus").unwrap();
+            let clustering = tree.which_child::<ClusterMsg>("clustering").unwrap();
+            assert!(observe(&job_server).await.unwrap().jobs.is_empty());
+
+            let job = n
+                .add(
+                    NewJob::transient(pouch.url("src"), pouch.url("tgt"))
+                        .continuous()
+                        .create_target(),
+                )
+                .await
+                .unwrap()
+                .job_id;
+            // The job server lists the running job, continuous.
+            let listed = wait_for(60, "the job server lists the job", || async {
+                let seen = observe(&job_server).await.unwrap();
+                seen.jobs.into_iter().find(|j| j.job_id == job)
+            })
+            .await;
+            assert!(listed.continuous);
+            // Its actor reports the replication running, with progress.
+            let actor = n.job_sup().which_child(&job).unwrap();
+            let seen = wait_for(60, "the job actor's progress", || async {
+                let seen = observe(&actor).await?;
+                let written = seen.stats.as_ref().map_or(0, |s| s.docs_written);
+                (written == 5).then_some(seen)
+            })
+            .await;
+            assert!(
+                seen.running && seen.continuous && seen.rep_id.is_some(),
+                "{seen:?}"
+            );
+            assert_eq!((seen.job_id.as_str(), seen.error), (job.as_str(), None));
+            // Source and target share one endpoint: one owner leases from it.
+            let endpoint = format!("http://127.0.0.1:{}", pouch.port);
+            let usage = observe(&pool).await.unwrap().endpoints[&endpoint];
+            assert_eq!(usage.owners, 1);
+            assert!(usage.in_use >= 1, "{usage:?}");
+            // No 429 was seen; the bus carried at least the job's start; one member.
+            assert!(observe(&limiter).await.unwrap().intervals.is_empty());
+            assert!(observe(&bus).await.unwrap().published >= 1);
+            assert_eq!(observe(&clustering).await.unwrap().members, ["n1"]);
+
+            // Cancelled: the actor loses its lock and stops, the job server forgets it and
+            // the pool releases the lease.
+            n.cancel(&job).await.unwrap();
+            wait_for(60, "the job server forgets the job", || async {
+                observe(&job_server)
+                    .await
+                    .filter(|s| s.jobs.is_empty())
+                    .map(drop)
+            })
+            .await;
+            wait_for(30, "the pool releases the lease", || async {
+                let seen = observe(&pool).await.unwrap();
+                let owners = seen.endpoints.get(&endpoint).map_or(0, |u| u.owners);
+                (owners == 0).then_some(())
+            })
+            .await;
+            assert!(observe(&actor).await.is_none(), "the job actor is gone");
+            n.shutdown().await;
         },
     )
     .await;

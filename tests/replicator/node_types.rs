@@ -13,6 +13,7 @@ use crate::support::replicator::{Pouch, Store, jobs_config, test_settings};
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::jobs::{JobsOptions, TokioClock};
 use couch_replicator::replicator::doc_processor::{DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::frontend::ServiceMsg;
 use couch_replicator::replicator::{
     Frontend, JobKind, NewJob, NodeType, RepState, Replicator, ReplicatorConfig, ServiceFn,
 };
@@ -185,6 +186,13 @@ async fn frontend_node_creates_jobs_but_runs_none() {
             !children.iter().any(|c| c == "job_server" || c == "job_sup"),
             "{children:?}"
         );
+        // Both services got the node's handle and run.
+        for service in ["doc_processor", "http"] {
+            let child = front.tree().which_child::<ServiceMsg>(service).unwrap();
+            let seen = supervisors::observe(&child).await.unwrap();
+            assert_eq!(seen.service, service);
+            assert!(seen.handle_ready && seen.running, "{seen:?}");
+        }
 
         // The API answers and shows the job the doc processor created; it stays pending.
         let jobs_url = format!("http://{addr}/_scheduler/docs/jobs_replicator/r1");

@@ -74,11 +74,14 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
         let reporter = tokio::spawn(async move {
             loop {
                 let t = Instant::now();
-                let st = ractor::call!(
-                    server,
-                    couch_replicator::replicator::job_server::JobServerMsg::Status
+                let st = supervisors::observe(&server).await.map(|o| {
+                    let jobs = o.jobs.len();
+                    (o.acceptors, jobs, o.churn)
+                });
+                eprintln!(
+                    "(acceptors, jobs, churn) {st:?} (call took {:?})",
+                    t.elapsed()
                 );
-                eprintln!("status {st:?} (call took {:?})", t.elapsed());
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         });

@@ -2,7 +2,7 @@
 //! graceful stop lets the running step finish and takes no new one, and a worker that keeps
 //! crashing makes the supervisor give up (restart intensity) instead of spinning.
 
-use crate::support::deadline;
+use crate::support::{deadline, wait_for};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +78,12 @@ async fn a_crashing_worker_is_restarted_until_the_intensity_limit() {
             let rec = Recorder::default();
             c.start_node("a", 2, Arc::new(rec.clone())).await;
             let api = c.api("front");
+            let before = [0, 1].map(|i| c.node("a").worker(i).expect("a running worker"));
+            for (i, w) in before.iter().enumerate() {
+                let seen = supervisors::observe(w).await.unwrap();
+                assert_eq!(seen.worker, format!("a/{i}"));
+                assert!(seen.loop_running && !seen.shutting_down, "{seen:?}");
+            }
             // One crash first: the worker comes back and runs the next job.
             let crash = api
                 .submit(JobSpec::new(vec![StepSpec::new("a", "panic always")]))
@@ -95,6 +101,23 @@ async fn a_crashing_worker_is_restarted_until_the_intensity_limit() {
             )
             .await;
             assert!(c.node("a").is_running());
+            // The crashed worker's actor is gone; its replacement runs a fresh loop.
+            let crashed = wait_for(10, "one worker's actor ended", || async {
+                let mut gone = Vec::new();
+                for (i, w) in before.iter().enumerate() {
+                    if supervisors::observe(w).await.is_none() {
+                        gone.push(i);
+                    }
+                }
+                gone.first().copied()
+            })
+            .await;
+            let fresh = wait_for(10, "the crashed worker restarted", || async {
+                let w = c.node("a").worker(crashed)?;
+                supervisors::observe(&w).await
+            })
+            .await;
+            assert!(fresh.loop_running && !fresh.shutting_down, "{fresh:?}");
             api.get(&crash).await.unwrap();
             // Every job crashes its worker: more than MAX_RESTARTS crashes within the period
             // (each crash takes a fresh job, so none waits for the activity monitor).
