@@ -61,13 +61,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                 let view = node.get(&job.job_id).await?;
-                let written = view.info.get("docs_written").cloned().unwrap_or_default();
+                let written = view.stats.as_ref().map_or(0, |s| s.docs_written);
                 println!("state {}, docs written {written}", view.state.as_str());
                 if view.state == RepState::Completed {
                     break Ok(());
                 }
                 if view.state == RepState::Failed {
-                    break Err(couch_replicator::replicator::handle::reason_text(&view.state_info));
+                    break Err(couch_replicator::replicator::handle::failure(&view).to_string());
                 }
             }
             _ = tokio::signal::ctrl_c() => break Ok(()),

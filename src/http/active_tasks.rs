@@ -1,5 +1,5 @@
-//! `GET /_active_tasks`: the `active_task_info` of every running replication in the cluster
-//! (digest D.8). Admins see all; other users only the tasks of their own transient jobs.
+//! `GET /_active_tasks`: every running replication in the cluster, in CouchDB's task shape
+//! ([`ActiveTask`]). Admins see all; other users only the tasks of their own transient jobs.
 
 use axum::Json;
 use axum::extract::State;
@@ -7,9 +7,9 @@ use serde_json::Value;
 
 use super::AppState;
 use super::auth::Caller;
+use super::couch_json::ActiveTask;
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
-use crate::replicator::RepState;
 
 /// `GET /_active_tasks`.
 pub async fn active_tasks(State(st): State<AppState>, caller: Caller) -> HttpResult<Json<Value>> {
@@ -21,15 +21,16 @@ pub async fn active_tasks(State(st): State<AppState>, caller: Caller) -> HttpRes
             .map_err(|e| HttpError::internal(e.to_string()))?
     } else {
         // Only running transient jobs the caller created.
-        let jobs = rep
-            .list()
+        rep.active_tasks()
             .await
-            .map_err(|e| HttpError::internal(e.to_string()))?;
-        jobs.into_iter()
-            .filter(|j| j.state == RepState::Running && j.is_transient())
-            .filter(|j| j.user.is_some() && j.user == user.name)
-            .filter_map(|j| j.active_task)
+            .map_err(|e| HttpError::internal(e.to_string()))?
+            .into_iter()
+            .filter(|j| j.is_transient() && j.user.is_some() && j.user == user.name)
             .collect()
     };
-    Ok(Json(masked(Value::Array(tasks))))
+    let tasks: Vec<ActiveTask> = tasks
+        .iter()
+        .filter_map(|j| ActiveTask::new(j, rep.node()))
+        .collect();
+    Ok(Json(masked(serde_json::json!(tasks))))
 }

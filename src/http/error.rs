@@ -105,6 +105,24 @@ impl From<InvalidRepDoc> for HttpError {
     }
 }
 
+impl From<&crate::replicator::JobError> for HttpError {
+    /// The reply for a failed job, by the kind of its error: CouchDB answers a replication
+    /// that failed with 500 and the error's tag; duplicates are a conflict the caller can act
+    /// on; an invalid request is the caller's fault.
+    fn from(e: &crate::replicator::JobError) -> Self {
+        use crate::replicator::JobError as J;
+        match e {
+            J::InvalidDocument { reason } => Self::bad_request(reason.clone()),
+            J::DuplicateJob { .. } | J::DuplicateDocument { .. } => {
+                Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
+            }
+            J::Replication { .. } | J::Internal { .. } => {
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, e.tag(), e.detail())
+            }
+        }
+    }
+}
+
 /// Result alias of the handlers.
 pub type HttpResult<T> = Result<T, HttpError>;
 
@@ -115,13 +133,7 @@ impl From<crate::replicator::ReplicatorError> for HttpError {
             E::BadRequest(r) => Self::bad_request(r),
             E::NotFound(id) => Self::not_found(format!("no replication job {id}")),
             E::Conflict(r) => Self::new(StatusCode::CONFLICT, "conflict", r),
-            // `tag: details` becomes CouchDB's {"error": tag, "reason": details}.
-            E::Failed(r) => match r.split_once(": ") {
-                Some((tag, rest)) if !tag.contains(' ') => {
-                    Self::new(StatusCode::INTERNAL_SERVER_ERROR, tag, rest)
-                }
-                _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "replication_failed", r),
-            },
+            E::Failed(e) => Self::from(&e),
             E::Timeout(id) => Self::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "timeout",

@@ -17,10 +17,10 @@ use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
 use crate::replication::ReplicationSpec;
-use crate::replicator::handle::reason_text;
+use crate::replicator::handle::failure;
 use crate::replicator::rep_doc::{ReplicateRequest, UserCtx, parse_replicate_body};
 use crate::replicator::rep_job::transient_job_id;
-use crate::replicator::{JobKind, JobView, NewJob, RepState, ReplicatorError, WaitFor};
+use crate::replicator::{JobError, JobKind, JobView, NewJob, RepState, ReplicatorError, WaitFor};
 use std::time::Duration;
 
 /// Reads a JSON object body, turning size and syntax problems into 413 / 400.
@@ -112,13 +112,16 @@ async fn wait(
         let view = st.replicator().get(job_id).await?;
         match (view.state, until) {
             (RepState::Failed, _) => {
-                return Err(ReplicatorError::Failed(reason_text(&view.state_info)).into());
+                return Err(ReplicatorError::Failed(failure(&view)).into());
             }
             (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => return Ok(view),
             (RepState::Crashing, _) => {
-                let reason = reason_text(&view.state_info);
-                if reason.starts_with("Duplicate job running") {
-                    return Err(HttpError::new(StatusCode::CONFLICT, "conflict", reason));
+                if let Some(e @ JobError::DuplicateJob { .. }) = &view.state_info {
+                    return Err(HttpError::new(
+                        StatusCode::CONFLICT,
+                        "conflict",
+                        e.to_string(),
+                    ));
                 }
             }
             _ => {}
@@ -236,7 +239,7 @@ mod tests {
             "state": "completed", "rep_id": "abc+create_target",
             "checkpoint_history": [stats]}))
         .unwrap();
-        let view = JobView::from_data("j", &data);
+        let view = JobView::from_data("j", &data).unwrap();
         let body = completion_body(&view);
         assert_eq!(body["ok"], true);
         assert_eq!(body["source_last_seq"], "3-x");

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::Caller;
+use super::couch_json::{SchedulerDoc, SchedulerJob};
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
-use crate::replicator::rep_job::iso8601;
 use crate::replicator::{JobView, RepState};
 
 /// CouchDB's default page size of `_scheduler/jobs` and `_scheduler/docs`.
@@ -52,11 +52,12 @@ pub async fn list_jobs(
         .into_iter()
         .filter(|j| !j.state.is_terminal() && visible(&caller, j))
         .collect();
-    let page: Vec<Value> = jobs
+    let node = st.replicator().node().to_owned();
+    let page: Vec<SchedulerJob> = jobs
         .iter()
         .skip(skip)
         .take(limit)
-        .map(JobView::scheduler_json)
+        .map(|j| SchedulerJob::new(j, &node))
         .collect();
     Ok(Json(masked(json!({
         "total_rows": jobs.len(),
@@ -77,31 +78,8 @@ pub async fn get_job(
     if !visible(&caller, &job) {
         return Err(HttpError::not_found(format!("no replication job {id}")));
     }
-    Ok(Json(masked(job.scheduler_json())))
-}
-
-/// One entry of `_scheduler/docs`.
-pub fn doc_json(j: &JobView) -> Value {
-    let info = match j.state {
-        RepState::Running | RepState::Pending | RepState::Completed => j.info.clone(),
-        RepState::Crashing | RepState::Failed => j.state_info.clone(),
-    };
-    json!({
-        "database": j.database,
-        "doc_id": j.doc_id,
-        "id": j.rep_id,
-        "node": j.node,
-        "pid": j.pid,
-        "source": j.source,
-        "target": j.target,
-        "source_proxy": Value::Null,
-        "target_proxy": Value::Null,
-        "state": j.state.as_str(),
-        "info": info,
-        "error_count": j.error_count,
-        "last_updated": iso8601(j.last_updated),
-        "start_time": iso8601(j.start_time),
-    })
+    let entry = SchedulerJob::new(&job, st.replicator().node());
+    Ok(Json(masked(json!(entry))))
 }
 
 /// `states=` as a set (unknown names are a 400).
@@ -143,14 +121,19 @@ async fn docs_of(st: &AppState, caller: &Caller, db: Option<&str>) -> HttpResult
         .collect())
 }
 
-fn docs_page(docs: Vec<JobView>, q: &HashMap<String, String>) -> HttpResult<Value> {
+fn docs_page(docs: Vec<JobView>, q: &HashMap<String, String>, node: &str) -> HttpResult<Value> {
     let (limit, skip) = paging(q)?;
     let wanted = states(q)?;
     let docs: Vec<JobView> = docs
         .into_iter()
         .filter(|j| wanted.as_ref().is_none_or(|w| w.contains(&j.state)))
         .collect();
-    let page: Vec<Value> = docs.iter().skip(skip).take(limit).map(doc_json).collect();
+    let page: Vec<SchedulerDoc> = docs
+        .iter()
+        .skip(skip)
+        .take(limit)
+        .map(|j| SchedulerDoc::new(j, node))
+        .collect();
     Ok(masked(json!({
         "total_rows": docs.len(),
         "offset": skip,
@@ -165,7 +148,7 @@ pub async fn list_all_docs(
     Query(q): Query<HashMap<String, String>>,
 ) -> HttpResult<Json<Value>> {
     let docs = docs_of(&st, &caller, None).await?;
-    Ok(Json(docs_page(docs, &q)?))
+    Ok(Json(docs_page(docs, &q, st.replicator().node())?))
 }
 
 /// `GET /_scheduler/docs/{db}` and `GET /_scheduler/docs/{db}/{docid}`, where `db` ends in
@@ -180,13 +163,16 @@ pub async fn docs_path(
     let (db, doc_id) = split_db_path(rest)?;
     let docs = docs_of(&st, &caller, Some(db)).await?;
     match doc_id {
-        None => Ok(Json(docs_page(docs, &q)?)),
+        None => Ok(Json(docs_page(docs, &q, st.replicator().node())?)),
         Some(id) => {
             let j = docs
                 .iter()
                 .find(|j| j.doc_id.as_deref() == Some(id))
                 .ok_or_else(|| HttpError::not_found(format!("no replication document {id}")))?;
-            Ok(Json(masked(doc_json(j))))
+            Ok(Json(masked(json!(SchedulerDoc::new(
+                j,
+                st.replicator().node()
+            )))))
         }
     }
 }

@@ -197,6 +197,12 @@ impl Endpoint {
         self.url.as_str()
     }
 
+    /// The URL as CouchDB shows it in `_scheduler/*` and `_active_tasks`: credentials
+    /// stripped (not masked) and a trailing slash.
+    pub fn couch_url(&self) -> String {
+        format!("{}/", self.url.as_str().trim_end_matches('/'))
+    }
+
     /// The parsed database URL.
     pub fn parsed_url(&self) -> &Url {
         &self.url

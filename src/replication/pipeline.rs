@@ -252,8 +252,9 @@ async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
     }
 }
 
+/// Endpoints in stats are shown as CouchDB shows them: without credentials.
 fn display(ep: &Endpoint) -> String {
-    ep.to_string()
+    ep.couch_url()
 }
 
 async fn run(

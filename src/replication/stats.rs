@@ -45,7 +45,8 @@ impl Counters {
 }
 
 /// A stats snapshot with the `_active_tasks` field names.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ReplicationStats {
     /// Full replication id (`base+ext`).
     pub replication_id: String,

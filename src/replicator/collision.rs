@@ -13,7 +13,8 @@ use crate::store::Tx;
 use crate::store::tuple::Bytes;
 
 use super::context::{NodeCtx, REP_IDS};
-use super::rep_job::{self, REP_JOBS, RepState};
+use super::job_record::RepJobRecord;
+use super::rep_job::REP_JOBS;
 
 /// The outcome of [`claim_tx`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +24,14 @@ pub enum Claim {
     /// A pending/running transient job owns it: this job goes `crashing`.
     DuplicateTransient(String),
     /// A pending/running persistent job owns it: this job goes `failed`.
-    DuplicatePersistent(String),
+    DuplicatePersistent {
+        /// The owner's job id.
+        job_id: String,
+        /// Its `_replicator` database.
+        db_name: String,
+        /// Its document id.
+        doc_id: String,
+    },
 }
 
 fn key(ctx: &NodeCtx, rep_id: &str) -> Vec<u8> {
@@ -57,12 +65,15 @@ pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> Job
     if let Some(other) = owner_tx(tx, &k).await?.filter(|o| o != job_id) {
         match ctx.jobs().get_job_data_tx(tx, REP_JOBS, &other).await {
             Ok(d) => {
-                let st = rep_job::state_of(&d);
-                if matches!(st, RepState::Pending | RepState::Running) {
-                    return Ok(if rep_job::is_transient(&d) {
-                        Claim::DuplicateTransient(other)
-                    } else {
-                        Claim::DuplicatePersistent(other)
+                let r = RepJobRecord::from_data(&d)?;
+                if r.state.is_active() {
+                    return Ok(match (r.origin.db_name, r.origin.doc_id) {
+                        (Some(db_name), Some(doc_id)) => Claim::DuplicatePersistent {
+                            job_id: other,
+                            db_name,
+                            doc_id,
+                        },
+                        _ => Claim::DuplicateTransient(other),
                     });
                 }
             }

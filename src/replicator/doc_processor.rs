@@ -22,12 +22,13 @@ use tokio::task::JoinSet;
 
 use crate::replication::client::{ClientConfig, HttpClient, Req};
 use crate::replication::endpoint::{encode_doc_id, encode_query};
-use crate::replication::{Aimd, Endpoint, ReplicationError};
+use crate::replication::{Aimd, Endpoint, ReplicationError, ReplicationStats};
 
 use crate::backoff::Backoff;
 
+use super::job_record::RepJobRecord;
 use super::rep_doc::{self, DocAction};
-use super::rep_job::{REP_JOBS, iso8601, persistent_job_id};
+use super::rep_job::{REP_JOBS, iso8601, persistent_job_id, rep_fields};
 use super::{JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent};
 
 /// One `_replicator` database to follow.
@@ -298,11 +299,57 @@ impl Follower {
     }
 }
 
+/// The `_replication_stats` CouchDB writes into a completed document.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DocStats {
+    /// Revisions checked.
+    pub revisions_checked: u64,
+    /// Missing revisions found.
+    pub missing_revisions_found: u64,
+    /// Documents read.
+    pub docs_read: u64,
+    /// Documents written.
+    pub docs_written: u64,
+    /// Changes left, when known.
+    pub changes_pending: Option<u64>,
+    /// Write failures.
+    pub doc_write_failures: u64,
+    /// Revisions fetched with `_bulk_get`.
+    pub bulk_get_docs: u64,
+    /// Revisions asked for with `_bulk_get`.
+    pub bulk_get_attempts: u64,
+    /// Last checkpointed source sequence (a string, as CouchDB shows sequences).
+    pub checkpointed_source_seq: String,
+    /// ISO 8601 start of the job.
+    pub start_time: String,
+}
+
+impl DocStats {
+    /// The stats of a finished job that started at `start_time` (UNIX seconds).
+    pub fn new(s: &ReplicationStats, start_time: i64) -> Self {
+        Self {
+            revisions_checked: s.revisions_checked,
+            missing_revisions_found: s.missing_revisions_found,
+            docs_read: s.docs_read,
+            docs_written: s.docs_written,
+            changes_pending: s.changes_pending,
+            doc_write_failures: s.doc_write_failures,
+            bulk_get_docs: s.bulk_get_docs,
+            bulk_get_attempts: s.bulk_get_attempts,
+            checkpointed_source_seq: match &s.checkpointed_source_seq {
+                Value::String(t) => t.clone(),
+                other => other.to_string(),
+            },
+            start_time: iso8601(start_time),
+        }
+    }
+}
+
 /// A terminal state to write to a document.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Terminal {
     /// `completed` with these stats.
-    Completed(Value),
+    Completed(DocStats),
     /// `failed` with this reason.
     Failed(String),
 }
@@ -344,10 +391,11 @@ async fn write_state_if(
             "_replication_state_time".into(),
             json!(iso8601(crate::replication::stats::unix_now() as i64)),
         );
+        stamp_owner(&mut doc, client);
         match &state {
             Terminal::Completed(stats) => {
                 doc.insert("_replication_state".into(), json!("completed"));
-                doc.insert("_replication_stats".into(), stats.clone());
+                doc.insert("_replication_stats".into(), json!(stats));
                 doc.remove("_replication_state_reason");
             }
             Terminal::Failed(reason) => {
@@ -379,6 +427,24 @@ async fn write_state_if(
         "{}: `{doc_id}` kept conflicting while writing its state",
         client.endpoint()
     )))
+}
+
+/// CouchDB stamps `owner` (the writer's name) on every `_replicator` document; we cannot
+/// see who wrote it, so a document without one gets its `user_ctx` name, else the user this
+/// node writes as.
+fn stamp_owner(doc: &mut Map<String, Value>, client: &HttpClient) {
+    if doc.get("owner").is_some_and(Value::is_string) {
+        return;
+    }
+    let name = doc
+        .get("user_ctx")
+        .and_then(|u| u.get("name"))
+        .and_then(Value::as_str)
+        .or_else(|| client.endpoint().user())
+        .map(str::to_owned);
+    if let Some(name) = name {
+        doc.insert("owner".into(), json!(name));
+    }
 }
 
 /// Writes terminal job states back to documents.
@@ -465,15 +531,11 @@ impl Writer {
             return true;
         };
         let state = match j.state {
-            RepState::Completed => {
-                let mut stats = match &j.info {
-                    Value::Object(m) => m.clone(),
-                    _ => Map::new(),
-                };
-                stats.insert("start_time".into(), json!(iso8601(j.start_time)));
-                Terminal::Completed(Value::Object(stats))
-            }
-            RepState::Failed => Terminal::Failed(super::handle::reason_text(&j.state_info)),
+            RepState::Completed => Terminal::Completed(DocStats::new(
+                &j.stats.clone().unwrap_or_default(),
+                j.start_time,
+            )),
+            RepState::Failed => Terminal::Failed(super::handle::failure(j).to_string()),
             _ => return true,
         };
         // Only if the document still asks for the replication this job ran.
@@ -483,14 +545,9 @@ impl Writer {
             .get_job_data(REP_JOBS, &j.job_id)
             .await
             .ok()
-            .and_then(|d| d.get("rep").cloned());
-        let same = |doc: &Map<String, Value>| {
-            let mut d = doc.clone();
-            d.retain(|k, _| {
-                !matches!(k.as_str(), "_id" | "_rev" | "cancel") && !k.starts_with("_replication")
-            });
-            rep.as_ref() == Some(&Value::Object(d))
-        };
+            .and_then(|d| RepJobRecord::from_data(&d).ok())
+            .map(|r| r.rep);
+        let same = |doc: &Map<String, Value>| rep.as_ref() == Some(&rep_fields(doc));
         match write_state_if(client, doc_id, state, same).await {
             Ok(_) => true,
             Err(e) => {

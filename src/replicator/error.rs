@@ -1,5 +1,6 @@
 //! The errors the replicator handle and its actors return to callers.
 
+use super::job_record::JobError;
 use crate::jobs::JobsError;
 use crate::replication::ReplicationError;
 
@@ -15,9 +16,9 @@ pub enum ReplicatorError {
     /// A persistent job already owns this id (`POST /_replicate` for a persistent job id).
     #[error("conflict: {0}")]
     Conflict(String),
-    /// The job ended in `failed` (one-shot waits) with this reason.
+    /// The job ended in `failed` (one-shot waits) with this error.
     #[error("replication failed: {0}")]
-    Failed(String),
+    Failed(#[source] JobError),
     /// A wait ran out of time.
     #[error("timeout waiting for replication job {0}")]
     Timeout(String),

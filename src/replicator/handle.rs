@@ -18,9 +18,10 @@ use super::collision;
 use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::event_bus::{EventBusMsg, EventReceiver, subscribe};
+use super::job_record::{JobError, RepJobRecord};
 use super::job_sup::JobSupRef;
 use super::rep_job::{
-    self, JobKind, JobView, REP_JOBS, RepState, new_job_data, parse_rep, persistent_job_id,
+    JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep, persistent_job_id,
     transient_job_id,
 };
 use super::settings::ReplicatorSettings;
@@ -261,21 +262,22 @@ impl Replicator {
         };
         let jobs = self.ctx.jobs();
         let now = self.ctx.now_secs();
-        let data = new_job_data(&job.kind, &job.rep, &spec, now);
+        let record = new_record(&job.kind, &job.rep, &spec, now);
+        let data = record.to_data();
         let ctx = &self.ctx;
         let view = jobs
             .db()
             .run(|tx| {
-                let data = data.clone();
+                let (data, record) = (data.clone(), record.clone());
                 let job_id = job_id.clone();
                 async move {
                     match jobs.get_job_data_tx(&tx, REP_JOBS, &job_id).await {
                         Ok(old) => {
-                            let active = !rep_job::state_of(&old).is_terminal();
-                            if active && old.get("rep") == data.get("rep") {
-                                return Ok(JobView::from_data(&job_id, &old));
+                            let old = RepJobRecord::from_data(&old)?;
+                            if !old.state.is_terminal() && old.rep == record.rep {
+                                return Ok(JobView::from_record(&job_id, &old));
                             }
-                            if let Some(rep_id) = rep_job::str_field(&old, "rep_id") {
+                            if let Some(rep_id) = &old.rep_id {
                                 collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
                             }
                             jobs.remove_tx(&tx, REP_JOBS, &job_id).await?;
@@ -285,7 +287,7 @@ impl Replicator {
                     }
                     jobs.add_tx(&tx, REP_JOBS, &job_id, data.clone(), now)
                         .await?;
-                    Ok(JobView::from_data(&job_id, &data))
+                    Ok(JobView::from_record(&job_id, &record))
                 }
             })
             .await?;
@@ -304,11 +306,12 @@ impl Replicator {
                 let job_id = job_id.clone();
                 async move {
                     let data = jobs.get_job_data_tx(&tx, REP_JOBS, &job_id).await?;
-                    if let Some(rep_id) = rep_job::str_field(&data, "rep_id") {
+                    let record = RepJobRecord::from_data(&data)?;
+                    if let Some(rep_id) = &record.rep_id {
                         collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
                     }
                     jobs.remove_tx(&tx, REP_JOBS, &job_id).await?;
-                    Ok::<_, JobsError>(JobView::from_data(&job_id, &data))
+                    Ok::<_, JobsError>(JobView::from_record(&job_id, &record))
                 }
             })
             .await
@@ -329,27 +332,32 @@ impl Replicator {
             .get_job_data(REP_JOBS, &job_id)
             .await
             .map_err(|e| not_found(e, id))?;
-        Ok(JobView::from_data(&job_id, &data))
+        Ok(JobView::from_data(&job_id, &data)?)
     }
 
-    /// Every job of the cluster, in job-id order.
+    /// Every job of the cluster, in job-id order (jobs whose data cannot be read are left
+    /// out and logged).
     pub async fn list(&self) -> ReplicatorResult<Vec<JobView>> {
         Ok(self
             .ctx
             .jobs()
             .fold_jobs(REP_JOBS, Vec::new(), |mut acc, j| {
-                acc.push(JobView::from_data(&j.id, &j.data));
+                match JobView::from_data(&j.id, &j.data) {
+                    Ok(v) => acc.push(v),
+                    Err(e) => tracing::warn!(job = %j.id, error = %e, "unreadable job data"),
+                }
                 acc
             })
             .await?)
     }
 
-    /// `_active_tasks`: the `active_task_info` of every running job in the cluster.
-    pub async fn active_tasks(&self) -> ReplicatorResult<Vec<Value>> {
+    /// `_active_tasks`: every running job of the cluster that has reported stats.
+    pub async fn active_tasks(&self) -> ReplicatorResult<Vec<JobView>> {
         let running = self.ctx.jobs().get_active_jobs(REP_JOBS).await?;
         Ok(running
             .into_iter()
-            .filter_map(|(_, d)| d.get("active_task_info").filter(|v| !v.is_null()).cloned())
+            .filter_map(|(id, d)| JobView::from_data(&id, &d).ok())
+            .filter(|v| v.state == RepState::Running && v.stats.is_some())
             .collect())
     }
 
@@ -376,12 +384,12 @@ impl Replicator {
                 .map_err(|e| not_found(e, id))?;
             let (mut sub, data) = match subscribed {
                 Subscribed::Finished(data) => {
-                    return wait_outcome(&JobView::from_data(&job_id, &data), until)
+                    return wait_outcome(&JobView::from_data(&job_id, &data)?, until)
                         .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.to_owned())));
                 }
                 Subscribed::Active { sub, data, .. } => (sub, data),
             };
-            if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data), until) {
+            if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data)?, until) {
                 return done;
             }
             loop {
@@ -397,7 +405,7 @@ impl Replicator {
                 let Some(data) = event.data else {
                     return Err(ReplicatorError::NotFound(id.to_owned()));
                 };
-                if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data), until) {
+                if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data)?, until) {
                     return done;
                 }
             }
@@ -448,7 +456,7 @@ impl Replicator {
 /// Whether `view` ends a wait for `until`, and how.
 fn wait_outcome(view: &JobView, until: WaitFor) -> Option<ReplicatorResult<JobView>> {
     match (view.state, until) {
-        (RepState::Failed, _) => Some(Err(ReplicatorError::Failed(reason_text(&view.state_info)))),
+        (RepState::Failed, _) => Some(Err(ReplicatorError::Failed(failure(view)))),
         (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => Some(Ok(view.clone())),
         _ => None,
     }
@@ -461,16 +469,11 @@ fn not_found(e: JobsError, id: &str) -> ReplicatorError {
     }
 }
 
-/// The text of a `state_info` value (a string, or an object with `error`/`reason`).
-pub fn reason_text(info: &Value) -> String {
-    match info {
-        Value::String(s) => s.clone(),
-        Value::Object(m) => m
-            .get("reason")
-            .or_else(|| m.get("error"))
-            .and_then(Value::as_str)
-            .map_or_else(|| info.to_string(), str::to_owned),
-        Value::Null => "unknown".into(),
-        other => other.to_string(),
-    }
+/// Why a `failed` job failed (a job failed without a recorded reason is an internal error).
+pub fn failure(view: &JobView) -> JobError {
+    view.state_info
+        .clone()
+        .unwrap_or_else(|| JobError::Internal {
+            reason: "failed without a recorded reason".into(),
+        })
 }

@@ -25,11 +25,11 @@
 use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
-use serde_json::{Value, json};
+use serde_json::json;
 use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::{oneshot, watch};
 
-use crate::jobs::{Job, JobData, JobsError};
+use crate::jobs::{Job, JobsError};
 use crate::replication::{self, Context, ReplicationError, ReplicationStats};
 
 use super::backoff::{is_healed, jittered, penalty};
@@ -37,8 +37,9 @@ use super::collision::{self, Claim};
 use super::connection_pool::{PoolMsg, endpoint_key};
 use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
+use super::job_record::{HistoryKind, JobError, RepJobRecord, RepState};
 use super::rate_limiter::{RateLimiterMsg, SharedAimd};
-use super::rep_job::{self, REP_JOBS, RepState, parse_rep, push_history, set_state};
+use super::rep_job::{REP_JOBS, parse_rep};
 
 /// How long a stopping job waits for its final checkpoint (CouchDB gives 5 s in total).
 const STOP_CHECKPOINT_BUDGET: Duration = Duration::from_millis(4500);
@@ -73,8 +74,8 @@ pub struct JobObservation {
     pub last_start: Option<i64>,
     /// The replication's latest progress, while it runs.
     pub stats: Option<ReplicationStats>,
-    /// The reason tag of the error that ended the run (`max_backoff`, ...).
-    pub error: Option<String>,
+    /// The error that ended the run.
+    pub error: Option<JobError>,
 }
 
 impl Observable for JobMsg {
@@ -84,14 +85,14 @@ impl Observable for JobMsg {
     }
 }
 
-/// Start arguments: the accepted job and its data.
+/// Start arguments: the accepted job and its record.
 pub struct JobArgs {
     /// The node.
     pub ctx: NodeCtx,
     /// The couch_jobs job (holds the lock).
     pub job: Job,
-    /// Its data at accept time.
-    pub data: JobData,
+    /// Its record at accept time.
+    pub record: RepJobRecord,
 }
 
 /// The job server (stateless; everything is in [`JobActorState`]).
@@ -115,14 +116,15 @@ impl Drop for Runner {
 pub struct JobActorState {
     ctx: NodeCtx,
     job: Job,
-    data: JobData,
+    record: RepJobRecord,
     rep_id: Option<String>,
     last_start: Option<i64>,
     runner: Option<Runner>,
     /// The job needs no terminate work (finished, failed, halted).
     done: bool,
-    /// The reason tag of the error that ended the run (`max_backoff`, ...).
-    error_tag: Option<&'static str>,
+    /// The error that ended the run, kept typed for the terminate hook (the supervisor's
+    /// exit reason only carries its text).
+    error: Option<JobError>,
     /// How long a stopped job waits before it is eligible again (default `interval`).
     resubmit_delay: Option<Duration>,
     timer: Option<tokio::task::JoinHandle<()>>,
@@ -150,12 +152,12 @@ impl Server for JobActor {
         Ok(JobActorState {
             ctx: args.ctx,
             job: args.job,
-            data: args.data,
+            record: args.record,
             rep_id: None,
             last_start: None,
             runner: None,
             done: false,
-            error_tag: None,
+            error: None,
             resubmit_delay: None,
             timer: None,
         })
@@ -173,9 +175,10 @@ impl Server for JobActor {
             JobMsg::Done(result) => match *result {
                 Ok(stats) => complete(&myself, st, stats).await,
                 Err(e) => {
-                    st.error_tag = Some(e.reason());
+                    let err = JobError::from(&e);
+                    st.error = Some(err.clone());
                     st.runner = None;
-                    Err(e.to_string().into())
+                    Err(err.into())
                 }
             },
             JobMsg::Rotate(delay) => {
@@ -188,15 +191,11 @@ impl Server for JobActor {
                 let _ = reply.send(JobObservation {
                     job_id: st.job.id.clone(),
                     rep_id: st.rep_id.clone(),
-                    continuous: st
-                        .data
-                        .get("continuous")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
+                    continuous: st.record.continuous,
                     running: stats.is_some(),
                     last_start: st.last_start,
                     stats,
-                    error: st.error_tag.map(str::to_owned),
+                    error: st.error.clone(),
                 });
                 Ok(())
             }
@@ -209,7 +208,14 @@ impl Server for JobActor {
             return;
         }
         let outcome = match reason {
-            ExitReason::Error(text) => reschedule_on_error(&mut st, &text).await,
+            ExitReason::Error(text) => {
+                // A typed error the handler kept, else a panic or an untyped failure.
+                let err = st
+                    .error
+                    .take()
+                    .unwrap_or(JobError::Internal { reason: text });
+                reschedule_on_error(&mut st, err).await
+            }
             ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
         };
         match outcome {
@@ -228,12 +234,15 @@ fn release_pool(ctx: &NodeCtx, myself: &ActorRef<JobMsg>) {
 async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxError> {
     let ctx = st.ctx.clone();
     let now = ctx.now_secs();
-    let rep = st.data.get("rep").cloned().unwrap_or(Value::Null);
+    let rep = serde_json::Value::Object(st.record.rep.clone());
     let mut spec = match parse_rep(&rep) {
         Ok(s) => s,
-        Err(e) => return fail(st, &e.to_string()).await,
+        Err(e) => {
+            let reason = e.to_string();
+            return fail(st, JobError::InvalidDocument { reason }).await;
+        }
     };
-    if rep_job::str_field(&st.data, "last_error") == Some("max_backoff") {
+    if st.record.last_error.as_ref().map(JobError::tag) == Some("max_backoff") {
         // C.5: after a max_backoff crash, restart gentler.
         super::backoff::gentler_after_max_backoff(&mut spec.options);
     }
@@ -254,22 +263,25 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let rep_id = match replication::compute_id(&spec, &engine).await {
         Ok(id) => id,
         Err(e) => {
-            st.error_tag = Some(e.reason());
-            return Err(e.to_string().into());
+            let err = JobError::from(&e);
+            st.error = Some(err.clone());
+            return Err(err.into());
         }
     };
     let full = rep_id.full();
     let job_id = st.job.id.clone();
     let pid = format!("{}", myself.get_id());
     let jobs = ctx.jobs();
-    let mut data = st.data.clone();
-    data.insert("rep_id".into(), json!(full));
-    data.insert("base_id".into(), json!(rep_id.base));
-    data.insert("node".into(), json!(ctx.node()));
-    data.insert("pid".into(), json!(pid));
-    data.insert("last_start".into(), json!(now));
-    set_state(&mut data, RepState::Running, None, now);
-    push_history(&mut data, "started", now, None, ctx.settings().max_history);
+    let mut record = st.record.clone();
+    record.rep_id = Some(full.clone());
+    record.base_id = Some(rep_id.base.clone());
+    record.node = Some(ctx.node().to_owned());
+    record.pid = Some(pid);
+    record.last_start = Some(now);
+    record.retry_at = None;
+    record.set_state(RepState::Running, None, now);
+    record.push_history(HistoryKind::Started, now, None, ctx.settings().max_history);
+    let data = record.to_data();
     let job = st.job.clone();
     let claimed = jobs
         .db()
@@ -292,27 +304,33 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     match claimed {
         Err(JobsError::Halt) | Err(JobsError::NotFound) => return halt(myself, st),
         Err(e) => return Err(e.into()),
-        Ok(Err(Claim::DuplicatePersistent(other))) if rep_job::is_transient(&st.data) => {
+        Ok(Err(Claim::DuplicatePersistent { job_id: other, .. })) if st.record.is_transient() => {
             // The issue asks for `crashing` here (the archived 4.x code fails it): a
             // `_replicate` call may retry once the document's job is gone.
-            st.error_tag = Some("duplicate_job");
-            return Err(format!("Duplicate job running: {other}").into());
+            let err = JobError::DuplicateJob { other };
+            st.error = Some(err.clone());
+            return Err(err.into());
         }
-        Ok(Err(Claim::DuplicatePersistent(other))) => {
-            let reason = format!(
-                "Replication `{full}` specified by document `{job_id}` already started, \
-                 triggered by document `{other}`"
-            );
-            return fail(st, &reason).await;
+        Ok(Err(Claim::DuplicatePersistent {
+            db_name, doc_id, ..
+        })) => {
+            let err = JobError::DuplicateDocument {
+                rep_id: full,
+                doc_id: st.record.origin.doc_id.clone().unwrap_or(job_id),
+                other_doc: doc_id,
+                db: db_name,
+            };
+            return fail(st, err).await;
         }
         Ok(Err(Claim::DuplicateTransient(other))) => {
-            st.error_tag = Some("duplicate_job");
-            return Err(format!("Duplicate job running: {other}").into());
+            let err = JobError::DuplicateJob { other };
+            st.error = Some(err.clone());
+            return Err(err.into());
         }
         Ok(Err(Claim::Owned)) => return unreachable_claim(),
         Ok(Ok(job)) => {
             st.job = job;
-            st.data = data;
+            st.record = record;
         }
     }
     st.rep_id = Some(full.clone());
@@ -398,30 +416,9 @@ async fn wait_end(
     None
 }
 
-/// Fills stats into the job data (`rep_stats`, `active_task_info`).
+/// Keeps the latest stats in the record (what `_active_tasks` and `_scheduler/*` show).
 fn put_stats(st: &mut JobActorState, stats: &ReplicationStats) {
-    let mut task = stats.to_active_task();
-    if let Some(m) = task.as_object_mut() {
-        m.insert(
-            "database".into(),
-            st.data.get("db_name").cloned().unwrap_or(Value::Null),
-        );
-        m.insert(
-            "doc_id".into(),
-            st.data.get("doc_id").cloned().unwrap_or(Value::Null),
-        );
-        m.insert("node".into(), json!(st.ctx.node()));
-        m.insert(
-            "pid".into(),
-            st.data.get("pid").cloned().unwrap_or(Value::Null),
-        );
-        m.insert("job_id".into(), json!(st.job.id));
-    }
-    st.data.insert(
-        "rep_stats".into(),
-        serde_json::to_value(stats).unwrap_or(Value::Null),
-    );
-    st.data.insert("active_task_info".into(), task);
+    st.record.rep_stats = Some(stats.clone());
 }
 
 async fn tick(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxError> {
@@ -431,8 +428,13 @@ async fn tick(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), B
     let now = st.ctx.now_secs();
     put_stats(st, &stats);
     heal(st, now);
-    st.data.insert("last_updated".into(), json!(now));
-    match st.ctx.jobs().update(&st.job, Some(st.data.clone())).await {
+    st.record.last_updated = now;
+    match st
+        .ctx
+        .jobs()
+        .update(&st.job, Some(st.record.to_data()))
+        .await
+    {
         Ok(job) => {
             st.job = job;
             Ok(())
@@ -460,8 +462,8 @@ fn heal(st: &mut JobActorState, now: i64) {
         Duration::from_secs(ran),
         st.ctx.settings().health_threshold(),
     ) {
-        st.data.insert("error_count".into(), json!(0));
-        st.data.insert("last_error".into(), Value::Null);
+        st.record.error_count = 0;
+        st.record.last_error = None;
     }
 }
 
@@ -474,13 +476,9 @@ async fn complete(
     st.runner = None;
     let now = st.ctx.now_secs();
     put_stats(st, &stats);
-    st.data.insert("active_task_info".into(), Value::Null);
-    st.data.insert(
-        "checkpoint_history".into(),
-        json!([serde_json::to_value(&stats)?]),
-    );
-    st.data.insert("error_count".into(), json!(0));
-    set_state(&mut st.data, RepState::Completed, None, now);
+    st.record.checkpoint_history = json!([serde_json::to_value(&stats)?]);
+    st.record.error_count = 0;
+    st.record.set_state(RepState::Completed, None, now);
     finish(st).await?;
     st.ctx.publish(ReplicatorEvent::Finished {
         job_id: st.job.id.clone(),
@@ -494,11 +492,11 @@ async fn complete(
 /// Finishes the job with the current data and releases its replication id.
 async fn finish(st: &mut JobActorState) -> Result<(), JobsError> {
     st.done = true;
-    let (ctx, job, data, rep_id) = (&st.ctx, &st.job, &st.data, st.rep_id.clone());
+    let (ctx, job, data, rep_id) = (&st.ctx, &st.job, st.record.to_data(), st.rep_id.clone());
     ctx.jobs()
         .db()
         .run(|tx| {
-            let rep_id = rep_id.clone();
+            let (rep_id, data) = (rep_id.clone(), data.clone());
             async move {
                 if let Some(r) = rep_id {
                     collision::release_tx(ctx, &tx, &r, &job.id).await?;
@@ -509,65 +507,67 @@ async fn finish(st: &mut JobActorState) -> Result<(), JobsError> {
         .await
 }
 
-/// Fails the job permanently with `reason`.
-async fn fail(st: &mut JobActorState, reason: &str) -> Result<(), BoxError> {
+/// Fails the job permanently with `err`.
+async fn fail(st: &mut JobActorState, err: JobError) -> Result<(), BoxError> {
     let now = st.ctx.now_secs();
-    set_state(&mut st.data, RepState::Failed, Some(json!(reason)), now);
-    st.data.insert("active_task_info".into(), Value::Null);
+    let reason = err.to_string();
+    st.record.error_count = 1;
+    st.record.set_state(RepState::Failed, Some(err), now);
     match finish(st).await {
         Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
     st.ctx.publish(ReplicatorEvent::Failed {
         job_id: st.job.id.clone(),
-        reason: reason.to_owned(),
+        reason,
     });
     st.runner = None;
     Ok(())
 }
 
-async fn reschedule_on_error(st: &mut JobActorState, reason: &str) -> Result<(), JobsError> {
+async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<(), JobsError> {
     st.runner = None;
     let now = st.ctx.now_secs();
-    let tag = st.error_tag.unwrap_or("error");
+    let reason = err.to_string();
     if let Some(started) = st.last_start
         && is_healed(
             Duration::from_secs((now - started).max(0) as u64),
             st.ctx.settings().health_threshold(),
         )
     {
-        st.data.insert("error_count".into(), json!(0));
+        st.record.error_count = 0;
     }
-    let transient_retry = matches!(tag, "max_backoff" | "duplicate_job");
-    if rep_job::is_transient(&st.data) && !transient_retry {
-        set_state(&mut st.data, RepState::Failed, Some(json!(reason)), now);
-        st.data.insert("active_task_info".into(), Value::Null);
+    if st.record.is_transient() && !err.transient_job_retries() {
+        st.record.error_count = 1;
+        st.record.set_state(RepState::Failed, Some(err), now);
         finish(st).await?;
         st.ctx.publish(ReplicatorEvent::Failed {
             job_id: st.job.id.clone(),
-            reason: reason.to_owned(),
+            reason,
         });
         return Ok(());
     }
-    let errors = rep_job::int_field(&st.data, "error_count").max(0) as u32 + 1;
+    let errors = st.record.error_count.saturating_add(1);
     let s = st.ctx.settings();
     let wait = jittered(
         penalty(errors, s.min_backoff_penalty(), s.max_backoff_penalty()),
         &mut rand::rng(),
     );
     let max_history = s.max_history;
-    st.data.insert("error_count".into(), json!(errors));
-    st.data.insert("last_error".into(), json!(tag));
-    st.data.insert("active_task_info".into(), Value::Null);
-    set_state(&mut st.data, RepState::Crashing, Some(json!(reason)), now);
-    push_history(&mut st.data, "crashed", now, Some(reason), max_history);
-    push_history(&mut st.data, "pending", now, None, max_history);
     let stime = now + wait.as_secs_f64().ceil() as i64;
+    let r = &mut st.record;
+    r.error_count = errors;
+    r.last_error = Some(err.clone());
+    r.pid = None;
+    r.retry_at = Some(stime);
+    r.set_state(RepState::Crashing, Some(err), now);
+    r.push_history(HistoryKind::Crashed, now, Some(reason.clone()), max_history);
+    r.push_history(HistoryKind::Pending, now, None, max_history);
     tracing::warn!(job = %st.job.id, errors, backoff_s = stime - now, %reason, "job crashed");
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Crashed {
         job_id: st.job.id.clone(),
-        reason: reason.to_owned(),
+        reason,
     });
     Ok(())
 }
@@ -586,10 +586,11 @@ async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
     }
     let now = st.ctx.now_secs();
     let max_history = st.ctx.settings().max_history;
-    st.data.insert("active_task_info".into(), Value::Null);
-    set_state(&mut st.data, RepState::Pending, None, now);
-    push_history(&mut st.data, "stopped", now, None, max_history);
-    push_history(&mut st.data, "pending", now, None, max_history);
+    let r = &mut st.record;
+    r.pid = None;
+    r.set_state(RepState::Pending, None, now);
+    r.push_history(HistoryKind::Stopped, now, None, max_history);
+    r.push_history(HistoryKind::Pending, now, None, max_history);
     let delay = st
         .resubmit_delay
         .unwrap_or_else(|| st.ctx.settings().interval());
@@ -605,7 +606,7 @@ async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
 /// accepted before `stime`.
 async fn resubmit(st: &mut JobActorState, stime: i64) -> Result<(), JobsError> {
     st.done = true;
-    let (jobs, job, data) = (st.ctx.jobs(), &st.job, &st.data);
+    let (jobs, job, data) = (st.ctx.jobs(), &st.job, &st.record.to_data());
     jobs.db()
         .run(|tx| async move {
             jobs.resubmit_tx(&tx, REP_JOBS, &job.id, Some(stime), Some(data.clone()))

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
 use rand::Rng;
-use serde_json::Value;
 use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -27,8 +26,9 @@ use crate::jobs::{AcceptOpts, JobState, JobsError};
 use super::churn::{RunningJob, acceptors_to_add, extra_acceptor_budget, trim_victims};
 use super::context::NodeCtx;
 use super::job::{JobArgs, JobMsg};
+use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
-use super::rep_job::{self, REP_JOBS};
+use super::rep_job::REP_JOBS;
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
@@ -254,10 +254,9 @@ impl JobServer {
             .ctx
             .jobs()
             .fold_jobs(REP_JOBS, Vec::new(), |mut acc, j| {
-                if j.state == JobState::Finished
-                    && rep_job::is_transient(&j.data)
-                    && rep_job::int_field(&j.data, "last_updated") <= limit
-                {
+                let old_transient = RepJobRecord::from_data(&j.data)
+                    .is_ok_and(|r| r.is_transient() && r.last_updated <= limit);
+                if j.state == JobState::Finished && old_transient {
                     acc.push(j.id);
                 }
                 acc
@@ -282,15 +281,21 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
             .timeout(ACCEPT_WAIT);
         match ctx.jobs().accept(REP_JOBS, opts).await {
             Ok((job, data)) => {
-                let continuous = data
-                    .get("continuous")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
+                let record = match RepJobRecord::from_data(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Unreadable data cannot be run: finish it so it does not come back.
+                        tracing::warn!(job = %job.id, error = %e, "unreadable job data");
+                        let _ = ctx.jobs().finish(&job, None).await;
+                        continue;
+                    }
+                };
+                let continuous = record.continuous;
                 for _ in 0..HANDOFF_ATTEMPTS {
                     let args = JobArgs {
                         ctx: ctx.clone(),
                         job: job.clone(),
-                        data: data.clone(),
+                        record: record.clone(),
                     };
                     if let Ok(actor) = job_sup.start_child(job.id.clone(), args).await {
                         let _ = server.send_message(JobServerMsg::Accepted {

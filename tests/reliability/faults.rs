@@ -13,6 +13,7 @@ use crate::support::proxy::{Fault, FaultProxy, Rule};
 use crate::support::replicator::{Pouch, Store, node, test_settings};
 use crate::support::{deadline, wait_for};
 use axum::http::Method;
+use couch_replicator::replicator::HistoryKind;
 use couch_replicator::replicator::rate_limiter::{RateLimiterMsg, SharedAimd};
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
@@ -93,7 +94,8 @@ impl Rig {
 }
 
 fn stat(v: &JobView, k: &str) -> u64 {
-    v.info.get(k).and_then(Value::as_u64).unwrap_or(0)
+    let stats = serde_json::to_value(&v.stats).unwrap_or_default();
+    stats.get(k).and_then(Value::as_u64).unwrap_or(0)
 }
 
 /// Faults a client retries inside one request: the job completes on its first run, with no
@@ -290,14 +292,14 @@ async fn endless_429s_crash_with_max_backoff_and_the_job_restarts_gentler() {
             (v.error_count > 0).then_some(v)
         })
         .await;
-        let info = crashed.state_info.to_string();
-        assert!(info.contains("max_backoff"), "crashed with {info}");
+        let info = crashed.state_info.clone().unwrap();
+        assert_eq!(info.tag(), "max_backoff", "crashed with {info}");
         let injected = rig.proxy.fired()[0];
         rig.proxy.clear();
         let seen_before = rig.proxy.log().len();
         let done = rig.completed(&id, 60).await;
         assert_eq!(rig.couch.assert_same("s", &rig.couch, "t").await, 400);
-        assert!(done.history.iter().any(|h| h.kind == "crashed"));
+        assert!(done.history.iter().any(|h| h.kind == HistoryKind::Crashed));
         let revs_diffs: Vec<usize> = rig.proxy.log()[seen_before..]
             .iter()
             .filter(|r| r.path.contains("/t/_revs_diff"))
@@ -381,7 +383,7 @@ async fn a_source_deleted_and_recreated_mid_run_is_replicated_from_scratch() {
             running
                 .history
                 .iter()
-                .filter(|h| h.kind == "started")
+                .filter(|h| h.kind == HistoryKind::Started)
                 .count()
                 >= 2
         );
@@ -425,7 +427,7 @@ async fn validate_function_rejections_are_counted_not_fatal() {
             stat(&done, "doc_write_failures"),
             rejected,
             "{:?}",
-            done.info
+            done.stats
         );
         assert_eq!(stat(&done, "docs_written"), 100 - rejected);
         assert_eq!(done.error_count, 0);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::support::replicator::*;
 use couch_replicator::replicator::job::JobMsg;
 use couch_replicator::replicator::rep_job::REP_JOBS;
+use couch_replicator::replicator::{HistoryKind, JobError};
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };
@@ -72,18 +73,18 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
             let id = n.add(persistent("crashy", rep)).await.unwrap().job_id;
             for errors in 1..=3u32 {
                 let v = wait_until(&n, &id, "crashed", |v| {
-                    v.state == RepState::Crashing && v.error_count == u64::from(errors)
+                    v.state == RepState::Crashing && v.error_count == errors
                 })
                 .await;
                 assert!(
-                    v.state_info.as_str().unwrap().contains("db_not_found"),
+                    matches!(&v.state_info, Some(JobError::Replication { tag, .. }) if tag == "db_not_found"),
                     "{:?}",
                     v.state_info
                 );
                 let crashed = v
                     .history
                     .iter()
-                    .find(|h| h.kind == "crashed")
+                    .find(|h| h.kind == HistoryKind::Crashed)
                     .unwrap()
                     .timestamp;
                 let wait = (stime_of(&n, &id).await - crashed) as f64;
@@ -93,7 +94,7 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
                     wait >= (0.75 * full).floor() && wait <= full + 2.0,
                     "crash {errors}: rescheduled {wait} s later, formula gives {full} s"
                 );
-                assert_eq!(v.history[0].kind, "pending");
+                assert_eq!(v.history[0].kind, HistoryKind::Pending);
                 // Skip the wait: make it eligible now.
                 let now = n.jobs().clock().now_secs();
                 n.jobs()
@@ -153,7 +154,11 @@ async fn a_killed_job_actor_is_reenqueued_and_runs_again() {
             })
             .await;
             assert_eq!(
-                again.history.iter().filter(|h| h.kind == "started").count(),
+                again
+                    .history
+                    .iter()
+                    .filter(|h| h.kind == HistoryKind::Started)
+                    .count(),
                 2
             );
             assert_eq!(again.error_count, 0, "a kill is not a crash");
@@ -215,7 +220,7 @@ async fn crashing_the_pool_restarts_later_children_and_jobs_resume() {
                 v.state == RepState::Running && v.pid != first.pid
             })
             .await;
-            assert!(again.history.iter().any(|h| h.kind == "stopped"));
+            assert!(again.history.iter().any(|h| h.kind == HistoryKind::Stopped));
             pouch.put_docs("s", "b", 5).await;
             pouch.wait_count("t", 15, Duration::from_secs(20)).await;
             n.shutdown().await;
@@ -241,11 +246,12 @@ async fn duplicate_replications_fail_or_crash_as_couchdb_does() {
             let ra = wait_until(&n, &a, "ran", |v| v.state == RepState::Running).await;
             let b = n.add(persistent("b", rep.clone())).await.unwrap().job_id;
             let rb = wait_until(&n, &b, "failed", |v| v.state == RepState::Failed).await;
-            let reason = rb.state_info.as_str().unwrap();
+            let reason = rb.state_info.clone().unwrap();
             assert!(
-                reason.contains("already started") && reason.contains(&a),
-                "{reason}"
+                matches!(&reason, JobError::DuplicateDocument { other_doc, .. } if a.ends_with(other_doc.as_str())),
+                "{reason:?}"
             );
+            assert!(reason.to_string().contains("already started"), "{reason}");
             let t = n
                 .add(NewJob {
                     kind: JobKind::Transient { user: None },
@@ -256,10 +262,9 @@ async fn duplicate_replications_fail_or_crash_as_couchdb_does() {
                 .job_id;
             let rt = wait_until(&n, &t, "crashed", |v| v.state == RepState::Crashing).await;
             assert!(
+                matches!(&rt.state_info, Some(JobError::DuplicateJob { other }) if *other == a),
+                "{:?}",
                 rt.state_info
-                    .as_str()
-                    .unwrap()
-                    .contains("Duplicate job running")
             );
             // The original keeps running and owns the replication id.
             let owner = n.get(ra.rep_id.as_deref().unwrap()).await.unwrap();
@@ -290,12 +295,13 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
             let jobs = n1.jobs().clone();
             n1.shutdown().await;
             let data = jobs.get_job_data(REP_JOBS, &id).await.unwrap();
-            let v = JobView::from_data(&id, &data);
+            let v = JobView::from_data(&id, &data).unwrap();
             assert_eq!(v.state, RepState::Pending);
-            assert_eq!(v.history[0].kind, "pending");
-            assert_eq!(v.history[1].kind, "stopped");
+            assert_eq!(v.history[0].kind, HistoryKind::Pending);
+            assert_eq!(v.history[1].kind, HistoryKind::Stopped);
             assert_eq!(
-                v.info["docs_written"], 30,
+                v.stats.as_ref().unwrap().docs_written,
+                30,
                 "final stats were saved: {:#?}",
                 v
             );
@@ -310,11 +316,14 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
             // Stats carry over, and the checkpoint let n2 start where n1 stopped: it checked only
             // the 5 new revisions (from scratch it would have checked 30 + 35).
             let later = wait_until(&n2, &id, "counted", |v| {
-                v.info["docs_written"] == 35 && v.info["checkpointed_source_seq"] == 35
+                v.stats
+                    .as_ref()
+                    .is_some_and(|s| s.docs_written == 35 && s.checkpointed_source_seq == 35)
             })
             .await;
-            assert_eq!(later.info["revisions_checked"], 35);
-            assert_eq!(later.info["checkpointed_source_seq"], 35);
+            let stats = later.stats.unwrap();
+            assert_eq!(stats.revisions_checked, 35);
+            assert_eq!(stats.checkpointed_source_seq, 35);
             let _ = n2
                 .wait(&id, WaitFor::Running, Duration::from_secs(1))
                 .await

@@ -29,7 +29,7 @@ async fn one_shot_transient_job_completes_and_copies_every_doc() {
             .await
             .unwrap();
         assert_eq!(done.state, RepState::Completed);
-        assert_eq!(done.info["docs_written"], 50);
+        assert_eq!(done.stats.as_ref().unwrap().docs_written, 50);
         assert!(done.rep_id.is_some());
         assert_eq!(pouch.doc_count("tgt").await, 50);
         let history: Vec<&str> = done.history.iter().map(|h| h.kind.as_str()).collect();
@@ -99,11 +99,11 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             assert_eq!(node.get(&rep_id).await.unwrap().job_id, view.job_id);
             let listed = node.list().await.unwrap();
             assert_eq!(listed.len(), 1);
-            let sched = listed[0].scheduler_json();
-            assert_eq!(sched["id"], json!(rep_id));
-            assert_eq!(sched["state"], "running");
-            assert_eq!(sched["user"], "bob");
-            assert_eq!(sched["source"], json!(pouch.url("src")));
+            let sched = &listed[0];
+            assert_eq!(sched.rep_id.as_deref(), Some(rep_id.as_str()));
+            assert_eq!(sched.state, RepState::Running);
+            assert_eq!(sched.user.as_deref(), Some("bob"));
+            assert_eq!(sched.source, format!("{}/", pouch.url("src")));
             // _active_tasks appears at the first stats tick (1 s).
             let mut tasks = Vec::new();
             for _ in 0..50 {
@@ -114,9 +114,9 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             assert_eq!(tasks.len(), 1);
-            assert_eq!(tasks[0]["type"], "replication");
-            assert_eq!(tasks[0]["replication_id"], json!(rep_id));
-            assert_eq!(tasks[0]["node"], "n1");
+            assert!(tasks[0].stats.is_some());
+            assert_eq!(tasks[0].rep_id.as_deref(), Some(rep_id.as_str()));
+            assert_eq!(tasks[0].node.as_deref(), Some("n1"));
             // Cancel by replication id: the job is gone and its actor stops at its next update.
             let cancelled = node.cancel(&rep_id).await.unwrap();
             assert_eq!(cancelled.job_id, view.job_id);

@@ -8,7 +8,7 @@ use crate::support::deadline;
 use std::time::{Duration, Instant};
 
 use crate::support::replicator::*;
-use couch_replicator::replicator::{JobKind, NewJob, ReplicatorSettings};
+use couch_replicator::replicator::{HistoryKind, JobKind, NewJob, ReplicatorSettings};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -120,11 +120,11 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
         assert!(
             views
                 .iter()
-                .all(|v| v.history.iter().any(|h| h.kind == "started"))
+                .all(|v| v.history.iter().any(|h| h.kind == HistoryKind::Started))
         );
         let rotated = views
             .iter()
-            .filter(|v| v.history.iter().any(|h| h.kind == "stopped"))
+            .filter(|v| v.history.iter().any(|h| h.kind == HistoryKind::Stopped))
             .count();
         assert!(
             rotated >= jobs.saturating_sub(max_jobs + max_churn),
