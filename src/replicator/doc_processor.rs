@@ -29,6 +29,7 @@ use crate::backoff::Backoff;
 use super::job_record::RepJobRecord;
 use super::rep_doc::{self, DocAction};
 use super::rep_job::{REP_JOBS, iso8601, persistent_job_id, rep_fields};
+use super::validate_ddoc;
 use super::{JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent};
 
 /// One `_replicator` database to follow.
@@ -149,10 +150,14 @@ impl Follower {
     async fn run(self) {
         let mut since = Value::from(0);
         let mut seen = false;
+        let mut validated = false;
         loop {
             match self.poll(&since).await {
                 Ok(Some((rows, last_seq))) => {
                     seen = true;
+                    if !validated {
+                        validated = self.install_validation().await;
+                    }
                     let mut done = true;
                     for row in rows {
                         if !self.handle_row(&row).await {
@@ -173,11 +178,28 @@ impl Follower {
                         tracing::info!(db = %self.name, "_replicator database deleted");
                         seen = !self.remove_all().await;
                     }
+                    validated = false;
                     since = Value::from(0);
                 }
                 Err(e) => tracing::warn!(db = %self.name, error = %e, "reading _changes failed"),
             }
             tokio::time::sleep(self.cfg.retry_delay).await;
+        }
+    }
+
+    /// Installs the validate design document; true when there is nothing more to try (done,
+    /// or refused by the server, which is logged).
+    async fn install_validation(&self) -> bool {
+        match validate_ddoc::install(&self.client).await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(db = %self.name, "the validate design document was refused");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(db = %self.name, error = %e, "installing the validate design document failed");
+                false
+            }
         }
     }
 

@@ -25,6 +25,7 @@ pub mod rep_job;
 pub mod settings;
 mod start;
 pub mod tree;
+pub mod validate_ddoc;
 
 pub use error::{ReplicatorError, ReplicatorResult};
 pub use event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};

@@ -274,6 +274,20 @@ async fn scheduler_task_and_document_shapes_match_couchdb() {
             assert_eq!(c["_replication_state"], o["_replication_state"]);
             assert_eq!(o["owner"], "admin");
         }
+
+        // Invalid documents are refused at write time, as CouchDB refuses them.
+        let bad = [
+            json!({"source": couch.db("a"), "target": couch.db("x"), "worker_processes": "x"}),
+            json!({"source": couch.db("a")}),
+        ];
+        for (i, doc) in bad.into_iter().enumerate() {
+            let c = couch
+                .put(&format!("/_replicator/bad{i}"), doc.clone())
+                .await;
+            let o = couch.put(&format!("/ourdocs/bad{i}"), doc).await;
+            assert_eq!(c["error"], "forbidden", "{c}");
+            assert_eq!(o["error"], "forbidden", "{o}");
+        }
     })
     .await;
 }
