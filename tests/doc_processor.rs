@@ -149,6 +149,7 @@ fn client(url: &str) -> HttpClient {
             http_connections: 4,
             proxy: None,
             tcp_nodelay: true,
+            metrics: Arc::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )

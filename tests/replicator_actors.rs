@@ -118,9 +118,11 @@ async fn acquire(pool: &ActorRef<PoolMsg>, owner: &ActorRef<()>, want: usize) ->
 #[tokio::test]
 async fn pool_keeps_the_budget_and_releases_dead_owners() {
     deadline(20, async {
+        let metrics = std::sync::Arc::new(couch_replicator::telemetry::NodeMetrics::default());
         let pool = ConnectionPool {
             budget: 5,
             close_interval: Duration::from_secs(2),
+            metrics: metrics.clone(),
         };
         let (pool, _) = supervisors::start(None, pool, ()).await.unwrap();
         let (a, _) = supervisors::start(None, Idle, ()).await.unwrap();
@@ -162,6 +164,11 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
         pool.send_message(PoolMsg::Release(b.get_id())).unwrap();
         pool.send_message(PoolMsg::Release(c.get_id())).unwrap();
         assert_eq!(usage(&pool).await.unwrap().in_use, 0);
+        // CouchDB's connection counters: 3 acquires, 1 owner death, 2 releases.
+        use couch_replicator::telemetry::Series;
+        assert_eq!(metrics.couch.get(Series::ConnectionAcquires), 3);
+        assert_eq!(metrics.couch.get(Series::ConnectionOwnerCrashes), 1);
+        assert_eq!(metrics.couch.get(Series::ConnectionReleases), 2);
         // Idle for longer than the close interval: the endpoint is closed.
         tokio::time::sleep(Duration::from_millis(3_500)).await;
         assert!(usage(&pool).await.is_none());

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod error;
 pub mod health;
 pub mod mask;
+pub mod node_stats;
 pub mod replicate;
 pub mod scheduler;
 pub mod steps;
@@ -122,7 +123,10 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_active_tasks", get(active_tasks::active_tasks))
         .route("/", get(health::welcome))
         .route("/_up", get(health::up))
-        .route("/metrics", get(health::metrics))
+        .route("/metrics", get(node_stats::metrics))
+        .route("/_node/{node}/_prometheus", get(node_stats::prometheus))
+        .route("/_node/{node}/_stats", get(node_stats::stats))
+        .route("/_node/{node}/_stats/{*path}", get(node_stats::stats_path))
         .with_state(state);
     if let Some(steps) = steps {
         app = app.merge(self::steps::router(self::steps::StepsHttp { steps, admin }));

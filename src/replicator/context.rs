@@ -1,6 +1,6 @@
 //! What every actor of one node's replicator tree shares: the couch_jobs handle, the
 //! settings, the node's name and uuid, the layer prefix for the replicator's own keys, and a
-//! lookup of the tree's children (so later children reach earlier ones through the
+//! lookup of the tree's children, the node's metrics (so later children reach earlier ones through the
 //! supervisor, and always the current instance after a restart).
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use super::job_sup::JobSupRef;
 
 use crate::jobs::Jobs;
 use crate::store::tuple;
+use crate::telemetry::NodeMetrics;
 
 use super::event_bus::{EventBusMsg, ReplicatorEvent, publish};
 use super::settings::ReplicatorSettings;
@@ -51,6 +52,7 @@ struct Inner {
     prefix: Vec<u8>,
     children: Children,
     job_sup: JobSupRef,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl NodeCtx {
@@ -73,6 +75,7 @@ impl NodeCtx {
                 prefix,
                 children,
                 job_sup,
+                metrics: Arc::default(),
             }),
         }
     }
@@ -100,6 +103,11 @@ impl NodeCtx {
     /// The tree's children.
     pub fn children(&self) -> &Children {
         &self.inner.children
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<NodeMetrics> {
+        &self.inner.metrics
     }
 
     /// The node's job_sup (valid across its restarts).

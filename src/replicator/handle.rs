@@ -26,6 +26,7 @@ use super::rep_job::{
 };
 use super::settings::ReplicatorSettings;
 use super::tree;
+use crate::telemetry::Series;
 
 /// How often [`Replicator::wait`] re-reads the job.
 const WAIT_POLL: Duration = Duration::from_millis(100);
@@ -146,6 +147,11 @@ impl Replicator {
         self.ctx.node()
     }
 
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
+        self.ctx.metrics()
+    }
+
     /// The settings this node runs with.
     pub fn settings(&self) -> &ReplicatorSettings {
         self.ctx.settings()
@@ -181,7 +187,7 @@ impl Replicator {
         let now = self.ctx.now_secs();
         let data = new_job_data(&job.kind, &job.rep, &spec, now);
         let ctx = &self.ctx;
-        let view = jobs
+        let (view, duplicate) = jobs
             .db()
             .run(|tx| {
                 let data = data.clone();
@@ -191,7 +197,7 @@ impl Replicator {
                         Ok(old) => {
                             let active = !rep_job::state_of(&old).is_terminal();
                             if active && old.get("rep") == data.get("rep") {
-                                return Ok(JobView::from_data(&job_id, &old));
+                                return Ok((JobView::from_data(&job_id, &old), true));
                             }
                             if let Some(rep_id) = rep_job::str_field(&old, "rep_id") {
                                 collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
@@ -203,10 +209,15 @@ impl Replicator {
                     }
                     jobs.add_tx(&tx, REP_JOBS, &job_id, data.clone(), now)
                         .await?;
-                    Ok(JobView::from_data(&job_id, &data))
+                    Ok((JobView::from_data(&job_id, &data), false))
                 }
             })
             .await?;
+        self.metrics().inc(if duplicate {
+            Series::JobsDuplicateAdds
+        } else {
+            Series::JobsAdds
+        });
         Ok(view)
     }
 
@@ -231,6 +242,7 @@ impl Replicator {
             })
             .await
             .map_err(|e| not_found(e, id))?;
+        self.metrics().inc(Series::JobsRemoves);
         self.ctx
             .publish(super::event_bus::ReplicatorEvent::Stopped {
                 job_id: view.job_id.clone(),

@@ -28,6 +28,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 use supervisors::{BoxError, ExitReason, Server};
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 use crate::jobs::{Job, JobData, JobsError};
 use crate::replication::{self, Context, ReplicationError, ReplicationStats};
@@ -39,6 +40,7 @@ use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
 use super::rate_limiter::{RateLimiterMsg, SharedAimd};
 use super::rep_job::{self, REP_JOBS, RepState, parse_rep, push_history, set_state};
+use crate::telemetry::Series;
 
 /// How long a stopping job waits for its final checkpoint (CouchDB gives 5 s in total).
 const STOP_CHECKPOINT_BUDGET: Duration = Duration::from_millis(4500);
@@ -111,6 +113,9 @@ pub struct JobActorState {
     /// How long a stopped job waits before it is eligible again (default `interval`).
     resubmit_delay: Option<Duration>,
     timer: Option<tokio::task::JoinHandle<()>>,
+    /// `replication_job{job_id, rep_id, source, target}`: entered by every message handler
+    /// and, through them, by the engine's tasks (changes reader, workers, checkpointer).
+    span: tracing::Span,
 }
 
 impl Drop for JobActorState {
@@ -132,7 +137,9 @@ impl Server for JobActor {
         args: JobArgs,
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
+        let span = job_span(&args.ctx, &args.job.id, &args.data);
         Ok(JobActorState {
+            span,
             ctx: args.ctx,
             job: args.job,
             data: args.data,
@@ -152,50 +159,100 @@ impl Server for JobActor {
         msg: JobMsg,
         st: &mut JobActorState,
     ) -> Result<(), BoxError> {
-        match msg {
-            JobMsg::Start => start(&myself, st).await,
-            JobMsg::Tick => tick(&myself, st).await,
-            JobMsg::Done(result) => match *result {
-                Ok(stats) => complete(&myself, st, stats).await,
-                Err(e) => {
-                    st.error_tag = Some(e.reason());
-                    st.runner = None;
-                    Err(e.to_string().into())
-                }
-            },
-            JobMsg::Rotate(delay) => {
-                st.resubmit_delay = Some(delay);
-                myself.stop(None);
-                Ok(())
-            }
-            JobMsg::Info(reply) => {
-                let _ = reply.send(JobInfo {
-                    job_id: st.job.id.clone(),
-                    rep_id: st.rep_id.clone(),
-                    continuous: st
-                        .data
-                        .get("continuous")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                });
-                Ok(())
-            }
-        }
+        let span = st.span.clone();
+        handle_msg(myself, msg, st).instrument(span).await
     }
 
-    async fn terminate(&self, myself: ActorRef<JobMsg>, mut st: JobActorState, reason: ExitReason) {
-        release_pool(&st.ctx, &myself);
-        if st.done {
-            return;
+    async fn terminate(&self, myself: ActorRef<JobMsg>, st: JobActorState, reason: ExitReason) {
+        let span = st.span.clone();
+        terminate_job(myself, st, reason).instrument(span).await
+    }
+}
+
+/// The job's span. Endpoints are shown as `_active_tasks` shows them (password masked);
+/// `rep_id` is recorded once computed.
+fn job_span(ctx: &NodeCtx, job_id: &str, data: &JobData) -> tracing::Span {
+    let (source, target) = match data.get("rep").map(parse_rep) {
+        Some(Ok(spec)) => (spec.source.to_string(), spec.target.to_string()),
+        _ => ("invalid".to_owned(), "invalid".to_owned()),
+    };
+    tracing::info_span!(
+        "replication_job",
+        job_id = %job_id,
+        rep_id = tracing::field::Empty,
+        source = %source,
+        target = %target,
+        node = %ctx.node(),
+    )
+}
+
+async fn handle_msg(
+    myself: ActorRef<JobMsg>,
+    msg: JobMsg,
+    st: &mut JobActorState,
+) -> Result<(), BoxError> {
+    let metrics = st.ctx.metrics().clone();
+    match msg {
+        JobMsg::Start => {
+            let r = start(&myself, st).await;
+            if st.runner.is_some() {
+                metrics.inc(Series::JobsStarts);
+            } else if r.is_err() {
+                metrics.inc(Series::FailedStarts);
+            }
+            r
         }
-        let outcome = match reason {
-            ExitReason::Error(text) => reschedule_on_error(&mut st, &text).await,
-            ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
-        };
-        match outcome {
-            Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
-            Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
+        JobMsg::Tick => tick(&myself, st).await,
+        JobMsg::Done(result) => match *result {
+            Ok(stats) => complete(&myself, st, stats).await,
+            Err(e) => {
+                if e.is_start_failure() {
+                    metrics.inc(Series::FailedStarts);
+                }
+                st.error_tag = Some(e.reason());
+                st.runner = None;
+                Err(e.to_string().into())
+            }
+        },
+        JobMsg::Rotate(delay) => {
+            st.resubmit_delay = Some(delay);
+            myself.stop(None);
+            Ok(())
         }
+        JobMsg::Info(reply) => {
+            let _ = reply.send(JobInfo {
+                job_id: st.job.id.clone(),
+                rep_id: st.rep_id.clone(),
+                continuous: st
+                    .data
+                    .get("continuous")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            });
+            Ok(())
+        }
+    }
+}
+
+async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: ExitReason) {
+    release_pool(&st.ctx, &myself);
+    if st.done {
+        return;
+    }
+    let metrics = st.ctx.metrics().clone();
+    let outcome = match reason {
+        ExitReason::Error(text) => {
+            metrics.inc(Series::JobsCrashes);
+            reschedule_on_error(&mut st, &text).await
+        }
+        ExitReason::Normal | ExitReason::Shutdown => {
+            metrics.inc(Series::JobsStops);
+            stop_to_pending(&mut st).await
+        }
+    };
+    match outcome {
+        Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
+        Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
     }
 }
 
@@ -230,6 +287,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let engine = Context {
         server_uuid: ctx.server_uuid().to_owned(),
         limiter: std::sync::Arc::new(limiter) as std::sync::Arc<SharedAimd>,
+        metrics: ctx.metrics().clone(),
     };
     let rep_id = match replication::compute_id(&spec, &engine).await {
         Ok(id) => id,
@@ -239,6 +297,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         }
     };
     let full = rep_id.full();
+    st.span.record("rep_id", full.as_str());
     let job_id = st.job.id.clone();
     let pid = format!("{}", myself.get_id());
     let jobs = ctx.jobs();
@@ -300,7 +359,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let handle = replication::start(spec, engine);
     let progress = handle.progress();
     let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()));
+    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()).in_current_span());
     st.runner = Some(Runner {
         stop: Some(stop_tx),
         progress,
@@ -491,6 +550,8 @@ async fn finish(st: &mut JobActorState) -> Result<(), JobsError> {
 
 /// Fails the job permanently with `reason`.
 async fn fail(st: &mut JobActorState, reason: &str) -> Result<(), BoxError> {
+    // Only `start` fails a job this way (invalid document, duplicate of another document).
+    st.ctx.metrics().inc(Series::FailedStarts);
     let now = st.ctx.now_secs();
     set_state(&mut st.data, RepState::Failed, Some(json!(reason)), now);
     st.data.insert("active_task_info".into(), Value::Null);

@@ -71,6 +71,7 @@ pub async fn start(
         let pool = ConnectionPool {
             budget: ENDPOINT_BUDGET,
             close_interval: s.connection_close_interval(),
+            metrics: ctx.metrics().clone(),
         };
         sup = sup
             .child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
