@@ -356,6 +356,7 @@ async fn run(
     let reading = reader.run(start_point.seq.clone(), tx, reader_stop_rx);
     tasks.spawn(
         async move {
+            tracing::debug!("changes reader started");
             let r = reading.await;
             if r.is_err() {
                 m.inc(Series::ChangesReadFailures);
@@ -371,6 +372,7 @@ async fn run(
         let working = worker(shared.clone(), rx.clone());
         tasks.spawn(
             async move {
+                tracing::debug!("worker started");
                 let r = working.await;
                 if r.is_err() {
                     m.inc(Series::WorkerDeaths);
@@ -441,6 +443,7 @@ async fn checkpoint(
 ) -> Result<()> {
     match cp.write(&s.through_seq, s).await {
         Ok(true) => {
+            tracing::debug!(seq = %s.through_seq, "checkpoint written");
             metrics.inc(Series::CheckpointsSuccess);
             base.checkpointed_source_seq = s.through_seq.clone();
         }
