@@ -1,7 +1,7 @@
 //! The HTTP API (axum), CouchDB-compatible: this module owns the [`Router`] and its shared
-//! [`AppState`]; each endpoint group has its own file. Every reply is JSON; errors are
-//! `{"error", "reason"}` ([`error::HttpError`]); callers are identified by HTTP Basic
-//! ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
+//! [`AppState`]; each endpoint group has its own file. Every reply is JSON (except the
+//! status page's HTML and the Prometheus text); errors are `{"error", "reason"}`
+//! ([`error::HttpError`]); callers are identified by HTTP Basic ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
 //! passes through [`mask`] so no password leaves the node.
 
 pub mod active_tasks;
@@ -12,6 +12,7 @@ pub mod mask;
 pub mod node_stats;
 pub mod replicate;
 pub mod scheduler;
+pub mod status_page;
 pub mod steps;
 
 use std::sync::Arc;
@@ -127,6 +128,10 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_node/{node}/_prometheus", get(node_stats::prometheus))
         .route("/_node/{node}/_stats", get(node_stats::stats))
         .route("/_node/{node}/_stats/{*path}", get(node_stats::stats_path))
+        .route("/_utils/replicator", get(status_page::page))
+        .route("/_utils/replicator/status.json", get(status_page::status))
+        .route("/_utils/replicator/app.js", get(status_page::app_js))
+        .route("/_utils/replicator/app.css", get(status_page::app_css))
         .with_state(state);
     if let Some(steps) = steps {
         app = app.merge(self::steps::router(self::steps::StepsHttp { steps, admin }));

@@ -152,6 +152,12 @@ impl Replicator {
         self.ctx.metrics()
     }
 
+    /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
+    pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
+        let clustering = super::clustering::Clustering::from_ctx(self.ctx.clone());
+        Ok(clustering.members().await?)
+    }
+
     /// The settings this node runs with.
     pub fn settings(&self) -> &ReplicatorSettings {
         self.ctx.settings()

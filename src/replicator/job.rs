@@ -604,6 +604,7 @@ async fn reschedule_on_error(st: &mut JobActorState, reason: &str) -> Result<(),
     push_history(&mut st.data, "crashed", now, Some(reason), max_history);
     push_history(&mut st.data, "pending", now, None, max_history);
     let stime = now + wait.as_secs_f64().ceil() as i64;
+    st.data.insert("retry_at".into(), json!(stime));
     tracing::warn!(job = %st.job.id, errors, backoff_s = stime - now, %reason, "job crashed");
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Crashed {

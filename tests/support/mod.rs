@@ -1,9 +1,11 @@
-//! Helpers shared by the integration tests: a real pouchdb-server per test ([`server`]), small
+//! Helpers shared by the integration tests: a real pouchdb-server per test ([`server`]), a
+//! headless Chromium over WebDriver ([`browser`]), small
 //! CouchDB client helpers to fill and compare databases ([`couch`]), and an in-process
 //! fault-injecting reverse proxy for faults a real server cannot produce on demand ([`proxy`]).
 //! Each test binary uses only part of this, hence the dead-code allowance.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod couch;
 pub mod couchdb;
 pub mod proxy;
