@@ -152,13 +152,12 @@ impl Follower {
         let mut seen = false;
         let metrics = self.rep.metrics().clone();
         loop {
-            if since == 0 {
-                metrics.inc(Series::DbScans);
-            }
             match self.poll(&since).await {
                 Ok(Some((rows, last_seq))) => {
                     if !seen {
+                        // Found (again): it is read from the start.
                         metrics.inc(Series::DocsDbsFound);
+                        metrics.inc(Series::DbScans);
                     }
                     seen = true;
                     metrics.couch.add(Series::DocsDbChanges, rows.len() as u64);

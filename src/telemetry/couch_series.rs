@@ -74,7 +74,7 @@ macro_rules! series {
 }
 
 series! {
-    /// Changes feeds of `_replicator` databases that died (their follower restarted).
+    /// Reading a `_replicator` database's changes failed (its follower retries shortly).
     ChangesManagerDeaths => ["changes_manager_deaths"], Counter, "number of failed replicator changes managers";
     /// No separate work queue process here: always 0.
     ChangesQueueDeaths => ["changes_queue_deaths"], Counter, "number of failed replicator changes work queues";
@@ -98,7 +98,8 @@ series! {
     ConnectionReleases => ["connection", "releases"], Counter, "number of times ownership of a connection is released";
     /// Connection failures seen by requests (refused, reset, timed out).
     ConnectionWorkerCrashes => ["connection", "worker_crashes"], Counter, "number of times a worker unexpectedly terminates";
-    /// The doc processor started reading a `_replicator` database's changes from the start.
+    /// The doc processor started reading a `_replicator` database from the start (when it
+    /// first found it, and again after it was deleted and re-created).
     DbScans => ["db_scans"], Counter, "number of times replicator db scans have been started";
     /// A `_replicator` document was updated to `completed`.
     DocsCompletedStateUpdates => ["docs", "completed_state_updates"], Counter, "number of 'completed' state document updates";
