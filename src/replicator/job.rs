@@ -38,6 +38,7 @@ use super::collision::{self, Claim};
 use super::connection_pool::{PoolMsg, endpoint_key};
 use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
+use super::job_observe;
 use super::rate_limiter::{RateLimiterMsg, SharedAimd};
 use super::rep_job::{self, REP_JOBS, RepState, parse_rep, push_history, set_state};
 use crate::telemetry::Series;
@@ -137,7 +138,7 @@ impl Server for JobActor {
         args: JobArgs,
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
-        let span = job_span(&args.ctx, &args.job.id, &args.data);
+        let span = job_observe::job_span(args.ctx.node(), &args.job.id, &args.data);
         Ok(JobActorState {
             span,
             ctx: args.ctx,
@@ -169,46 +170,22 @@ impl Server for JobActor {
     }
 }
 
-/// The job's span. Endpoints are shown as `_active_tasks` shows them (password masked);
-/// `rep_id` is recorded once computed.
-fn job_span(ctx: &NodeCtx, job_id: &str, data: &JobData) -> tracing::Span {
-    let (source, target) = match data.get("rep").map(parse_rep) {
-        Some(Ok(spec)) => (spec.source.to_string(), spec.target.to_string()),
-        _ => ("invalid".to_owned(), "invalid".to_owned()),
-    };
-    tracing::info_span!(
-        "replication_job",
-        job_id = %job_id,
-        rep_id = tracing::field::Empty,
-        source = %source,
-        target = %target,
-        node = %ctx.node(),
-    )
-}
-
 async fn handle_msg(
     myself: ActorRef<JobMsg>,
     msg: JobMsg,
     st: &mut JobActorState,
 ) -> Result<(), BoxError> {
-    let metrics = st.ctx.metrics().clone();
     match msg {
         JobMsg::Start => {
             let r = start(&myself, st).await;
-            if st.runner.is_some() {
-                metrics.inc(Series::JobsStarts);
-            } else if r.is_err() {
-                metrics.inc(Series::FailedStarts);
-            }
+            job_observe::count_start(st.ctx.metrics(), st.runner.is_some(), r.is_err());
             r
         }
         JobMsg::Tick => tick(&myself, st).await,
         JobMsg::Done(result) => match *result {
             Ok(stats) => complete(&myself, st, stats).await,
             Err(e) => {
-                if e.is_start_failure() {
-                    metrics.inc(Series::FailedStarts);
-                }
+                job_observe::count_run_error(st.ctx.metrics(), &e);
                 st.error_tag = Some(e.reason());
                 st.runner = None;
                 Err(e.to_string().into())
@@ -239,16 +216,10 @@ async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: 
     if st.done {
         return;
     }
-    let metrics = st.ctx.metrics().clone();
+    job_observe::count_end(st.ctx.metrics(), &reason);
     let outcome = match reason {
-        ExitReason::Error(text) => {
-            metrics.inc(Series::JobsCrashes);
-            reschedule_on_error(&mut st, &text).await
-        }
-        ExitReason::Normal | ExitReason::Shutdown => {
-            metrics.inc(Series::JobsStops);
-            stop_to_pending(&mut st).await
-        }
+        ExitReason::Error(text) => reschedule_on_error(&mut st, &text).await,
+        ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
     };
     match outcome {
         Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
