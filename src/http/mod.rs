@@ -65,6 +65,7 @@ struct Inner {
     replicator: Arc<Replicator>,
     config: HttpConfig,
     metrics: Option<PrometheusHandle>,
+    status_jobs: status_page::job_cache::JobCache,
 }
 
 impl AppState {
@@ -79,6 +80,7 @@ impl AppState {
                 replicator,
                 config,
                 metrics,
+                status_jobs: Default::default(),
             }),
         }
     }
@@ -91,6 +93,11 @@ impl AppState {
     /// The API settings.
     pub fn config(&self) -> &HttpConfig {
         &self.inner.config
+    }
+
+    /// The job listing the status page's viewers share.
+    pub fn status_jobs(&self) -> &status_page::job_cache::JobCache {
+        &self.inner.status_jobs
     }
 
     /// The Prometheus recorder, if one is installed.

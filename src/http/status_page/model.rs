@@ -219,7 +219,7 @@ pub async fn status(st: &AppState, q: &PageQuery) -> HttpResult<Status> {
     let text = q.q.as_deref().unwrap_or("").trim();
     let skip = q.skip.unwrap_or(0);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-    let jobs = rep.list().await?;
+    let jobs = st.status_jobs().jobs(rep).await?;
     let now_ms = rep.jobs().clock().now_ms();
     let now_s = now_ms / 1000;
     let matching: Vec<&JobView> = jobs.iter().filter(|j| matches(j, state, text)).collect();
