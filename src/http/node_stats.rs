@@ -17,13 +17,11 @@ use serde_json::Value;
 use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
+use super::status_page::model::queues;
 use crate::replicator::{JobView, RepState};
 use crate::telemetry::job_gauges::{self, JobSample};
 use crate::telemetry::stats_json::{StatNode, stats_tree};
 use crate::telemetry::{Exposition, Series};
-
-/// Counted at most this many pending jobs per type (the count scans the pending index).
-const QUEUE_COUNT_LIMIT: usize = 1_000_000;
 
 /// The numbers of a job's `info` the aggregates use.
 #[derive(Debug, Default, Deserialize)]
@@ -97,29 +95,15 @@ async fn refresh(st: &AppState) -> Vec<JobSample> {
 
 /// couch_jobs queue depth per job type: all pending jobs, and those due now.
 async fn render_queues(st: &AppState, e: &mut Exposition) {
-    let jobs = st.replicator().jobs();
-    let Ok(types) = jobs.get_types().await else {
-        return;
-    };
-    let now = jobs.clock().now_secs();
-    let mut depth = Vec::new();
-    for ty in &types {
-        let all = jobs.pending_count(ty, None, Some(QUEUE_COUNT_LIMIT)).await;
-        let due = jobs
-            .pending_count(ty, Some(now), Some(QUEUE_COUNT_LIMIT))
-            .await;
-        if let (Ok(all), Ok(due)) = (all, due) {
-            depth.push((ty.as_str(), all, due));
-        }
-    }
+    let depth = queues(st).await;
     let name = "couch_jobs_pending";
     e.family(
         name,
         "gauge",
         "couch_jobs pending jobs per type (including backed-off ones)",
     );
-    for (ty, all, _) in &depth {
-        e.sample(name, &[("type", ty)], *all as f64);
+    for q in &depth {
+        e.sample(name, &[("type", &q.job_type)], q.pending as f64);
     }
     let name = "couch_jobs_pending_due";
     e.family(
@@ -127,8 +111,8 @@ async fn render_queues(st: &AppState, e: &mut Exposition) {
         "gauge",
         "couch_jobs pending jobs per type whose scheduled time has come",
     );
-    for (ty, _, due) in &depth {
-        e.sample(name, &[("type", ty)], *due as f64);
+    for q in &depth {
+        e.sample(name, &[("type", &q.job_type)], q.due as f64);
     }
 }
 

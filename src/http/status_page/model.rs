@@ -191,7 +191,11 @@ fn counts(jobs: &[JobView]) -> Counts {
     }
 }
 
-async fn queues(st: &AppState) -> Vec<Queue> {
+/// Counted at most this many pending jobs per type (the count scans the pending index).
+const QUEUE_COUNT_LIMIT: usize = 1_000_000;
+
+/// couch_jobs' queue depth of every job type.
+pub async fn queues(st: &AppState) -> Vec<Queue> {
     let jobs = st.replicator().jobs();
     let Ok(types) = jobs.get_types().await else {
         return Vec::new();
@@ -199,8 +203,10 @@ async fn queues(st: &AppState) -> Vec<Queue> {
     let now = jobs.clock().now_secs();
     let mut out = Vec::new();
     for ty in types {
-        let all = jobs.pending_count(&ty, None, Some(100_000)).await;
-        let due = jobs.pending_count(&ty, Some(now), Some(100_000)).await;
+        let all = jobs.pending_count(&ty, None, Some(QUEUE_COUNT_LIMIT)).await;
+        let due = jobs
+            .pending_count(&ty, Some(now), Some(QUEUE_COUNT_LIMIT))
+            .await;
         if let (Ok(pending), Ok(due)) = (all, due) {
             out.push(Queue {
                 job_type: ty,
