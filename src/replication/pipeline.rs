@@ -14,6 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use super::changes::{Batch, ChangesReader};
 use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
@@ -27,6 +28,7 @@ use super::rep_id::{RepId, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::{Counters, ReplicationStats, unix_now};
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
+use crate::telemetry::{NodeMetrics, Series};
 
 /// How often the stats snapshot is refreshed.
 const STATS_PERIOD: Duration = Duration::from_millis(250);
@@ -40,6 +42,8 @@ pub struct Context {
     pub server_uuid: String,
     /// The 429 hook.
     pub limiter: Arc<dyn RateLimiter>,
+    /// The host's metrics (requests, checkpoints, workers, documents).
+    pub metrics: Arc<NodeMetrics>,
 }
 
 impl Default for Context {
@@ -47,6 +51,7 @@ impl Default for Context {
         Self {
             server_uuid: "couch-replicator-standalone".into(),
             limiter: Arc::new(Aimd::new()),
+            metrics: Arc::default(),
         }
     }
 }
@@ -81,6 +86,7 @@ struct Shared {
     tgt: Arc<HttpClient>,
     spec: ReplicationSpec,
     counters: Arc<Counters>,
+    metrics: Arc<NodeMetrics>,
     tracker: Mutex<Tracker>,
     skipper: Mutex<DiffSkipper>,
     bulk_get: Mutex<BulkGetGate>,
@@ -137,7 +143,8 @@ impl Drop for ReplicationHandle {
 pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (stats_tx, stats_rx) = watch::channel(ReplicationStats::default());
-    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx));
+    // The caller's span (a job's) follows the replication into every task it spawns.
+    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx).in_current_span());
     ReplicationHandle {
         stop: stop_tx,
         stats: stats_rx,
@@ -159,6 +166,7 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         http_connections: conns,
         proxy: proxy.clone(),
         tcp_nodelay: o.tcp_nodelay,
+        metrics: ctx.metrics.clone(),
     };
     // The changes feed holds one source connection: never fewer than 2 (D.2).
     let src = HttpClient::new(
@@ -312,6 +320,7 @@ async fn run(
         tgt: tgt.clone(),
         spec: spec.clone(),
         counters: counters.clone(),
+        metrics: ctx.metrics.clone(),
         tracker: Mutex::new(Tracker {
             pending: BTreeMap::new(),
             through: start_point.seq.clone(),
@@ -343,9 +352,35 @@ async fn run(
     });
     let reader = ChangesReader::new(src.clone(), o.clone(), counters.clone(), on_batch);
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
-    tasks.spawn(reader.run(start_point.seq.clone(), tx, reader_stop_rx));
+    let m = ctx.metrics.clone();
+    let reading = reader.run(start_point.seq.clone(), tx, reader_stop_rx);
+    tasks.spawn(
+        async move {
+            tracing::debug!("changes reader started");
+            let r = reading.await;
+            if r.is_err() {
+                m.inc(Series::ChangesReadFailures);
+                m.inc(Series::ChangesReaderDeaths);
+            }
+            r
+        }
+        .in_current_span(),
+    );
     for _ in 0..o.worker_processes {
-        tasks.spawn(worker(shared.clone(), rx.clone()));
+        ctx.metrics.inc(Series::WorkersStarted);
+        let m = ctx.metrics.clone();
+        let working = worker(shared.clone(), rx.clone());
+        tasks.spawn(
+            async move {
+                tracing::debug!("worker started");
+                let r = working.await;
+                if r.is_err() {
+                    m.inc(Series::WorkerDeaths);
+                }
+                r
+            }
+            .in_current_span(),
+        );
     }
 
     let mut ckpt_timer = tokio::time::interval(o.checkpoint_interval);
@@ -357,7 +392,7 @@ async fn run(
             _ = ckpt_timer.tick() => {
                 let s = snapshot(&mut base, &shared);
                 if let Some(cp) = checkpointer.as_mut() {
-                    checkpoint(cp, &mut base, &s).await?;
+                    checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
                 }
             }
             _ = stats_timer.tick() => {
@@ -392,7 +427,7 @@ async fn run(
     }
     let s = snapshot(&mut base, &shared);
     if let Some(cp) = checkpointer.as_mut() {
-        checkpoint(cp, &mut base, &s).await?;
+        checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
     }
     let s = snapshot(&mut base, &shared);
     stats_tx.send_replace(s.clone());
@@ -404,9 +439,19 @@ async fn checkpoint(
     cp: &mut Checkpointer,
     base: &mut ReplicationStats,
     s: &ReplicationStats,
+    metrics: &NodeMetrics,
 ) -> Result<()> {
-    if cp.write(&s.through_seq, s).await? {
-        base.checkpointed_source_seq = s.through_seq.clone();
+    match cp.write(&s.through_seq, s).await {
+        Ok(true) => {
+            tracing::debug!(seq = %s.through_seq, "checkpoint written");
+            metrics.inc(Series::CheckpointsSuccess);
+            base.checkpointed_source_seq = s.through_seq.clone();
+        }
+        Ok(false) => {}
+        Err(e) => {
+            metrics.inc(Series::CheckpointsFailure);
+            return Err(e);
+        }
     }
     Ok(())
 }
@@ -427,6 +472,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     let c = &sh.counters;
     let checked: u64 = batch.changes.iter().map(|ch| ch.revs.len() as u64).sum();
     Counters::add(&c.revisions_checked, checked);
+    NodeMetrics::add(&sh.metrics.revisions_checked, checked);
     let call = lock(&sh.skipper).should_call();
     let missing = if call {
         let m = revs_diff(&sh.tgt, &batch.changes).await?;
@@ -448,6 +494,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
         })
         .collect();
     Counters::add(&c.missing_revisions_found, wanted.len() as u64);
+    NodeMetrics::add(&sh.metrics.missing_revisions_found, wanted.len() as u64);
     if wanted.is_empty() {
         return Ok(());
     }
@@ -538,6 +585,8 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     result += write_docs(&sh.tgt, &docs).await?;
     Counters::add(&c.docs_written, result.written);
     Counters::add(&c.doc_write_failures, result.failures);
+    NodeMetrics::add(&sh.metrics.docs_written, result.written);
+    NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! Job operations go straight to couch_jobs, so they work on any node of a cluster sharing one
 //! store, whichever node runs the job.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -24,6 +25,7 @@ use super::rep_job::{
     transient_job_id,
 };
 use super::settings::ReplicatorSettings;
+use crate::telemetry::Series;
 
 /// How long [`Replicator::wait`] pauses before subscribing again when a subscription ended
 /// early (its notifier restarted).
@@ -228,6 +230,17 @@ impl Replicator {
         self.ctx.node()
     }
 
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
+        self.ctx.metrics()
+    }
+
+    /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
+    pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
+        let clustering = super::clustering::Clustering::from_ctx(self.ctx.clone());
+        Ok(clustering.members().await?)
+    }
+
     /// The settings this node runs with.
     pub fn settings(&self) -> &ReplicatorSettings {
         self.ctx.settings()
@@ -263,7 +276,7 @@ impl Replicator {
         let now = self.ctx.now_secs();
         let data = new_job_data(&job.kind, &job.rep, &spec, now);
         let ctx = &self.ctx;
-        let view = jobs
+        let (view, duplicate) = jobs
             .db()
             .run(|tx| {
                 let data = data.clone();
@@ -273,7 +286,7 @@ impl Replicator {
                         Ok(old) => {
                             let active = !rep_job::state_of(&old).is_terminal();
                             if active && old.get("rep") == data.get("rep") {
-                                return Ok(JobView::from_data(&job_id, &old));
+                                return Ok((JobView::from_data(&job_id, &old), true));
                             }
                             if let Some(rep_id) = rep_job::str_field(&old, "rep_id") {
                                 collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
@@ -285,10 +298,15 @@ impl Replicator {
                     }
                     jobs.add_tx(&tx, REP_JOBS, &job_id, data.clone(), now)
                         .await?;
-                    Ok(JobView::from_data(&job_id, &data))
+                    Ok((JobView::from_data(&job_id, &data), false))
                 }
             })
             .await?;
+        self.metrics().inc(if duplicate {
+            Series::JobsDuplicateAdds
+        } else {
+            Series::JobsAdds
+        });
         Ok(view)
     }
 
@@ -313,6 +331,7 @@ impl Replicator {
             })
             .await
             .map_err(|e| not_found(e, id))?;
+        self.metrics().inc(Series::JobsRemoves);
         self.ctx
             .publish(super::event_bus::ReplicatorEvent::Stopped {
                 job_id: view.job_id.clone(),

@@ -269,6 +269,8 @@ pub struct JobView {
     pub active_task: Option<Value>,
     /// Checkpoint history of a completed one-shot job (what `POST /_replicate` returns).
     pub checkpoint_history: Value,
+    /// UNIX seconds a crashed job becomes eligible again (end of its backoff).
+    pub retry_at: Option<i64>,
 }
 
 impl JobView {
@@ -318,6 +320,7 @@ impl JobView {
                 .get("checkpoint_history")
                 .cloned()
                 .unwrap_or_else(|| json!([])),
+            retry_at: d.get("retry_at").and_then(Value::as_i64),
         }
     }
 
