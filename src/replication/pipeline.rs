@@ -192,7 +192,8 @@ async fn filter_code(src: &HttpClient, name: &str) -> Result<String> {
     doc.get("filters")
         .and_then(|f| f.get(fname))
         .and_then(Value::as_str)
-        .map(|s| s.trim().to_owned())
+        // Untrimmed: the id code trims it the way CouchDB does.
+        .map(str::to_owned)
         .ok_or_else(|| {
             ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`"))
         })
