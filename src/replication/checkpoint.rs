@@ -1,7 +1,9 @@
 //! Checkpoints (digest D.2 step 3-5, D.3): reading `_local/<rep id>` on both sides to find the
 //! start sequence (same session on both, else the newest common session in the histories,
-//! else from scratch), and writing them with the session history (newest first, at most 50
-//! entries). The sequence written is always a through-sequence the pipeline guarantees.
+//! else from scratch), looking under the older id versions too and moving what is found there
+//! to the current id as CouchDB does, and writing them with the session history (newest
+//! first, at most 50 entries). The sequence written is always a through-sequence the pipeline
+//! guarantees. Documents are CouchDB's, so either replicator resumes from the other's.
 
 use std::sync::Arc;
 
@@ -59,12 +61,6 @@ async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
     }
 }
 
-fn session_ids(h: &[Value]) -> Vec<&str> {
-    h.iter()
-        .filter_map(|e| e.get("session_id").and_then(Value::as_str))
-        .collect()
-}
-
 fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
     let e = entry?;
     let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -80,83 +76,91 @@ fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
     })
 }
 
-/// D.2 step 4: the start sequence and history from the two checkpoint documents.
+/// D.2 step 4, as CouchDB's `compare_replication_logs`: the same session id on both sides
+/// (or neither document) resumes from the source's `source_last_seq` with its whole history;
+/// otherwise the histories are searched for a common session, whose `recorded_seq` is the
+/// start and whose older entries are kept. Cumulative stats continue from the first entry kept.
 pub fn compare_logs(src: Option<&Value>, tgt: Option<&Value>) -> (StartPoint, Vec<Value>) {
-    let zero = (
-        StartPoint {
-            seq: json!(0),
-            seed: None,
-        },
-        Vec::new(),
-    );
-    let (Some(s), Some(t)) = (src, tgt) else {
-        return zero;
-    };
-    let hist = |d: &Value| {
-        d.get("history")
+    let sid = |d: Option<&Value>| d.and_then(|d| d.get("session_id")).cloned();
+    let hist = |d: Option<&Value>| {
+        d.and_then(|d| d.get("history"))
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default()
     };
-    let (sh, th) = (hist(s), hist(t));
-    let sid = |d: &Value| {
-        d.get("session_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
+    let (seq, history) = if sid(src) == sid(tgt) {
+        let seq = src
+            .and_then(|s| s.get("source_last_seq"))
+            .cloned()
+            .unwrap_or(json!(0));
+        (seq, hist(src))
+    } else {
+        compare_rep_history(&hist(src), &hist(tgt))
     };
-    if sid(s).is_some() && sid(s) == sid(t) {
-        let seq = s.get("source_last_seq").cloned().unwrap_or(json!(0));
-        return (
-            StartPoint {
-                seq,
-                seed: seed_from(sh.first()),
-            },
-            sh,
-        );
+    let seed = seed_from(history.first());
+    (StartPoint { seq, seed }, history)
+}
+
+fn has_session_id(id: Option<&Value>, entries: &[Value]) -> bool {
+    id.is_some() && entries.iter().any(|e| e.get("session_id") == id)
+}
+
+fn recorded_seq(e: &Value) -> Value {
+    e.get("recorded_seq").cloned().unwrap_or(json!(0))
+}
+
+fn compare_rep_history(s: &[Value], t: &[Value]) -> (Value, Vec<Value>) {
+    let (Some((s0, s_rest)), Some((t0, t_rest))) = (s.split_first(), t.split_first()) else {
+        return (json!(0), Vec::new());
+    };
+    if has_session_id(s0.get("session_id"), t) {
+        return (recorded_seq(s0), s_rest.to_vec());
     }
-    let (s_ids, t_ids) = (session_ids(&sh), session_ids(&th));
-    for i in 0..sh.len().max(th.len()) {
-        if let Some(e) = sh.get(i)
-            && e.get("session_id")
-                .and_then(Value::as_str)
-                .is_some_and(|x| t_ids.contains(&x))
-        {
-            let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
-            return (
-                StartPoint {
-                    seq,
-                    seed: seed_from(Some(e)),
-                },
-                sh[i..].to_vec(),
-            );
-        }
-        if let Some(e) = th.get(i)
-            && e.get("session_id")
-                .and_then(Value::as_str)
-                .is_some_and(|x| s_ids.contains(&x))
-        {
-            let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
-            return (
-                StartPoint {
-                    seq,
-                    seed: seed_from(Some(e)),
-                },
-                th[i..].to_vec(),
-            );
-        }
+    if has_session_id(t0.get("session_id"), s_rest) {
+        return (recorded_seq(t0), t_rest.to_vec());
     }
-    zero
+    compare_rep_history(s_rest, t_rest)
+}
+
+/// Reads the checkpoint of one side under the first of `ids` (newest id version first) that
+/// has one. One found under an older id is copied to `ids[0]`, as CouchDB migrates it; the
+/// returned document then carries the revision of that copy.
+async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value>> {
+    let Some(current) = ids.first() else {
+        return Ok(None);
+    };
+    for (i, id) in ids.iter().enumerate() {
+        let Some(mut doc) = read_local(c, &format!("_local/{id}")).await? else {
+            continue;
+        };
+        if i == 0 {
+            return Ok(Some(doc));
+        }
+        if let Some(m) = doc.as_object_mut() {
+            m.remove("_id");
+            m.remove("_rev");
+        }
+        let path = format!("_local/{current}");
+        let rev = put_local(c, &path, &doc, None).await?;
+        tracing::info!(db = %c.endpoint(), from = %id, to = %current, "migrated replication checkpoint");
+        if let (Some(m), Some(r)) = (doc.as_object_mut(), rev) {
+            m.insert("_rev".into(), Value::String(r));
+        }
+        return Ok(Some(doc));
+    }
+    Ok(None)
 }
 
 impl Checkpointer {
-    /// Reads both checkpoint documents and decides the start point.
+    /// Reads both checkpoint documents and decides the start point. `ids` are the base ids
+    /// of every id version, the current one first (see [`super::rep_id::checkpoint_ids`]).
     pub async fn load(
         src: Arc<HttpClient>,
         tgt: Arc<HttpClient>,
-        base_id: &str,
+        ids: &[String],
     ) -> Result<(Self, StartPoint)> {
-        let path = format!("_local/{base_id}");
-        let (s, t) = tokio::try_join!(read_local(&src, &path), read_local(&tgt, &path))?;
+        let path = format!("_local/{}", ids.first().map_or("", String::as_str));
+        let (s, t) = tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?;
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
         let rev = |d: &Option<Value>| {
             d.as_ref()
@@ -326,5 +330,31 @@ mod tests {
         let t2 = json!({"session_id": "x", "history": [{"session_id": "y", "recorded_seq": 5}]});
         assert_eq!(compare_logs(Some(&s), Some(&t2)).0.seq, json!(0));
         assert_eq!(compare_logs(Some(&s), None).0.seq, json!(0));
+        assert_eq!(compare_logs(None, None).0.seq, json!(0));
+    }
+
+    #[test]
+    fn a_common_session_keeps_only_the_older_entries_as_couchdb_does() {
+        let s = json!({"session_id": "c", "history": [
+            {"session_id": "c", "recorded_seq": 30, "docs_read": 3},
+            {"session_id": "b", "recorded_seq": 20, "docs_read": 2},
+            {"session_id": "a", "recorded_seq": 10, "docs_read": 1}]});
+        let t = json!({"session_id": "d", "history": [{"session_id": "b", "recorded_seq": 20}]});
+        let (sp, h) = compare_logs(Some(&s), Some(&t));
+        // Target's first entry `b` is found in the source's entries after its first one.
+        assert_eq!(sp.seq, json!(20));
+        assert!(h.is_empty(), "the target's entries after `b`: none");
+        let (sp, h) = compare_logs(Some(&t), Some(&s));
+        assert_eq!(sp.seq, json!(20));
+        assert_eq!(h.len(), 0);
+        let t2 = json!({"session_id": "e", "history": [{"session_id": "e"}, {"session_id": "b"}]});
+        let (sp, h) = compare_logs(Some(&s), Some(&t2));
+        assert_eq!(sp.seq, json!(20));
+        assert_eq!(h.len(), 1);
+        assert_eq!(
+            sp.seed.unwrap().docs_read,
+            1,
+            "stats continue from the first entry kept"
+        );
     }
 }

@@ -23,7 +23,7 @@ use super::error::{ReplicationError, Result};
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
 use super::options::{Filter, ReplicationSpec};
 use super::rate_limit::{Aimd, RateLimiter};
-use super::rep_id::{RepId, replication_id};
+use super::rep_id::{RepId, checkpoint_ids, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::{Counters, ReplicationStats, unix_now};
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
@@ -206,11 +206,23 @@ pub async fn compute_id(spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> 
 }
 
 async fn compute_id_with(src: &HttpClient, spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
+    Ok(compute_ids_with(src, spec, ctx).await?.0)
+}
+
+/// The id and the base ids of every id version (where checkpoints may be found).
+async fn compute_ids_with(
+    src: &HttpClient,
+    spec: &ReplicationSpec,
+    ctx: &Context,
+) -> Result<(RepId, Vec<String>)> {
     let code = match &spec.options.filter {
         Filter::Named { name, .. } if !name.starts_with('_') => Some(filter_code(src, name).await?),
         _ => None,
     };
-    Ok(replication_id(&ctx.server_uuid, spec, code.as_deref()))
+    Ok((
+        replication_id(&ctx.server_uuid, spec, code.as_deref()),
+        checkpoint_ids(&ctx.server_uuid, spec, code.as_deref()),
+    ))
 }
 
 /// `GET db` (D.2 step 2): returns the db info or the error class.
@@ -269,14 +281,14 @@ async fn run(
         create_target(&tgt, &spec).await?;
     }
     let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
-    let rep_id = compute_id_with(&src, &spec, &ctx).await?;
+    let (rep_id, checkpoint_ids) = compute_ids_with(&src, &spec, &ctx).await?;
     let mut checkpointer = None;
     let mut start_point = StartPoint {
         seq: json!(0),
         seed: None,
     };
     if o.use_checkpoints {
-        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &checkpoint_ids).await?;
         cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
         checkpointer = Some(cp);
         start_point = sp;

@@ -176,21 +176,28 @@ pub fn base_id(
     spec: &ReplicationSpec,
     filter_code: Option<&str>,
 ) -> String {
+    base_id_on_host(version, server_uuid, &local_hostname(), spec, filter_code)
+}
+
+/// [`base_id`] as computed on a machine named `host` (versions 1 and 2 contain it).
+pub fn base_id_on_host(
+    version: u32,
+    server_uuid: &str,
+    host: &str,
+    spec: &ReplicationSpec,
+    filter_code: Option<&str>,
+) -> String {
     let (src, tgt) = (&spec.source, &spec.target);
     let mut parts = match version {
         4 => vec![bin(server_uuid), v4_endpoint(src), v4_endpoint(tgt)],
         3 => vec![bin(server_uuid), old_endpoint(src), old_endpoint(tgt)],
         2 => vec![
-            string(&local_hostname()),
+            string(host),
             Term::Int(V2_HTTPD_PORT),
             old_endpoint(src),
             old_endpoint(tgt),
         ],
-        _ => vec![
-            string(&local_hostname()),
-            old_endpoint(src),
-            old_endpoint(tgt),
-        ],
+        _ => vec![string(host), old_endpoint(src), old_endpoint(tgt)],
     };
     parts.extend(filter_terms(spec, filter_code));
     hex::encode(Md5::digest(term_to_binary(&Term::List(parts))))
