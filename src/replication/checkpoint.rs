@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::client::{HttpClient, Req};
 use super::error::{ReplicationError, Result};
+use super::rep_id::REP_ID_VERSION;
 use super::stats::ReplicationStats;
 
 /// Maximum history entries kept in a checkpoint document.
@@ -37,6 +38,11 @@ pub struct Checkpointer {
     start_time: String,
     start_seq: Value,
     history: Vec<Value>,
+    /// What a one-shot `_replicate` answers (see [`Checkpointer::record`]).
+    record: Value,
+    /// `doc_ids` replications repeat some stats at the top of the document (CouchDB 1.0's
+    /// format, still written by CouchDB 3).
+    doc_ids: bool,
     last_written: Option<Value>,
     /// `instance_start_time` of source and target as seen when the replication opened them.
     instance_start: (Option<String>, Option<String>),
@@ -162,6 +168,14 @@ impl Checkpointer {
         let path = format!("_local/{}", ids.first().map_or("", String::as_str));
         let (s, t) = tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?;
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
+        // Until a checkpoint is written: the source's document, marked as no change.
+        let mut record = serde_json::Map::new();
+        record.insert("no_changes".into(), Value::Bool(true));
+        for (k, v) in s.iter().flat_map(|d| d.as_object()).flatten() {
+            if !k.starts_with('_') {
+                record.insert(k.clone(), v.clone());
+            }
+        }
         let rev = |d: &Option<Value>| {
             d.as_ref()
                 .and_then(|d| d.get("_rev"))
@@ -178,6 +192,8 @@ impl Checkpointer {
             start_time: httpdate::fmt_http_date(std::time::SystemTime::now()),
             start_seq: start.seq.clone(),
             history,
+            record: Value::Object(record),
+            doc_ids: false,
             last_written: None,
             instance_start: (None, None),
         };
@@ -215,6 +231,17 @@ impl Checkpointer {
         }
     }
 
+    /// Marks a `doc_ids` replication (its documents carry a few more fields).
+    pub fn set_doc_ids(&mut self, doc_ids: bool) {
+        self.doc_ids = doc_ids;
+    }
+
+    /// CouchDB's answer to a one-shot `_replicate`, without `ok`: the checkpoint document
+    /// last written, or, when this run wrote none, the source's one with `no_changes: true`.
+    pub fn record(&self) -> &Value {
+        &self.record
+    }
+
     /// This run's session id.
     pub fn session_id(&self) -> &str {
         &self.session_id
@@ -247,7 +274,7 @@ impl Checkpointer {
             "start_time": self.start_time,
             "end_time": httpdate::fmt_http_date(std::time::SystemTime::now()),
             "start_last_seq": self.start_seq,
-            "end_last_seq": stats.source_seq,
+            "end_last_seq": through,
             "recorded_seq": through,
             "missing_checked": stats.revisions_checked,
             "missing_found": stats.missing_revisions_found,
@@ -260,15 +287,29 @@ impl Checkpointer {
         let mut history = Vec::with_capacity(MAX_HISTORY);
         history.push(entry);
         history.extend(self.history.iter().take(MAX_HISTORY - 1).cloned());
-        let body = json!({
+        let mut body = json!({
             "session_id": self.session_id,
             "source_last_seq": through,
-            "replication_id_version": 4,
-            "history": history,
+            "replication_id_version": REP_ID_VERSION,
         });
+        if self.doc_ids
+            && let Some(m) = body.as_object_mut()
+        {
+            for k in [
+                "start_time",
+                "end_time",
+                "docs_read",
+                "docs_written",
+                "doc_write_failures",
+            ] {
+                m.insert(k.into(), history[0][k].clone());
+            }
+        }
+        body["history"] = Value::Array(history);
         self.src_rev = put_local(&self.src, &self.path, &body, self.src_rev.take()).await?;
         self.tgt_rev = put_local(&self.tgt, &self.path, &body, self.tgt_rev.take()).await?;
         self.last_written = Some(through.clone());
+        self.record = body;
         Ok(true)
     }
 }

@@ -290,6 +290,7 @@ async fn run(
     if o.use_checkpoints {
         let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &checkpoint_ids).await?;
         cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
+        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
         checkpointer = Some(cp);
         start_point = sp;
     }
@@ -407,6 +408,10 @@ async fn run(
     if let Some(cp) = checkpointer.as_mut() {
         checkpoint(cp, &mut base, &s).await?;
     }
+    base.checkpoint_record = Some(checkpointer.as_ref().map_or_else(
+        || json!({"use_checkpoints": false}),
+        |cp| cp.record().clone(),
+    ));
     let s = snapshot(&mut base, &shared);
     stats_tx.send_replace(s.clone());
     tracing::info!(rep_id = %rep_id, docs_written = s.docs_written, "replication finished");
