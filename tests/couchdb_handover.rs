@@ -17,6 +17,19 @@ use support::{deadline, wait_for};
 
 const UUID: &str = "5a1c0ffee5a1c0ffee5a1c0ffee5a1c0";
 
+/// A fresh CouchDB creates its cookie secret at the first `_session` login; two first logins
+/// at once (our source and target clients) can race and get a cookie it then rejects. One
+/// login first, as any CouchDB in service has long had its secret.
+async fn warm_up_sessions(peer: &CouchPeer) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/_session", peer.url()))
+        .json(&json!({"name": "admin", "password": "admin"}))
+        .send()
+        .await
+        .expect("POST _session");
+    assert!(r.status().is_success(), "_session: {}", r.status());
+}
+
 struct Node {
     peer: CouchPeer,
     c: Couch,
@@ -24,9 +37,10 @@ struct Node {
 }
 
 impl Node {
-    fn start(test: &str) -> Option<Self> {
+    async fn start(test: &str) -> Option<Self> {
         let peer = CouchPeer::start(test, Some(UUID))?;
         let c = Couch::new(&peer.admin_url());
+        warm_up_sessions(&peer).await;
         Some(Self {
             peer,
             c,
@@ -143,7 +157,7 @@ async fn setup(node: &Node, docs: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ours_resumes_from_couchdb_and_couchdb_from_ours() {
-    let Some(node) = Node::start("couchdb_handover_plain") else {
+    let Some(node) = Node::start("couchdb_handover_plain").await else {
         return;
     };
     setup(&node, 20).await;
@@ -202,7 +216,7 @@ async fn ours_resumes_from_couchdb_and_couchdb_from_ours() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filtered_replications_hand_over_both_ways() {
-    let Some(node) = Node::start("couchdb_handover_filtered") else {
+    let Some(node) = Node::start("couchdb_handover_filtered").await else {
         return;
     };
     node.c.create_db("src").await;
@@ -239,7 +253,7 @@ async fn filtered_replications_hand_over_both_ways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuous_replications_hand_over_both_ways() {
-    let Some(node) = Node::start("couchdb_handover_continuous") else {
+    let Some(node) = Node::start("couchdb_handover_continuous").await else {
         return;
     };
     setup(&node, 15).await;
@@ -287,7 +301,7 @@ async fn continuous_replications_hand_over_both_ways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_under_older_id_versions_are_found_and_migrated_by_both() {
-    let Some(node) = Node::start("couchdb_handover_versions") else {
+    let Some(node) = Node::start("couchdb_handover_versions").await else {
         return;
     };
     setup(&node, 10).await;
