@@ -294,11 +294,9 @@ async fn run(
         checkpointer = Some(cp);
         start_point = sp;
     }
+    // `since_seq` overrides the checkpoint's sequence; its history and counters are kept (3.4).
     if let Some(since) = &o.since_seq {
-        start_point = StartPoint {
-            seq: since.clone(),
-            seed: None,
-        };
+        start_point.seq = since.clone();
         if let Some(cp) = checkpointer.as_mut() {
             cp.set_start_seq(since.clone());
         }
