@@ -24,7 +24,7 @@ use super::error::{ReplicationError, Result};
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
 use super::options::{Filter, ReplicationSpec};
 use super::rate_limit::{Aimd, RateLimiter};
-use super::rep_id::{RepId, replication_id};
+use super::rep_id::{RepId, checkpoint_ids, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::{Counters, ReplicationStats, unix_now};
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
@@ -200,7 +200,8 @@ async fn filter_code(src: &HttpClient, name: &str) -> Result<String> {
     doc.get("filters")
         .and_then(|f| f.get(fname))
         .and_then(Value::as_str)
-        .map(|s| s.trim().to_owned())
+        // Untrimmed: the id code trims it the way CouchDB does.
+        .map(str::to_owned)
         .ok_or_else(|| {
             ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`"))
         })
@@ -213,11 +214,23 @@ pub async fn compute_id(spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> 
 }
 
 async fn compute_id_with(src: &HttpClient, spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
+    Ok(compute_ids_with(src, spec, ctx).await?.0)
+}
+
+/// The id and the base ids of every id version (where checkpoints may be found).
+async fn compute_ids_with(
+    src: &HttpClient,
+    spec: &ReplicationSpec,
+    ctx: &Context,
+) -> Result<(RepId, Vec<String>)> {
     let code = match &spec.options.filter {
         Filter::Named { name, .. } if !name.starts_with('_') => Some(filter_code(src, name).await?),
         _ => None,
     };
-    Ok(replication_id(&ctx.server_uuid, spec, code.as_deref()))
+    Ok((
+        replication_id(&ctx.server_uuid, spec, code.as_deref()),
+        checkpoint_ids(&ctx.server_uuid, spec, code.as_deref()),
+    ))
 }
 
 /// `GET db` (D.2 step 2): returns the db info or the error class.
@@ -276,23 +289,22 @@ async fn run(
         create_target(&tgt, &spec).await?;
     }
     let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
-    let rep_id = compute_id_with(&src, &spec, &ctx).await?;
+    let (rep_id, checkpoint_ids) = compute_ids_with(&src, &spec, &ctx).await?;
     let mut checkpointer = None;
     let mut start_point = StartPoint {
         seq: json!(0),
         seed: None,
     };
     if o.use_checkpoints {
-        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &checkpoint_ids).await?;
         cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
+        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
         checkpointer = Some(cp);
         start_point = sp;
     }
+    // `since_seq` overrides the checkpoint's sequence; its history and counters are kept (3.4).
     if let Some(since) = &o.since_seq {
-        start_point = StartPoint {
-            seq: since.clone(),
-            seed: None,
-        };
+        start_point.seq = since.clone();
         if let Some(cp) = checkpointer.as_mut() {
             cp.set_start_seq(since.clone());
         }
@@ -429,6 +441,10 @@ async fn run(
     if let Some(cp) = checkpointer.as_mut() {
         checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
     }
+    base.checkpoint_record = Some(checkpointer.as_ref().map_or_else(
+        || json!({"use_checkpoints": false}),
+        |cp| cp.record().clone(),
+    ));
     let s = snapshot(&mut base, &shared);
     stats_tx.send_replace(s.clone());
     tracing::info!(rep_id = %rep_id, docs_written = s.docs_written, "replication finished");

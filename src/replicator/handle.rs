@@ -246,6 +246,16 @@ impl Replicator {
         self.ctx.settings()
     }
 
+    /// This node's server uuid (part of the replication ids it computes).
+    pub fn server_uuid(&self) -> &str {
+        self.ctx.server_uuid()
+    }
+
+    /// The job that owns replication id `rep_id` (full id), if any.
+    pub async fn rep_id_owner(&self, rep_id: &str) -> ReplicatorResult<Option<String>> {
+        Ok(collision::owner(&self.ctx, rep_id).await?)
+    }
+
     /// The couch_jobs handle (for hosts and tests that look deeper).
     pub fn jobs(&self) -> &Jobs {
         self.ctx.jobs()
@@ -311,7 +321,7 @@ impl Replicator {
     }
 
     /// Removes a job by job id or replication id; a running job's actor loses its lock and
-    /// stops at its next update. [`ReplicatorError::NotFound`] if there is no such job.
+    /// stops (this node's before this returns, other nodes' at their next update). [`ReplicatorError::NotFound`] if there is no such job.
     pub async fn cancel(&self, id: &str) -> ReplicatorResult<JobView> {
         let job_id = self.resolve(id).await?;
         let jobs = self.ctx.jobs();
@@ -336,7 +346,23 @@ impl Replicator {
             .publish(super::event_bus::ReplicatorEvent::Stopped {
                 job_id: view.job_id.clone(),
             });
+        self.wait_local_actor_gone(&view.job_id).await;
         Ok(view)
+    }
+
+    /// A job actor of this node that runs a removed job stops at its next store update: ask
+    /// for that update now and wait (bounded) until the actor is gone, so a cancel returns
+    /// once the replication has stopped. Jobs run by other nodes stop at their next update.
+    async fn wait_local_actor_gone(&self, job_id: &str) {
+        let sup = self.ctx.job_sup();
+        let Some(actor) = sup.which_child(job_id) else {
+            return;
+        };
+        let _ = actor.send_message(super::job::JobMsg::Tick);
+        let deadline = tokio::time::Instant::now() + 2 * super::job_sup::JOB_SHUTDOWN;
+        while sup.which_child(job_id).is_some() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// One job by job id or replication id.

@@ -505,10 +505,12 @@ async fn complete(
     let now = st.ctx.now_secs();
     put_stats(st, &stats);
     st.data.insert("active_task_info".into(), Value::Null);
-    st.data.insert(
-        "checkpoint_history".into(),
-        json!([serde_json::to_value(&stats)?]),
-    );
+    // CouchDB keeps the checkpoint record as the job's result (the `_replicate` answer).
+    let history = match &stats.checkpoint_record {
+        Some(record) => record.clone(),
+        None => json!([serde_json::to_value(&stats)?]),
+    };
+    st.data.insert("checkpoint_history".into(), history);
     st.data.insert("error_count".into(), json!(0));
     set_state(&mut st.data, RepState::Completed, None, now);
     finish(st).await?;
