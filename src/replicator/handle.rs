@@ -354,7 +354,7 @@ impl Replicator {
     /// for that update now and wait (bounded) until the actor is gone, so a cancel returns
     /// once the replication has stopped. Jobs run by other nodes stop at their next update.
     async fn wait_local_actor_gone(&self, job_id: &str) {
-        let sup = self.ctx.job_sup();
+        let sup = &self.job_sup;
         let Some(actor) = sup.which_child(job_id) else {
             return;
         };

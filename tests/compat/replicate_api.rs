@@ -6,16 +6,13 @@
 //! unreachable (the job is listed under that id); a missing filter design document is a 404 `not_found`; a cancel returns once
 //! the job has stopped.
 
-mod http_support;
-mod support;
-
+use crate::support::couch::{Couch, numbered_docs};
+use crate::support::couchdb::CouchPeer;
+use crate::support::http::{ADMIN, Node};
+use crate::support::{deadline, wait_for};
 use couch_replicator::http::HttpConfig;
 use couch_replicator::replication::{Context, ReplicationSpec, compute_id};
-use http_support::{ADMIN, Node};
 use serde_json::{Value, json};
-use support::couch::{Couch, numbered_docs};
-use support::couchdb::CouchPeer;
-use support::{deadline, wait_for};
 
 const UUID: &str = "0ddba11c0ddba11c0ddba11c0ddba11c";
 

@@ -4,16 +4,14 @@
 //! filtered and a continuous replication and after new writes (only those are transferred);
 //! checkpoints written under older id versions are found and moved to the current id by both.
 
-mod support;
-
+use crate::support::couch::{Couch, numbered_docs};
+use crate::support::couchdb::CouchPeer;
+use crate::support::{deadline, wait_for};
 use couch_replicator::replication::rep_id::checkpoint_ids;
 use couch_replicator::replication::{
     Context, ReplicationSpec, ReplicationStats, compute_id, replicate, start,
 };
 use serde_json::{Value, json};
-use support::couch::{Couch, numbered_docs};
-use support::couchdb::CouchPeer;
-use support::{deadline, wait_for};
 
 const UUID: &str = "5a1c0ffee5a1c0ffee5a1c0ffee5a1c0";
 
