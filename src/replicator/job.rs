@@ -28,6 +28,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use serde_json::json;
 use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 use crate::jobs::{Job, JobsError};
 use crate::replication::{self, Context, ReplicationError, ReplicationStats};
@@ -37,9 +38,11 @@ use super::collision::{self, Claim};
 use super::connection_pool::{PoolMsg, endpoint_key};
 use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
+use super::job_observe;
 use super::job_record::{HistoryKind, JobError, RepJobRecord, RepState};
 use super::rate_limiter::{RateLimiterMsg, SharedAimd};
 use super::rep_job::{REP_JOBS, parse_rep};
+use crate::telemetry::Series;
 
 /// How long a stopping job waits for its final checkpoint (CouchDB gives 5 s in total).
 const STOP_CHECKPOINT_BUDGET: Duration = Duration::from_millis(4500);
@@ -128,6 +131,9 @@ pub struct JobActorState {
     /// How long a stopped job waits before it is eligible again (default `interval`).
     resubmit_delay: Option<Duration>,
     timer: Option<tokio::task::JoinHandle<()>>,
+    /// `replication_job{job_id, rep_id, source, target}`: entered by every message handler
+    /// and, through them, by the engine's tasks (changes reader, workers, checkpointer).
+    span: tracing::Span,
 }
 
 impl Drop for JobActorState {
@@ -149,7 +155,9 @@ impl Server for JobActor {
         args: JobArgs,
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
+        let span = job_observe::job_span(args.ctx.node(), &args.job.id, &args.record);
         Ok(JobActorState {
+            span,
             ctx: args.ctx,
             job: args.job,
             record: args.record,
@@ -169,59 +177,79 @@ impl Server for JobActor {
         msg: JobMsg,
         st: &mut JobActorState,
     ) -> Result<(), BoxError> {
-        match msg {
-            JobMsg::Start => start(&myself, st).await,
-            JobMsg::Tick => tick(&myself, st).await,
-            JobMsg::Done(result) => match *result {
-                Ok(stats) => complete(&myself, st, stats).await,
-                Err(e) => {
-                    let err = JobError::from(&e);
-                    st.error = Some(err.clone());
-                    st.runner = None;
-                    Err(err.into())
-                }
-            },
-            JobMsg::Rotate(delay) => {
-                st.resubmit_delay = Some(delay);
-                myself.stop(None);
-                Ok(())
-            }
-            JobMsg::Observe(reply) => {
-                let stats = st.runner.as_ref().map(|r| r.progress.borrow().clone());
-                let _ = reply.send(JobObservation {
-                    job_id: st.job.id.clone(),
-                    rep_id: st.rep_id.clone(),
-                    continuous: st.record.continuous,
-                    running: stats.is_some(),
-                    last_start: st.last_start,
-                    stats,
-                    error: st.error.clone(),
-                });
-                Ok(())
-            }
-        }
+        let span = st.span.clone();
+        handle_msg(myself, msg, st).instrument(span).await
     }
 
-    async fn terminate(&self, myself: ActorRef<JobMsg>, mut st: JobActorState, reason: ExitReason) {
-        release_pool(&st.ctx, &myself);
-        if st.done {
-            return;
+    async fn terminate(&self, myself: ActorRef<JobMsg>, st: JobActorState, reason: ExitReason) {
+        let span = st.span.clone();
+        terminate_job(myself, st, reason).instrument(span).await
+    }
+}
+
+async fn handle_msg(
+    myself: ActorRef<JobMsg>,
+    msg: JobMsg,
+    st: &mut JobActorState,
+) -> Result<(), BoxError> {
+    match msg {
+        JobMsg::Start => {
+            let r = start(&myself, st).await;
+            job_observe::count_start(st.ctx.metrics(), st.runner.is_some(), r.is_err());
+            r
         }
-        let outcome = match reason {
-            ExitReason::Error(text) => {
-                // A typed error the handler kept, else a panic or an untyped failure.
-                let err = st
-                    .error
-                    .take()
-                    .unwrap_or(JobError::Internal { reason: text });
-                reschedule_on_error(&mut st, err).await
+        JobMsg::Tick => tick(&myself, st).await,
+        JobMsg::Done(result) => match *result {
+            Ok(stats) => complete(&myself, st, stats).await,
+            Err(e) => {
+                job_observe::count_run_error(st.ctx.metrics(), &e);
+                let err = JobError::from(&e);
+                st.error = Some(err.clone());
+                st.runner = None;
+                Err(err.into())
             }
-            ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
-        };
-        match outcome {
-            Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
-            Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
+        },
+        JobMsg::Rotate(delay) => {
+            st.resubmit_delay = Some(delay);
+            myself.stop(None);
+            Ok(())
         }
+        JobMsg::Observe(reply) => {
+            let stats = st.runner.as_ref().map(|r| r.progress.borrow().clone());
+            let _ = reply.send(JobObservation {
+                job_id: st.job.id.clone(),
+                rep_id: st.rep_id.clone(),
+                continuous: st.record.continuous,
+                running: stats.is_some(),
+                last_start: st.last_start,
+                stats,
+                error: st.error.clone(),
+            });
+            Ok(())
+        }
+    }
+}
+
+async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: ExitReason) {
+    release_pool(&st.ctx, &myself);
+    if st.done {
+        return;
+    }
+    job_observe::count_end(st.ctx.metrics(), &reason);
+    let outcome = match reason {
+        ExitReason::Error(text) => {
+            // A typed error the handler kept, else a panic or an untyped failure.
+            let err = st
+                .error
+                .take()
+                .unwrap_or(JobError::Internal { reason: text });
+            reschedule_on_error(&mut st, err).await
+        }
+        ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
+    };
+    match outcome {
+        Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
+        Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
     }
 }
 
@@ -259,6 +287,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let engine = Context {
         server_uuid: ctx.server_uuid().to_owned(),
         limiter: std::sync::Arc::new(limiter) as std::sync::Arc<SharedAimd>,
+        metrics: ctx.metrics().clone(),
     };
     let rep_id = match replication::compute_id(&spec, &engine).await {
         Ok(id) => id,
@@ -269,6 +298,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         }
     };
     let full = rep_id.full();
+    st.span.record("rep_id", full.as_str());
     let job_id = st.job.id.clone();
     let pid = format!("{}", myself.get_id());
     let jobs = ctx.jobs();
@@ -338,7 +368,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let handle = replication::start(spec, engine);
     let progress = handle.progress();
     let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()));
+    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()).in_current_span());
     st.runner = Some(Runner {
         stop: Some(stop_tx),
         progress,
@@ -476,7 +506,11 @@ async fn complete(
     st.runner = None;
     let now = st.ctx.now_secs();
     put_stats(st, &stats);
-    st.record.checkpoint_history = json!([serde_json::to_value(&stats)?]);
+    // CouchDB keeps the checkpoint record as the job's result (the `_replicate` answer).
+    st.record.checkpoint_history = match &stats.checkpoint_record {
+        Some(record) => record.clone(),
+        None => json!([serde_json::to_value(&stats)?]),
+    };
     st.record.error_count = 0;
     st.record.set_state(RepState::Completed, None, now);
     finish(st).await?;
@@ -509,6 +543,8 @@ async fn finish(st: &mut JobActorState) -> Result<(), JobsError> {
 
 /// Fails the job permanently with `err`.
 async fn fail(st: &mut JobActorState, err: JobError) -> Result<(), BoxError> {
+    // Only `start` fails a job this way (invalid document, duplicate of another document).
+    st.ctx.metrics().inc(Series::FailedStarts);
     let now = st.ctx.now_secs();
     let reason = err.to_string();
     st.record.error_count = 1;
