@@ -1,5 +1,5 @@
 //! What a job actor shows operators: its tracing span (`replication_job` with the job id, the
-//! replication id once known, the endpoints as `_active_tasks` shows them (no credentials),
+//! replication id once known, the endpoints with the password masked,
 //! and the node), and CouchDB's scheduler counters for its starts and ends.
 
 use supervisors::ExitReason;
@@ -8,10 +8,16 @@ use crate::replication::ReplicationError;
 use crate::telemetry::{NodeMetrics, Series};
 
 use super::job_record::RepJobRecord;
+use super::rep_job::parse_rep;
 
 /// The span every handler of the job enters (the engine's tasks inherit it).
 pub fn job_span(node: &str, job_id: &str, record: &RepJobRecord) -> tracing::Span {
-    let (source, target) = (&record.source, &record.target);
+    // Logs keep the user name (password masked), which helps operators more than the
+    // stripped URL the HTTP API shows.
+    let (source, target) = match parse_rep(&serde_json::Value::Object(record.rep.clone())) {
+        Ok(spec) => (spec.source.to_string(), spec.target.to_string()),
+        Err(_) => ("invalid".to_owned(), "invalid".to_owned()),
+    };
     tracing::info_span!(
         "replication_job",
         job_id = %job_id,
