@@ -25,6 +25,7 @@ mod idempotent;
 pub mod memory;
 
 pub use db::{Db, RetryPolicy};
+pub use idempotent::TX_IDS;
 
 use std::sync::Arc;
 

@@ -8,14 +8,18 @@ use std::time::Duration;
 
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::memory::MemoryStore;
-use couch_replicator::store::{Db, split_versionstamp_operand, tuple};
+use couch_replicator::store::{Db, Store, split_versionstamp_operand, tuple};
 
 /// Every test gets this long before it fails instead of hanging CI.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
 /// One engine instance with a private key space.
 pub trait Harness: Send + 'static {
-    fn db(&self) -> Db;
+    /// The engine itself (what a wrapper wraps).
+    fn store(&self) -> Arc<dyn Store>;
+    fn db(&self) -> Db {
+        Db::new(self.store())
+    }
     /// Prefix of this test's keys (empty for private engines).
     fn prefix(&self) -> &[u8];
     /// Closes and reopens a durable engine.
@@ -72,8 +76,8 @@ impl Embedded {
 }
 
 impl Harness for Embedded {
-    fn db(&self) -> Db {
-        Db::new(Arc::new(self.store.clone()))
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
     }
 
     fn prefix(&self) -> &[u8] {
@@ -103,8 +107,8 @@ impl Memory {
 }
 
 impl Harness for Memory {
-    fn db(&self) -> Db {
-        Db::new(Arc::new(self.store.clone()))
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
     }
 
     fn prefix(&self) -> &[u8] {
@@ -153,8 +157,13 @@ mod fdb_harness {
     }
 
     impl Harness for Fdb {
+        fn store(&self) -> Arc<dyn Store> {
+            Arc::new(self.store.clone())
+        }
+
         fn db(&self) -> Db {
-            Db::new(Arc::new(self.store.clone()))
+            // Transaction ids inside the test's subspace, so `finish` clears them too.
+            Db::new(self.store()).with_txid_prefix(&self.prefix)
         }
 
         fn prefix(&self) -> &[u8] {
