@@ -70,6 +70,8 @@ pub struct JobsOptions {
     pub prefix: Vec<u8>,
     pub clock: SharedClock,
     pub config: JobsConfig,
+    /// Seeds `accept`'s random choices (tests that replay histories); `None` = OS entropy.
+    pub rng_seed: Option<u64>,
 }
 
 impl Default for JobsOptions {
@@ -78,6 +80,7 @@ impl Default for JobsOptions {
             prefix: tuple::pack(&(tuple::Bytes::from(&b"couchdb"[..]),)),
             clock: Arc::new(SystemClock),
             config: JobsConfig::default(),
+            rng_seed: None,
         }
     }
 }
@@ -94,6 +97,7 @@ struct Inner {
     clock: SharedClock,
     config: JobsConfig,
     registry: Arc<type_server::Registry>,
+    rng: accept::AcceptRng,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -114,6 +118,7 @@ impl Jobs {
                 clock: options.clock,
                 config: options.config,
                 registry: Arc::new(type_server::Registry::default()),
+                rng: accept::AcceptRng::new(options.rng_seed),
             }),
         }
     }
@@ -132,6 +137,10 @@ impl Jobs {
 
     pub fn config(&self) -> &JobsConfig {
         &self.inner.config
+    }
+
+    pub(crate) fn rng(&self) -> &accept::AcceptRng {
+        &self.inner.rng
     }
 
     pub(crate) fn registry(&self) -> &Arc<type_server::Registry> {
