@@ -633,7 +633,7 @@ fn chaos_histories_keep_couch_jobs_invariants() {
         "the histories exercised too little: {stats:?}"
     );
     println!(
-        "chaos: {n} histories, {} violations, seed {BASE_SEED}",
+        "chaos: {n} histories, {} violations, seed {base}",
         failures.len()
     );
     if let Some((seed, e)) = failures.first() {
