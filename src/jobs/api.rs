@@ -74,6 +74,11 @@ impl Jobs {
         lc::resubmit(self.keys(), tx, ty, id, stime, data).await
     }
 
+    /// Re-enqueues a running job now, fencing its worker out (see [`lc::requeue_running`]).
+    pub async fn requeue_running_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<bool> {
+        lc::requeue_running(self.keys(), tx, ty, id).await
+    }
+
     pub async fn get_job_data(&self, ty: &str, id: &str) -> JobsResult<JobData> {
         self.db()
             .run(|tx| async move { self.get_job_data_tx(&tx, ty, id).await })

@@ -8,7 +8,10 @@
 //! `{cluster, unstable}` and `{cluster, stable}` follows after `quiet_period` without change
 //! (`start_period` for the first one). At every heartbeat a node checks its right-hand
 //! neighbour in sorted order and removes it when its heartbeat is older than `dead_after`, so
-//! each dead node is removed by exactly one live neighbour.
+//! each dead node is removed by exactly one live neighbour; the remover re-enqueues the dead
+//! node's running jobs in the same transaction, and a node that finds itself removed stops
+//! the jobs it still runs (the 000 draft's neighbour rules). Heartbeats never conflict with
+//! each other (see [`Clustering::beat`]).
 //!
 //! Messages: `Changed`, `Heartbeat`, `Quiet(generation)` (own timers), `Members`, `IsStable`.
 //! A graceful stop deregisters the node.
@@ -19,11 +22,25 @@ use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, ExitReason, Server};
 
 use crate::jobs::JobsError;
+use crate::jobs::job_data::decode_activity;
 use crate::store::tuple::{self, Bytes};
 use crate::store::{RangeOptions, Tx};
 
-use super::context::{NODES, NodeCtx};
+use super::context::{NODES, NodeCtx, ids};
 use super::event_bus::{ClusterStatus, ReplicatorEvent};
+use super::job_server::JobServerMsg;
+use super::rep_job::REP_JOBS;
+
+/// What one heartbeat found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    /// The right-hand neighbour this node removed as dead, and how many of its running
+    /// jobs were re-enqueued with it.
+    pub removed: Option<(String, usize)>,
+    /// This node was not a member any more: a neighbour declared it dead (and re-enqueued
+    /// its jobs), so the jobs still running here must stop.
+    pub was_removed: bool,
+}
 
 /// Messages of the clustering actor.
 #[derive(Debug)]
@@ -91,9 +108,10 @@ impl Clustering {
         tx.set_versionstamped_value(&self.version_key(), &value);
     }
 
+    /// The members at snapshot isolation: reading them never conflicts with heartbeats.
     async fn members_tx(&self, tx: &Tx) -> Result<Vec<(String, i64)>, JobsError> {
         let (b, e) = self.members_range();
-        let rows = tx.get_range(&b, &e, RangeOptions::all()).await?;
+        let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut out = Vec::with_capacity(rows.len());
         for kv in rows {
             let Some(rest) = kv.key.strip_prefix(b.as_slice()) else {
@@ -124,7 +142,15 @@ impl Clustering {
             .await
     }
 
-    async fn beat(&self, join: bool) -> Result<Option<String>, JobsError> {
+    /// One heartbeat: refresh our key, and remove the right-hand neighbour if it is dead,
+    /// re-enqueueing its jobs in the same transaction (seed 000's neighbour rule).
+    ///
+    /// Conflict-free on FDB: the members are read at snapshot isolation and our heartbeat is
+    /// a blind write, so the heartbeats of different nodes never conflict. The only read
+    /// conflicts are on our own key (only a neighbour removing us writes it, and then we must
+    /// see that) and, when removing, on the neighbour's key (if it beats meanwhile, the
+    /// removal retries and finds it alive).
+    pub async fn beat(&self, join: bool) -> Result<Beat, JobsError> {
         let now = self.ctx.jobs().clock().now_ms();
         let me = self.ctx.node().to_owned();
         let dead_ms = self.dead_after.as_millis() as i64;
@@ -136,27 +162,55 @@ impl Clustering {
                 async move {
                     let members = self.members_tx(&tx).await?;
                     let known = members.iter().any(|(n, _)| *n == me);
+                    tx.add_read_conflict_key(&self.member_key(&me));
                     tx.set(&self.member_key(&me), &now.to_le_bytes());
                     if join || !known {
                         self.bump_version(&tx);
                     }
+                    let mut beat = Beat {
+                        removed: None,
+                        was_removed: !join && !known,
+                    };
                     // The right-hand neighbour in sorted order (wrapping), other than us.
                     let right = members
                         .iter()
                         .filter(|(n, _)| *n != me)
                         .find(|(n, _)| *n > me)
                         .or_else(|| members.iter().find(|(n, _)| *n != me));
-                    match right {
-                        Some((n, beat)) if now - beat > dead_ms => {
-                            tx.clear(&self.member_key(n));
-                            self.bump_version(&tx);
-                            Ok(Some(n.clone()))
-                        }
-                        _ => Ok(None),
+                    if let Some((n, last)) = right
+                        && now - last > dead_ms
+                    {
+                        tx.add_read_conflict_key(&self.member_key(n));
+                        tx.clear(&self.member_key(n));
+                        self.bump_version(&tx);
+                        let requeued = self.requeue_jobs_of(&tx, n).await?;
+                        beat.removed = Some((n.clone(), requeued));
                     }
+                    Ok(beat)
                 }
             })
             .await
+    }
+
+    /// Re-enqueues the running replication jobs last stamped by `node` (their data names
+    /// the node that runs them), so they restart elsewhere now instead of after the
+    /// activity timeout. The scan is a snapshot read; each re-enqueue conflicts only on
+    /// its own job.
+    async fn requeue_jobs_of(&self, tx: &Tx, node: &str) -> Result<usize, JobsError> {
+        let jobs = self.ctx.jobs();
+        let (b, e) = jobs.keys().activity_range(REP_JOBS);
+        let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
+        let mut requeued = 0;
+        for kv in rows {
+            let Ok((id, data)) = decode_activity(&kv.value) else {
+                continue;
+            };
+            let runs_there = data.get("node").and_then(|v| v.as_str()) == Some(node);
+            if runs_there && jobs.requeue_running_tx(tx, REP_JOBS, &id).await? {
+                requeued += 1;
+            }
+        }
+        Ok(requeued)
     }
 
     async fn leave(&self) -> Result<(), JobsError> {
@@ -281,8 +335,20 @@ impl Server for Clustering {
                 }
             }
             ClusterMsg::Heartbeat => {
-                if let Some(dead) = self.beat(false).await? {
-                    tracing::warn!(node = self.ctx.node(), %dead, "removed dead neighbour");
+                let beat = self.beat(false).await?;
+                if let Some((dead, requeued)) = &beat.removed {
+                    tracing::warn!(node = self.ctx.node(), %dead, requeued,
+                        "removed dead neighbour and re-enqueued its jobs");
+                }
+                if beat.was_removed {
+                    tracing::warn!(
+                        node = self.ctx.node(),
+                        "this node was removed as dead by a neighbour; stopping its jobs"
+                    );
+                    let _ = self
+                        .ctx
+                        .child::<JobServerMsg>(ids::JOB_SERVER)
+                        .cast(JobServerMsg::StopAll);
                 }
             }
             ClusterMsg::Quiet(generation) => {

@@ -58,6 +58,9 @@ pub enum JobServerMsg {
     Tick,
     /// Counts.
     Status(RpcReplyPort<ServerStatus>),
+    /// This node was removed from the cluster as dead: stop every running job now (a
+    /// neighbour has re-enqueued them; each stop is fenced by its job lock).
+    StopAll,
 }
 
 /// What [`JobServerMsg::Status`] answers.
@@ -343,6 +346,11 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
+            JobServerMsg::StopAll => {
+                for w in st.workers.values() {
+                    let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
+                }
+            }
             JobServerMsg::Status(reply) => {
                 let _ = reply.send(ServerStatus {
                     acceptors: st.acceptors.len(),
