@@ -262,8 +262,11 @@ impl FaultyStore {
     }
 
     /// The wrapper from the environment: `COUCH_STORE_FAULTS=RATE[:SEED]` (for example
-    /// `0.01:7`) wraps `inner` with [`FaultRates::uniform`]`(RATE)`; unset or unparsable
-    /// returns `inner` unchanged. Test helpers use it to run whole suites under faults.
+    /// `0.01:7`) wraps `inner` with [`FaultRates::uniform`]`(RATE)` but no hung commits
+    /// (each costs a whole 60 s transaction timeout, longer than the time bounds of the
+    /// suites this is for; the chaos test and the store fault suite cover hangs); unset or
+    /// unparsable returns `inner` unchanged. Test helpers use it to run whole suites under
+    /// faults.
     pub fn from_env(inner: Arc<dyn Store>) -> Arc<dyn Store> {
         let Ok(spec) = std::env::var("COUCH_STORE_FAULTS") else {
             return inner;
@@ -275,7 +278,11 @@ impl FaultyStore {
             Some(rate) if (0.0..=1.0).contains(&rate) => {
                 let seed = seed.unwrap_or_else(rand::random);
                 tracing::info!(rate, seed, "store fault injection on");
-                Arc::new(FaultyStore::new(inner, FaultRates::uniform(rate), seed))
+                let rates = FaultRates {
+                    hang: 0.0,
+                    ..FaultRates::uniform(rate)
+                };
+                Arc::new(FaultyStore::new(inner, rates, seed))
             }
             _ => {
                 tracing::warn!(spec, "COUCH_STORE_FAULTS is not RATE[:SEED]; faults off");
