@@ -1,6 +1,7 @@
 //! The 000 draft's neighbour rules on a real node: the node that finds its right-hand
 //! neighbour dead re-enqueues that node's jobs at once — even while a zombie worker of the
-//! dead node still updates them, which the activity monitor alone would never catch.
+//! dead node still updates them, which the activity monitor alone would never catch — and
+//! membership heartbeats that never conflict with each other on an optimistic engine.
 
 mod replicator_support;
 
@@ -10,7 +11,10 @@ use std::time::Duration;
 
 use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions, TokioClock};
 use couch_replicator::replicator::context::NODES;
+use couch_replicator::replicator::membership::Membership;
 use couch_replicator::replicator::rep_job::REP_JOBS;
+use couch_replicator::store::Db;
+use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::tuple::{self, Bytes};
 use couch_replicator::store::{StoreError, Tx};
 use replicator_support::*;
@@ -96,6 +100,58 @@ async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updat
             .unwrap();
         assert_eq!(members, None, "the dead neighbour was removed");
         node.shutdown().await;
+    })
+    .await;
+}
+
+/// Three nodes heart-beat in fully overlapping transactions on the embedded engine (real
+/// optimistic conflict detection, as on FDB): every commit succeeds. Reading the members
+/// without snapshot isolation would make all but the first conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_heartbeats_never_conflict_and_a_removed_node_notices() {
+    deadline(30, async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("members.redb")).unwrap();
+        let options = JobsOptions::default();
+        let prefix = options.prefix.clone();
+        let jobs = Jobs::new(Db::new(Arc::new(store.clone())), options);
+        let nodes: Vec<Membership> = ["a", "b", "c"]
+            .iter()
+            .map(|n| Membership::new(jobs.clone(), &prefix, n, Duration::from_secs(30)))
+            .collect();
+        for m in &nodes {
+            m.beat(true).await.unwrap();
+        }
+        let db = jobs.db();
+        for round in 0..5 {
+            let now = jobs.clock().now_ms() + round;
+            let mut txs = Vec::new();
+            for _ in &nodes {
+                txs.push(db.begin().await.unwrap());
+            }
+            for (m, tx) in nodes.iter().zip(&txs) {
+                let beat = m.beat_tx(tx, now, false).await.unwrap();
+                assert_eq!(beat.removed, None);
+                assert!(!beat.was_removed);
+            }
+            for (i, tx) in txs.iter().enumerate() {
+                tx.commit()
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: node {i}'s heartbeat: {e}"));
+            }
+        }
+        assert_eq!(nodes[0].members().await.unwrap().len(), 3);
+
+        // A neighbour's removal of "a" (its key cleared) is what "a" sees next.
+        let tx = db.begin().await.unwrap();
+        tx.clear(&nodes[0].member_key("a"));
+        tx.commit().await.unwrap();
+        assert!(nodes[0].beat(false).await.unwrap().was_removed);
+        assert!(
+            !nodes[0].beat(false).await.unwrap().was_removed,
+            "back as a member"
+        );
+        store.close().await.unwrap();
     })
     .await;
 }

@@ -18,6 +18,7 @@ pub mod handle;
 pub mod job;
 pub mod job_server;
 pub mod job_sup;
+pub mod membership;
 pub mod rate_limiter;
 pub mod rep_doc;
 pub mod rep_job;
