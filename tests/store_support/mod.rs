@@ -122,6 +122,43 @@ impl Harness for Memory {
     async fn finish(self) {}
 }
 
+/// The embedded engine seen through the fault-injecting wrapper with no faults: the wrapper
+/// itself must keep every promise of the contract.
+pub struct Faulty {
+    pub inner: Embedded,
+}
+
+impl Faulty {
+    pub async fn new() -> Self {
+        Self {
+            inner: Embedded::new().await,
+        }
+    }
+}
+
+impl Harness for Faulty {
+    fn store(&self) -> Arc<dyn Store> {
+        let rates = couch_replicator::store::faulty::FaultRates::none();
+        Arc::new(couch_replicator::store::faulty::FaultyStore::new(
+            self.inner.store(),
+            rates,
+            1,
+        ))
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        self.inner.reopen().await;
+    }
+
+    async fn finish(self) {
+        self.inner.finish().await;
+    }
+}
+
 // Only the conformance suite uses it; the other store tests share this module.
 #[cfg(feature = "fdb")]
 #[allow(unused_imports)]
