@@ -30,6 +30,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chaos_support::model::{Outcome, finished, only, resubmitted, settles, timed_out};
 use chaos_support::{Jobs as Seen_, Seen, changed, observe};
 use couch_replicator::jobs::activity_monitor::ActivityMonitor;
 use couch_replicator::jobs::{
@@ -91,12 +92,6 @@ struct World {
     /// have landed (a timed-out one may or may not have).
     activity: std::collections::HashMap<String, (usize, bool)>,
     trace: Option<Vec<String>>,
-}
-
-type Outcome = Result<String, JobsError>;
-
-fn timed_out(e: &JobsError) -> bool {
-    matches!(e, JobsError::Store(StoreError::TimedOut))
 }
 
 impl World {
@@ -251,62 +246,6 @@ struct Ctx {
     now: i64,
     held: [Option<Job>; WORKERS],
     marks: VecDeque<usize>,
-}
-
-/// The effect of add/resubmit at `stime` on a job (`None` before = a new job).
-fn resubmitted(b: Option<&Seen>, stime: i64) -> Seen {
-    match b {
-        Some(b) if b.state == JobState::Running => Seen {
-            resubmit: true,
-            stime,
-            ..b.clone()
-        },
-        Some(b) if b.state == JobState::Pending && b.stime == stime => b.clone(),
-        _ => Seen::pending(stime),
-    }
-}
-
-fn finished(b: &Seen) -> Seen {
-    if b.resubmit {
-        return Seen::pending(b.stime);
-    }
-    Seen {
-        state: JobState::Finished,
-        jlock: None,
-        stime: b.stime,
-        resubmit: false,
-        vs: None,
-    }
-}
-
-fn only(touched: &std::collections::BTreeSet<String>, ids: &[&str]) -> Result<(), String> {
-    match touched.iter().find(|id| !ids.contains(&id.as_str())) {
-        Some(id) => Err(format!("{id} changed although the step did not touch it")),
-        None => Ok(()),
-    }
-}
-
-/// `after` is `expected` when acknowledged, `before` or `expected` when timed out.
-fn settles(
-    id: &str,
-    outcome: &Outcome,
-    before: &Seen_,
-    after: &Seen_,
-    expected: Option<Seen>,
-    renews_vs: bool,
-) -> Result<(), String> {
-    let got = after.get(id);
-    let is_expected = match (got, &expected) {
-        (Some(g), Some(e)) if renews_vs => {
-            g.same_but_vs(e) && g.vs != before.get(id).and_then(|b| b.vs.clone())
-        }
-        (g, e) => g == e.as_ref(),
-    };
-    match outcome {
-        Ok(_) if is_expected => Ok(()),
-        Err(e) if timed_out(e) && (is_expected || got == before.get(id)) => Ok(()),
-        _ => Err(format!("{id}: expected {expected:?}, found {got:?}")),
-    }
 }
 
 impl World {

@@ -2,6 +2,8 @@
 //! serial memory engine (no transaction, no faults), with the key indexes checked against the
 //! rows, and the small state-diagram vocabulary the checker speaks.
 
+pub mod model;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use couch_replicator::jobs::Keys;
