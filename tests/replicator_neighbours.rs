@@ -1,7 +1,8 @@
 //! The 000 draft's neighbour rules on a real node: the node that finds its right-hand
 //! neighbour dead re-enqueues that node's jobs at once — even while a zombie worker of the
 //! dead node still updates them, which the activity monitor alone would never catch — and
-//! membership heartbeats that never conflict with each other on an optimistic engine.
+//! membership heartbeats that never conflict with each other on an optimistic engine, and a
+//! node that finds itself removed stops its jobs.
 
 mod replicator_support;
 
@@ -9,10 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use couch_replicator::jobs::lifecycle::get_row;
 use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions, TokioClock};
 use couch_replicator::replicator::context::NODES;
 use couch_replicator::replicator::membership::Membership;
 use couch_replicator::replicator::rep_job::REP_JOBS;
+use couch_replicator::replicator::{JobKind, NewJob, WaitFor};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::tuple::{self, Bytes};
@@ -152,6 +155,75 @@ async fn overlapping_heartbeats_never_conflict_and_a_removed_node_notices() {
             "back as a member"
         );
         store.close().await.unwrap();
+    })
+    .await;
+}
+
+/// The lock a job runs under now (`None` when not running).
+async fn lock_of(jobs: &Jobs, id: &str) -> Option<String> {
+    jobs.db()
+        .run(|tx: Tx| async move { get_row(jobs.keys(), &tx, REP_JOBS, id, false).await })
+        .await
+        .unwrap()
+        .and_then(|row| row.jlock)
+}
+
+/// A node that finds itself removed from the membership stops the jobs it runs, even when
+/// nobody re-enqueued them (their locks still valid, so nothing else would stop them): the
+/// job goes back to pending and runs again under a new lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_finds_itself_removed_stops_its_jobs() {
+    deadline(60, async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "a", 5).await;
+        let store = Store::open();
+        let b = node(&store.db, "b", test_settings()).await;
+        let rep = json!({"source": pouch.url("src"), "target": pouch.url("tgt"),
+                         "create_target": true, "continuous": true});
+        let view = b
+            .add(NewJob {
+                kind: JobKind::Persistent {
+                    db_name: "_replicator".into(),
+                    doc_id: "j".into(),
+                },
+                rep,
+            })
+            .await
+            .unwrap();
+        let id = view.job_id;
+        b.wait(&id, WaitFor::Running, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let jobs = b.jobs().clone();
+        let first = lock_of(&jobs, &id).await.expect("running under a lock");
+
+        // A neighbour declared "b" dead but (say) crashed before re-enqueueing its jobs.
+        let mut member = JobsOptions::default().prefix;
+        tuple::pack_into(&(NODES, "member", Bytes::from(&b"b"[..])), &mut member);
+        store
+            .db
+            .run(|tx: Tx| {
+                let member = member.clone();
+                async move {
+                    tx.clear(&member);
+                    Ok::<_, StoreError>(())
+                }
+            })
+            .await
+            .unwrap();
+        let restarted = async {
+            loop {
+                match lock_of(&jobs, &id).await {
+                    Some(l) if l != first => return,
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), restarted)
+            .await
+            .expect("the removed node kept running its job under the old lock");
+        b.shutdown().await;
     })
     .await;
 }
