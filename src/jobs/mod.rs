@@ -110,10 +110,12 @@ impl std::fmt::Debug for Jobs {
 }
 
 impl Jobs {
+    /// A handle on `db`; its transaction ids go under the layer prefix too, so everything
+    /// couch_jobs writes stays inside `options.prefix`.
     pub fn new(db: Db, options: JobsOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
-                db,
+                db: db.with_txid_prefix(&options.prefix),
                 keys: Keys::new(&options.prefix),
                 clock: options.clock,
                 config: options.config,
