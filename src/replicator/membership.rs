@@ -13,7 +13,7 @@ use crate::store::tuple::{self, Bytes};
 use crate::store::{RangeOptions, Tx};
 
 use super::context::NODES;
-use super::rep_job::REP_JOBS;
+use super::rep_job::{self, REP_JOBS};
 
 /// What one heartbeat found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +169,7 @@ impl Membership {
             let Ok((id, data)) = decode_activity(&kv.value) else {
                 continue;
             };
-            let runs_there = data.get("node").and_then(|v| v.as_str()) == Some(node);
+            let runs_there = rep_job::running_node(&data) == Some(node);
             if runs_there && self.jobs.requeue_running_tx(tx, REP_JOBS, &id).await? {
                 requeued += 1;
             }
