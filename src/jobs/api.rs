@@ -77,6 +77,11 @@ impl Jobs {
         lc::resubmit(self.keys(), tx, ty, id, stime, data).await
     }
 
+    /// Re-enqueues a running job now, fencing its worker out (see [`lc::requeue_running`]).
+    pub async fn requeue_running_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<bool> {
+        lc::requeue_running(self.keys(), tx, ty, id).await
+    }
+
     /// The job's current data, in any state ([`JobsError::NotFound`] if missing).
     pub async fn get_job_data(&self, ty: &str, id: &str) -> JobsResult<JobData> {
         self.db()
@@ -247,8 +252,15 @@ impl Jobs {
             let (found, watch) = self
                 .db()
                 .run(|tx| async move {
-                    let found =
-                        try_accept(self.keys(), &tx, ty, max_sched_time, opts.no_schedule).await?;
+                    let found = try_accept(
+                        self.keys(),
+                        &tx,
+                        ty,
+                        max_sched_time,
+                        opts.no_schedule,
+                        self.rng(),
+                    )
+                    .await?;
                     let watch = match found {
                         Some(_) => None,
                         None => Some(tx.watch(&self.keys().watches_pending(ty))),
@@ -294,7 +306,15 @@ impl Jobs {
         opts: AcceptOpts,
     ) -> JobsResult<Option<(Job, JobData)>> {
         let max_sched_time = opts.effective_max_sched_time()?;
-        try_accept(self.keys(), tx, ty, max_sched_time, opts.no_schedule).await
+        try_accept(
+            self.keys(),
+            tx,
+            ty,
+            max_sched_time,
+            opts.no_schedule,
+            self.rng(),
+        )
+        .await
     }
 
     /// Keep-alive and progress: fenced by the job lock ([`JobsError::Halt`] when lost).

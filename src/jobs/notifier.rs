@@ -22,7 +22,7 @@ use crate::store::{Db, RangeOptions, StoreError};
 
 use super::Jobs;
 use super::config::{Aimd, JobsConfig};
-use super::error::{JobsError, JobsResult};
+use super::error::{JobsError, JobsResult, background_retryable};
 use super::event::{EventState, JobEvent};
 use super::job_data::{JobData, JobRow, decode_activity};
 use super::keys::Keys;
@@ -292,7 +292,7 @@ impl NotifierCore {
 
 /// Errors after which a smaller batch may succeed.
 fn shrinkable(e: &StoreError) -> bool {
-    matches!(e, StoreError::TooLarge(_)) || e.is_retryable()
+    matches!(e, StoreError::TooLarge(_)) || background_retryable(e)
 }
 
 /// Messages of the notifier actor.
@@ -409,7 +409,7 @@ impl Actor for NotifierActor {
                 state.round_queued = false;
                 match state.core.round().await {
                     Ok(_) => {}
-                    Err(JobsError::Store(e)) if e.is_retryable() => {
+                    Err(JobsError::Store(e)) if background_retryable(&e) => {
                         tracing::warn!(error = %e, "notifier round failed; retrying");
                         let holdoff = state.holdoff;
                         myself.send_after(holdoff, || NotifierMsg::Round);

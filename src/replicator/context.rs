@@ -116,6 +116,11 @@ impl NodeCtx {
         publish(bus.as_ref(), ev);
     }
 
+    /// The layer prefix the replicator's own keys live under.
+    pub fn prefix(&self) -> &[u8] {
+        &self.inner.prefix
+    }
+
     /// `prefix ‖ pack((tag, ..))`: a key in one of the replicator's own sub-spaces.
     pub fn key<T: tuple::TuplePack>(&self, t: &T) -> Vec<u8> {
         let mut k = self.inner.prefix.clone();

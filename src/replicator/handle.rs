@@ -238,7 +238,7 @@ impl Replicator {
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
     pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
         let clustering = super::clustering::Clustering::from_ctx(self.ctx.clone());
-        Ok(clustering.members().await?)
+        Ok(clustering.membership.members().await?)
     }
 
     /// The settings this node runs with.

@@ -61,6 +61,9 @@ pub enum JobServerMsg {
     Tick,
     /// The server's state.
     Observe(RpcReplyPort<JobServerObservation>),
+    /// This node was removed from the cluster as dead: stop every running job now (a
+    /// neighbour has re-enqueued them; each stop is fenced by its job lock).
+    StopAll,
 }
 
 /// What [`JobServerMsg::Observe`] answers.
@@ -377,6 +380,11 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
+            JobServerMsg::StopAll => {
+                for w in st.workers.values() {
+                    let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
+                }
+            }
             JobServerMsg::Observe(reply) => {
                 let mut jobs: Vec<RunningJobObservation> = st
                     .workers

@@ -19,6 +19,7 @@ pub mod job;
 pub mod job_observe;
 pub mod job_server;
 pub mod job_sup;
+pub mod membership;
 pub mod rate_limiter;
 pub mod rep_doc;
 pub mod rep_job;

@@ -285,6 +285,11 @@ pub struct JobView {
     pub retry_at: Option<i64>,
 }
 
+/// The node whose job actor last stamped the job (`None` before a first run).
+pub fn running_node(d: &JobData) -> Option<&str> {
+    d.get("node").and_then(Value::as_str)
+}
+
 impl JobView {
     /// Builds the view from a job's id and data.
     pub fn from_data(job_id: &str, d: &JobData) -> Self {
