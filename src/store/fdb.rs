@@ -44,8 +44,11 @@ pub fn map_error(e: FdbError) -> StoreError {
 /// defaults). `timeout` and the retry limit span retries (API version ≥ 610).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FdbTxOptions {
+    /// `timeout`: a transaction with its retries fails with 1031 after this (ms).
     pub timeout_ms: i32,
+    /// `retry_limit`: retries before the last error is returned.
     pub retry_limit: i32,
+    /// `max_retry_delay`: the ceiling of FDB's own retry backoff (ms).
     pub max_retry_delay_ms: i32,
     /// At most 10,000,000 (FDB's own ceiling).
     pub size_limit: i32,
