@@ -26,6 +26,7 @@ fn fast(dbs: Vec<ReplicatorDb>) -> DocProcessorConfig {
         poll_timeout: Duration::from_millis(500),
         retry_delay: Duration::from_millis(200),
         rescan_interval: Duration::from_millis(300),
+        ..DocProcessorConfig::default()
     }
 }
 
@@ -149,6 +150,7 @@ fn client(url: &str) -> HttpClient {
             http_connections: 4,
             proxy: None,
             tcp_nodelay: true,
+            tls: Default::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )

@@ -15,8 +15,8 @@ use super::auth::Auth;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
+use super::tls::TlsOptions;
 
-/// First retry sleep.
 /// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
 /// scratch (system roots, providers): ~150 ms of CPU per client, and jobs build clients at
 /// every start, so a node rotating many jobs spent its time there. `None` if it cannot be
@@ -28,6 +28,7 @@ fn shared_tls() -> Option<native_tls::TlsConnector> {
         .clone()
 }
 
+/// First retry sleep.
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// Give up retrying once the first failure is older than this (`health_threshold / 2`).
 const RETRY_WINDOW: Duration = Duration::from_secs(60);
@@ -47,6 +48,8 @@ pub struct ClientConfig {
     pub proxy: Option<String>,
     /// TCP_NODELAY.
     pub tcp_nodelay: bool,
+    /// TLS settings for an `https` endpoint.
+    pub tls: TlsOptions,
 }
 
 /// A request to send: relative path (with query), optional body.
@@ -136,7 +139,12 @@ impl HttpClient {
             .tcp_nodelay(cfg.tcp_nodelay)
             .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
         #[cfg(feature = "tls")]
-        if let Some(tls) = shared_tls() {
+        if ep.parsed_url().scheme() == "https" {
+            let tls = super::tls::connector(&cfg.tls)
+                .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: {e}")))?;
+            b = b.tls_backend_preconfigured(tls);
+        } else if let Some(tls) = shared_tls() {
+            // Only an https proxy uses it.
             b = b.tls_backend_preconfigured(tls);
         }
         b = match &cfg.proxy {

@@ -1,6 +1,9 @@
-//! Per-replication options (digest D.9) with CouchDB's names and defaults, parsed from the JSON
-//! a `_replicator` document or a `POST /_replicate` body carries, with clear validation errors.
-//! [`ReplicationSpec`] bundles source, target and options.
+//! Per-replication options with CouchDB's names and defaults, parsed from the JSON a
+//! `_replicator` document or a `POST /_replicate` body carries, over the node's per-job
+//! defaults (its `[replicator]` section), with clear validation errors. Every number has a
+//! range ([`LIMITS`]): a value outside it is refused with the option's name rather than
+//! spawning a task storm or overflowing a buffer. [`ReplicationSpec`] bundles source, target
+//! and options.
 
 use std::time::Duration;
 
@@ -8,6 +11,31 @@ use serde_json::{Map, Value};
 
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
+use super::tls::TlsOptions;
+
+/// Inclusive ranges of the numeric options, by their document (and `[replicator]`) names.
+/// CouchDB itself has none; these are wide enough for any real deployment (CouchDB's advice
+/// tops out far below them) and narrow enough that no value can exhaust the node.
+pub const LIMITS: &[(&str, u64, u64)] = &[
+    ("worker_processes", 1, 256),
+    ("worker_batch_size", 1, 50_000),
+    ("http_connections", 1, 1_000),
+    ("connection_timeout", 1, 86_400_000),
+    ("retries_per_request", 0, 1_000),
+    ("checkpoint_interval", 100, 86_400_000),
+    ("request_timeout", 1, 86_400_000),
+    ("max_document_id_length", 1, 10_000_000),
+    ("missing_doc_retry_msec", 0, 3_600_000),
+    ("ssl_certificate_max_depth", 0, 100),
+];
+
+/// The range of a numeric option.
+pub fn limit(name: &str) -> (u64, u64) {
+    LIMITS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map_or((0, u64::MAX), |(_, lo, hi)| (*lo, *hi))
+}
 
 /// Which changes to replicate.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +100,9 @@ pub struct ReplicationOptions {
     pub tcp_nodelay: bool,
     /// The request asked to cancel a running replication.
     pub cancel: bool,
+    /// TLS to `https` endpoints (node configuration only: CouchDB has no per-replication
+    /// TLS options).
+    pub tls: TlsOptions,
 }
 
 impl Default for ReplicationOptions {
@@ -98,6 +129,7 @@ impl Default for ReplicationOptions {
             target_proxy: None,
             tcp_nodelay: false,
             cancel: false,
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -123,8 +155,13 @@ impl ReplicationSpec {
         }
     }
 
-    /// Parses a `_replicator` document or `POST /_replicate` body.
+    /// Parses a `_replicator` document or `POST /_replicate` body over CouchDB's defaults.
     pub fn from_json(doc: &Value) -> Result<Self> {
+        Self::from_json_with(doc, &ReplicationOptions::default())
+    }
+
+    /// Parses a document over the node's per-job defaults `base`.
+    pub fn from_json_with(doc: &Value, base: &ReplicationOptions) -> Result<Self> {
         let m = doc
             .as_object()
             .ok_or_else(|| invalid("the replication document must be a JSON object"))?;
@@ -139,7 +176,7 @@ impl ReplicationSpec {
         Ok(Self {
             source,
             target,
-            options: ReplicationOptions::from_json(m)?,
+            options: ReplicationOptions::from_json_with(m, base)?,
         })
     }
 }
@@ -156,17 +193,28 @@ fn get_bool(m: &Map<String, Value>, k: &str, default: bool) -> Result<bool> {
     }
 }
 
-fn get_int(m: &Map<String, Value>, k: &str, default: u64, min: u64) -> Result<u64> {
-    let v = match m.get(k) {
-        None | Some(Value::Null) => return Ok(default),
-        Some(Value::Number(n)) => n.as_u64(),
-        // CouchDB's config values are strings; accept numeric strings too.
-        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
-        Some(_) => None,
+/// A numeric option within its [`LIMITS`] range, or `default` when absent.
+fn get_int(m: &Map<String, Value>, k: &str, default: u64) -> Result<u64> {
+    match m.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => ranged(k, v),
+    }
+}
+
+/// Checks one numeric value (a JSON number or, as CouchDB accepts, a numeric string) against
+/// the option's range; the error names the option and the range.
+pub fn ranged(k: &str, v: &Value) -> Result<u64> {
+    let (lo, hi) = limit(k);
+    let n = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
     };
-    match v {
-        Some(v) if v >= min => Ok(v),
-        _ => Err(invalid(format!("`{k}` must be an integer >= {min}"))),
+    match n {
+        Some(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(invalid(format!(
+            "`{k}` must be an integer from {lo} to {hi}"
+        ))),
     }
 }
 
@@ -179,10 +227,16 @@ fn get_str<'a>(m: &'a Map<String, Value>, k: &str) -> Result<Option<&'a str>> {
 }
 
 impl ReplicationOptions {
-    /// Parses options from the fields of a replication document (unknown fields are ignored,
-    /// as CouchDB ignores `_id`, `_rev`, `owner`, `_replication_*` and user fields).
+    /// Parses options from the fields of a replication document over CouchDB's defaults.
     pub fn from_json(m: &Map<String, Value>) -> Result<Self> {
-        let d = Self::default();
+        Self::from_json_with(m, &Self::default())
+    }
+
+    /// Parses options from the fields of a replication document (unknown fields are ignored,
+    /// as CouchDB ignores `_id`, `_rev`, `owner`, `_replication_*` and user fields); options
+    /// the document does not set come from `base`, the node's per-job defaults.
+    pub fn from_json_with(m: &Map<String, Value>, base: &ReplicationOptions) -> Result<Self> {
+        let d = base;
         let doc_ids = match m.get("doc_ids") {
             None | Some(Value::Null) => None,
             Some(Value::Array(a)) => {
@@ -260,33 +314,17 @@ impl ReplicationOptions {
         };
         let source_proxy = check_proxy(get_str(m, "source_proxy")?.or(proxy.as_deref()))?;
         let target_proxy = check_proxy(get_str(m, "target_proxy")?.or(proxy.as_deref()))?;
-        let mut tcp_nodelay = d.tcp_nodelay;
-        if let Some(so) = m.get("socket_options") {
-            match so {
-                Value::Object(o) => {
-                    for (k, v) in o {
-                        match k.as_str() {
-                            "nodelay" => tcp_nodelay = v.as_bool().unwrap_or(false),
-                            "keepalive" | "buffer" | "priority" | "recbuf" | "sndbuf" => {}
-                            _ => {
-                                return Err(invalid(format!("socket option `{k}` is not allowed")));
-                            }
-                        }
-                    }
-                }
-                Value::Null => {}
-                _ => return Err(invalid("`socket_options` must be an object")),
-            }
-        }
+        let tcp_nodelay = match m.get("socket_options") {
+            None | Some(Value::Null) => d.tcp_nodelay,
+            Some(so) => socket_nodelay(so)?.unwrap_or(false),
+        };
         let request_timeout = match m.get("request_timeout") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s == "infinity" => None,
-            Some(_) => Some(Duration::from_millis(get_int(m, "request_timeout", 0, 1)?)),
+            None | Some(Value::Null) => d.request_timeout,
+            Some(v) => infinity_or(v, "request_timeout")?.map(Duration::from_millis),
         };
         let max_document_id_length = match m.get("max_document_id_length") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s == "infinity" => None,
-            Some(_) => Some(get_int(m, "max_document_id_length", 0, 1)? as usize),
+            None | Some(Value::Null) => d.max_document_id_length,
+            Some(v) => infinity_or(v, "max_document_id_length")?.map(|n| n as usize),
         };
         let create_target_params = match m.get("create_target_params") {
             None | Some(Value::Null) => Map::new(),
@@ -298,13 +336,16 @@ impl ReplicationOptions {
             Some(v @ (Value::String(_) | Value::Number(_) | Value::Array(_))) => Some(v.clone()),
             Some(_) => return Err(invalid("`since_seq` must be a sequence (string or number)")),
         };
-        let ms = |k: &str, def: Duration, min: u64| -> Result<Duration> {
+        let ms = |k: &str, def: Duration| -> Result<Duration> {
             Ok(Duration::from_millis(get_int(
                 m,
                 k,
                 def.as_millis() as u64,
-                min,
             )?))
+        };
+        let count = |k: &str, def: usize| -> Result<usize> {
+            // Within LIMITS, so the conversion cannot truncate.
+            Ok(get_int(m, k, def as u64)? as usize)
         };
         Ok(Self {
             continuous: get_bool(m, "continuous", d.continuous)?,
@@ -313,22 +354,89 @@ impl ReplicationOptions {
             filter,
             since_seq,
             winning_revs_only: get_bool(m, "winning_revs_only", false)?,
-            worker_processes: get_int(m, "worker_processes", 4, 1)? as usize,
-            worker_batch_size: get_int(m, "worker_batch_size", 500, 1)? as usize,
-            http_connections: get_int(m, "http_connections", 20, 1)? as usize,
-            connection_timeout: ms("connection_timeout", d.connection_timeout, 1)?,
-            retries_per_request: get_int(m, "retries_per_request", 5, 0)? as u32,
-            checkpoint_interval: ms("checkpoint_interval", d.checkpoint_interval, 1)?,
-            use_checkpoints: get_bool(m, "use_checkpoints", true)?,
-            use_bulk_get: get_bool(m, "use_bulk_get", true)?,
+            worker_processes: count("worker_processes", d.worker_processes)?,
+            worker_batch_size: count("worker_batch_size", d.worker_batch_size)?,
+            http_connections: count("http_connections", d.http_connections)?,
+            connection_timeout: ms("connection_timeout", d.connection_timeout)?,
+            retries_per_request: get_int(
+                m,
+                "retries_per_request",
+                u64::from(d.retries_per_request),
+            )? as u32,
+            checkpoint_interval: ms("checkpoint_interval", d.checkpoint_interval)?,
+            use_checkpoints: get_bool(m, "use_checkpoints", d.use_checkpoints)?,
+            use_bulk_get: get_bool(m, "use_bulk_get", d.use_bulk_get)?,
             request_timeout,
             max_document_id_length,
-            missing_doc_retry: ms("missing_doc_retry_msec", d.missing_doc_retry, 0)?,
+            missing_doc_retry: ms("missing_doc_retry_msec", d.missing_doc_retry)?,
             source_proxy,
             target_proxy,
             tcp_nodelay,
             cancel: get_bool(m, "cancel", false)?,
+            tls: d.tls.clone(),
         })
+    }
+}
+
+/// `infinity` (as CouchDB writes it) or a number within the option's range.
+fn infinity_or(v: &Value, k: &str) -> Result<Option<u64>> {
+    match v {
+        Value::String(s) if s.trim() == "infinity" => Ok(None),
+        v => ranged(k, v).map(Some),
+    }
+}
+
+/// `nodelay` from `socket_options`: CouchDB's Erlang-term string
+/// (`[{keepalive, true}, {nodelay, false}]`, options outside its valid list dropped, as
+/// CouchDB does) or our JSON object form (unknown keys refused). `None` when not set.
+pub fn socket_nodelay(v: &Value) -> Result<Option<bool>> {
+    const VALID: [&str; 6] = [
+        "buffer",
+        "keepalive",
+        "nodelay",
+        "priority",
+        "recbuf",
+        "sndbuf",
+    ];
+    match v {
+        Value::Object(o) => {
+            let mut nodelay = None;
+            for (k, v) in o {
+                match k.as_str() {
+                    "nodelay" => nodelay = Some(v.as_bool().unwrap_or(false)),
+                    k if VALID.contains(&k) => {}
+                    _ => return Err(invalid(format!("socket option `{k}` is not allowed"))),
+                }
+            }
+            Ok(nodelay)
+        }
+        Value::String(s) => {
+            let body = s.trim();
+            let body = body
+                .strip_prefix('[')
+                .and_then(|b| b.strip_suffix(']'))
+                .ok_or_else(|| {
+                    invalid("`socket_options` must be a list such as [{nodelay, true}]")
+                })?;
+            let mut nodelay = None;
+            for tuple in body.split('}') {
+                let t = tuple.trim().trim_start_matches(',').trim();
+                if t.is_empty() {
+                    continue;
+                }
+                let (k, val) = t
+                    .strip_prefix('{')
+                    .and_then(|t| t.split_once(','))
+                    .ok_or_else(|| {
+                        invalid("`socket_options` must be a list such as [{nodelay, true}]")
+                    })?;
+                if k.trim() == "nodelay" {
+                    nodelay = Some(val.trim() == "true");
+                }
+            }
+            Ok(nodelay)
+        }
+        _ => Err(invalid("`socket_options` must be an object or a string")),
     }
 }
 
@@ -376,5 +484,93 @@ mod tests {
         assert!(bad(json!({"socket_options": {"evil": 1}})).contains("evil"));
         assert!(bad(json!({"proxy": "http://p", "source_proxy": "http://q"})).contains("proxy"));
         assert!(ReplicationSpec::from_json(&json!({"source": "http://h/a"})).is_err());
+    }
+
+    #[test]
+    fn every_number_is_bounded_and_named() {
+        for (name, lo, hi) in LIMITS {
+            let m = |v: Value| json!({ *name: v }).as_object().unwrap().clone();
+            if *name != "ssl_certificate_max_depth" {
+                assert!(
+                    ReplicationOptions::from_json(&m(json!(*hi))).is_ok(),
+                    "{name}"
+                );
+                assert!(ReplicationOptions::from_json(&m(json!(lo.to_string()))).is_ok());
+            }
+            for bad in [
+                json!(hi + 1),
+                json!(u64::MAX),
+                json!(-1),
+                json!(1.5),
+                json!("x"),
+            ] {
+                let r = ranged(name, &bad);
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains(name) && e.contains(&hi.to_string()), "{e}");
+            }
+            if *lo > 0 {
+                assert!(ranged(name, &json!(lo - 1)).is_err(), "{name}");
+            }
+        }
+        let e = ReplicationOptions::from_json(
+            json!({"worker_processes": 10_000_000}).as_object().unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`worker_processes` must be an integer from 1 to 256"),
+            "{e}"
+        );
+        let o = ReplicationOptions::from_json(
+            json!({"request_timeout": "infinity", "max_document_id_length": 100})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (o.request_timeout, o.max_document_id_length),
+            (None, Some(100))
+        );
+    }
+
+    #[test]
+    fn node_defaults_fill_what_the_document_leaves_out() {
+        let base = ReplicationOptions {
+            worker_processes: 8,
+            use_bulk_get: false,
+            checkpoint_interval: Duration::from_secs(5),
+            tcp_nodelay: true,
+            request_timeout: Some(Duration::from_secs(9)),
+            ..ReplicationOptions::default()
+        };
+        let o = ReplicationOptions::from_json_with(
+            json!({"worker_processes": 2}).as_object().unwrap(),
+            &base,
+        )
+        .unwrap();
+        assert_eq!(o.worker_processes, 2);
+        assert!(!o.use_bulk_get && o.tcp_nodelay);
+        assert_eq!(o.checkpoint_interval, Duration::from_secs(5));
+        assert_eq!(o.request_timeout, Some(Duration::from_secs(9)));
+    }
+
+    #[test]
+    fn socket_options_in_couchdb_term_form() {
+        let nd = |s: &str| socket_nodelay(&json!(s));
+        assert_eq!(
+            nd("[{keepalive, true}, {nodelay, false}]").unwrap(),
+            Some(false)
+        );
+        assert_eq!(nd("[{nodelay,true},{sndbuf,4096}]").unwrap(), Some(true));
+        // Options outside CouchDB's list are dropped, as CouchDB does.
+        assert_eq!(nd("[{reuseaddr, true}]").unwrap(), None);
+        assert_eq!(nd("[]").unwrap(), None);
+        assert!(
+            nd("nodelay")
+                .unwrap_err()
+                .to_string()
+                .contains("socket_options")
+        );
+        assert!(socket_nodelay(&json!(3)).is_err());
     }
 }

@@ -159,6 +159,7 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         http_connections: conns,
         proxy: proxy.clone(),
         tcp_nodelay: o.tcp_nodelay,
+        tls: o.tls.clone(),
     };
     // The changes feed holds one source connection: never fewer than 2 (D.2).
     let src = HttpClient::new(

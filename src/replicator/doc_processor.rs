@@ -63,6 +63,8 @@ pub struct DocProcessorConfig {
     pub retry_delay: Duration,
     /// Period of the terminal-state rescan (jobs finished on other nodes).
     pub rescan_interval: Duration,
+    /// TLS to `https` replicator databases (the node's `[replicator]` TLS settings).
+    pub tls: crate::replication::tls::TlsOptions,
 }
 
 impl Default for DocProcessorConfig {
@@ -72,6 +74,7 @@ impl Default for DocProcessorConfig {
             poll_timeout: Duration::from_secs(10),
             retry_delay: Duration::from_secs(2),
             rescan_interval: Duration::from_secs(5),
+            tls: Default::default(),
         }
     }
 }
@@ -129,6 +132,7 @@ fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, Replicat
             http_connections: 4,
             proxy: None,
             tcp_nodelay: true,
+            tls: cfg.tls.clone(),
         },
         Arc::new(Aimd::new()),
     )

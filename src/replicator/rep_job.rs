@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobState};
-use crate::replication::ReplicationSpec;
+use crate::replication::{ReplicationOptions, ReplicationSpec};
 
 use super::error::{ReplicatorError, ReplicatorResult};
 
@@ -150,9 +150,11 @@ pub fn new_job_data(kind: &JobKind, rep: &Value, spec: &ReplicationSpec, now: i6
     d
 }
 
-/// Parses and validates a replication document / request body.
-pub fn parse_rep(rep: &Value) -> ReplicatorResult<ReplicationSpec> {
-    ReplicationSpec::from_json(rep).map_err(|e| ReplicatorError::BadRequest(e.to_string()))
+/// Parses and validates a replication document / request body over the node's per-job
+/// defaults.
+pub fn parse_rep(rep: &Value, defaults: &ReplicationOptions) -> ReplicatorResult<ReplicationSpec> {
+    ReplicationSpec::from_json_with(rep, defaults)
+        .map_err(|e| ReplicatorError::BadRequest(e.to_string()))
 }
 
 /// Prepends a history event (newest first), keeping at most `max_history` events.
@@ -367,7 +369,7 @@ mod tests {
 
     fn spec(src: &str, tgt: &str) -> (Value, ReplicationSpec) {
         let rep = json!({"source": src, "target": tgt, "continuous": true});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         (rep, s)
     }
 

@@ -24,7 +24,9 @@ impl CouchPeer {
     /// (after printing why) when `COUCHDB_PEER_SCRIPT` is not set.
     pub fn start(test: &str, uuid: Option<&str>) -> Option<Self> {
         let Some(script) = std::env::var_os(PEER_SCRIPT_VAR) else {
-            eprintln!("{test}: skipped: {PEER_SCRIPT_VAR} is not set (no real CouchDB to compare with)");
+            eprintln!(
+                "{test}: skipped: {PEER_SCRIPT_VAR} is not set (no real CouchDB to compare with)"
+            );
             return None;
         };
         let script = PathBuf::from(script);
@@ -33,7 +35,10 @@ impl CouchPeer {
             let dir = tempfile::tempdir().expect("temp dir for CouchDB");
             let port = free_port();
             let mut cmd = Command::new("bash");
-            cmd.arg(&script).arg("start").arg(port.to_string()).arg(dir.path());
+            cmd.arg(&script)
+                .arg("start")
+                .arg(port.to_string())
+                .arg(dir.path());
             if let Some(uuid) = uuid {
                 cmd.env("COUCHDB_UUID", uuid);
             }
@@ -46,7 +51,11 @@ impl CouchPeer {
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
-            let _ = Command::new("bash").arg(&script).arg("stop").arg(dir.path()).status();
+            let _ = Command::new("bash")
+                .arg(&script)
+                .arg("stop")
+                .arg(dir.path())
+                .status();
         }
         panic!("{test}: CouchDB did not start ({PEER_SCRIPT_VAR} is set): {last}");
     }
