@@ -9,8 +9,10 @@ pub mod auth;
 pub mod error;
 pub mod health;
 pub mod mask;
+pub mod password;
 pub mod replicate;
 pub mod scheduler;
+pub mod session;
 pub mod steps;
 
 use std::sync::Arc;
@@ -120,6 +122,12 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_scheduler/docs", get(scheduler::list_all_docs))
         .route("/_scheduler/docs/{*rest}", get(scheduler::docs_path))
         .route("/_active_tasks", get(active_tasks::active_tasks))
+        .route(
+            "/_session",
+            get(session::get_session)
+                .post(session::post_session)
+                .delete(session::delete_session),
+        )
         .route("/", get(health::welcome))
         .route("/_up", get(health::up))
         .route("/metrics", get(health::metrics))
@@ -142,10 +150,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
 /// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.
 pub fn admin_check(users: Users) -> self::steps::AdminCheck {
     Arc::new(move |headers: &axum::http::HeaderMap| {
-        let header = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let caller = users.authenticate(header)?;
+        let (caller, _) = users.authenticate_headers(headers)?;
         caller.require_admin().map(|_| ())
     })
 }

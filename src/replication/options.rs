@@ -103,6 +103,10 @@ pub struct ReplicationOptions {
     /// TLS to `https` endpoints (node configuration only: CouchDB has no per-replication
     /// TLS options).
     pub tls: TlsOptions,
+    /// Endpoint URL schemes allowed (`valid_endpoint_protocols`, node configuration only).
+    pub endpoint_protocols: Vec<String>,
+    /// Proxy URL schemes allowed (`valid_proxy_protocols`, node configuration only).
+    pub proxy_protocols: Vec<String>,
 }
 
 impl Default for ReplicationOptions {
@@ -130,6 +134,8 @@ impl Default for ReplicationOptions {
             tcp_nodelay: false,
             cancel: false,
             tls: TlsOptions::default(),
+            endpoint_protocols: vec!["http".into(), "https".into()],
+            proxy_protocols: vec!["http".into(), "https".into(), "socks5".into()],
         }
     }
 }
@@ -173,6 +179,16 @@ impl ReplicationSpec {
             m.get("target")
                 .ok_or_else(|| invalid("`target` is missing"))?,
         )?;
+        for (name, ep) in [("source", &source), ("target", &target)] {
+            let scheme = ep.parsed_url().scheme();
+            if !base.endpoint_protocols.iter().any(|p| p == scheme) {
+                return Err(invalid(format!(
+                    "`{name}` uses {scheme}, which this node does not allow \
+                     (valid_endpoint_protocols: {})",
+                    base.endpoint_protocols.join(",")
+                )));
+            }
+        }
         Ok(Self {
             source,
             target,
@@ -301,13 +317,14 @@ impl ReplicationOptions {
             match p {
                 None | Some("") => Ok(None),
                 Some(p) => {
-                    let ok = ["http://", "https://", "socks5://"]
-                        .iter()
-                        .any(|s| p.starts_with(s));
-                    if ok {
+                    let scheme = p.split_once("://").map_or("", |(s, _)| s);
+                    if d.proxy_protocols.iter().any(|a| a == scheme) {
                         Ok(Some(p.to_owned()))
                     } else {
-                        Err(invalid("proxy must be http, https or socks5"))
+                        Err(invalid(format!(
+                            "proxy must be {}",
+                            d.proxy_protocols.join(", ")
+                        )))
                     }
                 }
             }
@@ -374,6 +391,8 @@ impl ReplicationOptions {
             tcp_nodelay,
             cancel: get_bool(m, "cancel", false)?,
             tls: d.tls.clone(),
+            endpoint_protocols: d.endpoint_protocols.clone(),
+            proxy_protocols: d.proxy_protocols.clone(),
         })
     }
 }
