@@ -308,6 +308,30 @@ mod tests {
     }
 
     #[test]
+    fn a_cookie_minted_by_couchdb_3_4_verifies() {
+        // Captured from CouchDB 3.4.3 (`POST /_session` as admin:admin); the secret and the
+        // admin hash are what it wrote into its local.ini (tests/fixtures/couchdb-3.4.3-local.ini).
+        let settings = super::super::auth::AuthSettings {
+            session: SessionSettings {
+                secret: "a2e53dd4aef6ef9e7304bfbd4a03830e".into(),
+                timeout_secs: 600,
+            },
+            ..Default::default()
+        };
+        let hash = "-pbkdf2:sha256-760669adacd56c93a318509f4db83a9b92609968c326bef77c28a17224b0be92,\
+                    f5512f0141077776d790b65dea397196,600000";
+        let u = Users::configure([("admin".to_string(), hash.to_string())], [], &settings).unwrap();
+        let cookie = "YWRtaW46NkIwNDI3MDM6iW_du2ZJ13vENaY1VW_yD9T2nI2bizUV3piiQyB-xSE";
+        let issued = 0x6B04_2703;
+        let ctx = verify(&u, cookie, issued + 10).unwrap().unwrap();
+        assert_eq!(ctx.name.as_deref(), Some("admin"));
+        assert_eq!(verify(&u, cookie, issued + 600).unwrap(), None);
+        // We mint the same bytes for the same user and time.
+        let (salt, _) = u.session_user("admin").unwrap();
+        assert_eq!(mint(u.session(), "admin", salt, issued), cookie);
+    }
+
+    #[test]
     fn cookie_headers() {
         let mut h = HeaderMap::new();
         h.insert(
