@@ -1,0 +1,197 @@
+//! An operator's CouchDB configuration runs `serve` unchanged: CouchDB 3.4.3's own
+//! `default.ini` plus a `local.ini` whose `[admins]` entry CouchDB hashed (`-pbkdf2:sha256-`),
+//! first from committed fixtures, then (with `COUCHDB_PEER_SCRIPT`) from a CouchDB started for
+//! the test, whose session cookie our node must accept. The admin logs in with Basic and
+//! through `/_session` (CouchDB's reply shapes), and out-of-range options are 400 naming the
+//! option.
+
+mod serve_support;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use base64::Engine as _;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use serve_support::{ServeProcess, spawn_serve};
+use support::couchdb::CouchPeer;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+async fn serve_with(local_ini: &Path) -> (tempfile::TempDir, ServeProcess) {
+    let data = tempfile::tempdir().unwrap();
+    let default_ini = fixture("couchdb-3.4.3-default.ini");
+    let files = format!("{},{}", default_ini.display(), local_ini.display());
+    // `--config a,b` (comma-separated, as the environment variable takes it).
+    let node = spawn_serve(data.path(), Path::new(&files), &[], "warn", Stdio::null()).await;
+    (data, node)
+}
+
+fn basic(user: &str, pw: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pw}"))
+    )
+}
+
+async fn call(
+    base: &str,
+    m: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+    let mut rb = reqwest::Client::new().request(m, format!("{base}{path}"));
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let r = rb.send().await.expect("request");
+    let (status, headers) = (r.status(), r.headers().clone());
+    let v = r.json().await.unwrap_or(Value::Null);
+    (status, headers, v)
+}
+
+fn session_cookie(h: &reqwest::header::HeaderMap) -> String {
+    let set = h
+        .get("set-cookie")
+        .expect("a Set-Cookie header")
+        .to_str()
+        .unwrap();
+    assert!(
+        set.contains("; Version=1; Expires=") && set.ends_with("; Max-Age=600; Path=/; HttpOnly"),
+        "{set}"
+    );
+    let v = set.split(';').next().unwrap();
+    v.strip_prefix("AuthSession=").unwrap().to_owned()
+}
+
+/// Basic, `_session` login, cookie use (including a state change), logout, wrong passwords.
+async fn admin_logs_in(base: &str, password: &str) {
+    let auth = basic("admin", password);
+    let (s, _, v) = call(
+        base,
+        Method::GET,
+        "/_session",
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"ok": true, "userCtx": {"name": "admin", "roles": ["_admin"]},
+            "info": {"authentication_handlers": ["cookie", "default"], "authenticated": "default"}})
+    );
+    let login = json!({"name": "admin", "password": password});
+    let (s, h, v) = call(base, Method::POST, "/_session", &[], Some(login)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v, json!({"ok": true, "name": "admin", "roles": ["_admin"]}));
+    let cookie = format!("AuthSession={}", session_cookie(&h));
+    let with_cookie = [("cookie", cookie.as_str())];
+    let (_, _, v) = call(base, Method::GET, "/_session", &with_cookie, None).await;
+    assert_eq!(v["info"]["authenticated"], "cookie", "{v}");
+    assert_eq!(v["userCtx"]["roles"], json!(["_admin"]));
+    // The cookie authorises a state change: the body is judged (400), not the caller (401).
+    let bad = json!({"source": "http://127.0.0.1:1/a", "target": "http://127.0.0.1:1/b",
+        "worker_processes": 10_000_000});
+    let (s, _, v) = call(
+        base,
+        Method::POST,
+        "/_replicate",
+        &with_cookie,
+        Some(bad.clone()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"], "bad_request");
+    assert!(
+        v["reason"].as_str().unwrap().contains("worker_processes"),
+        "{v}"
+    );
+    let (s, _, _) = call(base, Method::POST, "/_replicate", &[], Some(bad)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // Form login, wrong password: 401 with CouchDB's reason and a clearing cookie.
+    let r = reqwest::Client::new()
+        .post(format!("{base}/_session"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("name=admin&password=wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(session_cookie(r.headers()), "");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v,
+        json!({"error": "unauthorized", "reason": "Name or password is incorrect."})
+    );
+    let (s, h, v) = call(base, Method::DELETE, "/_session", &with_cookie, None).await;
+    assert_eq!((s, v), (StatusCode::OK, json!({"ok": true})));
+    assert_eq!(session_cookie(&h), "");
+    let (s, _, v) = call(
+        base,
+        Method::GET,
+        "/_session",
+        &[("cookie", "AuthSession=!!")],
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let wrong = basic("admin", "wrong");
+    let (s, _, _) = call(
+        base,
+        Method::GET,
+        "/_session",
+        &[("authorization", &wrong)],
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn couchdb_default_and_local_ini_from_fixtures() {
+    let (_data, node) = serve_with(&fixture("couchdb-3.4.3-local.ini")).await;
+    admin_logs_in(&node.base, "admin").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_couchdb_local_ini_and_its_session_cookie() {
+    let Some(peer) = CouchPeer::start("a_live_couchdb_local_ini_and_its_session_cookie", None)
+    else {
+        return;
+    };
+    // A login makes CouchDB write its cookie secret into local.ini next to the admin hash.
+    let login = json!({"name": "admin", "password": "admin"});
+    let (s, h, _) = call(&peer.url(), Method::POST, "/_session", &[], Some(login)).await;
+    assert_eq!(s, StatusCode::OK);
+    let couch_cookie = session_cookie(&h);
+    let local = peer.dir().join("local.ini");
+    let text = std::fs::read_to_string(&local).unwrap();
+    assert!(text.contains("admin = -pbkdf2:sha256-"), "{text}");
+    assert!(
+        text.contains("[chttpd_auth]") && text.contains("secret = "),
+        "{text}"
+    );
+    let (_data, node) = serve_with(&local).await;
+    admin_logs_in(&node.base, "admin").await;
+    let cookie = format!("AuthSession={couch_cookie}");
+    let (_, _, v) = call(
+        &node.base,
+        Method::GET,
+        "/_session",
+        &[("cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(v["userCtx"]["name"], "admin", "{v}");
+    assert_eq!(v["info"]["authenticated"], "cookie", "{v}");
+}
