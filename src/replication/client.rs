@@ -381,12 +381,22 @@ pub fn describe(e: &reqwest::Error) -> String {
     } else {
         "request failed"
     };
-    let mut s = kind.to_string();
+    // The whole chain: the cause an operator needs ("certificate verify failed", "handshake
+    // failure") is usually several sources down.
+    let mut causes: Vec<String> = Vec::new();
     let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    if let Some(inner) = src.take() {
-        s.push_str(&format!(" ({inner})"));
+    while let Some(inner) = src {
+        let text = inner.to_string();
+        if !causes.iter().any(|c| c.contains(&text)) {
+            causes.push(text);
+        }
+        src = inner.source();
     }
-    s
+    if causes.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} ({})", causes.join(": "))
+    }
 }
 
 #[cfg(test)]

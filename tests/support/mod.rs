@@ -8,6 +8,7 @@ pub mod couch;
 pub mod couchdb;
 pub mod proxy;
 pub mod server;
+pub mod tls;
 
 use std::future::Future;
 use std::time::Duration;
