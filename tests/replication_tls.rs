@@ -1,8 +1,8 @@
 //! Replications over HTTPS to a pouchdb-server behind a TLS proxy whose certificate comes from
 //! a CA made for the test: refused when verification is on and the CA is not trusted, working
 //! with the CA file, working with verification off (CouchDB 3.4's default); a proxy that
-//! requires a client certificate, served from `cert_file`/`key_file` with an encrypted key; and
-//! the same settings through `serve`'s `[replicator]` section.
+//! requires a client certificate, served from `cert_file`/`key_file` with an encrypted key;
+//! the same settings through `serve`'s `[replicator]` section; and a `socks5://` proxy.
 
 mod serve_support;
 mod support;
@@ -159,4 +159,22 @@ async fn serve_applies_the_replicator_tls_keys() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["history"][0]["docs_written"], DOCS, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks5_proxy_carries_the_replication() {
+    let (server, _) = source_server().await;
+    let proxy = support::socks::Socks5Proxy::start().await;
+    let doc = json!({"source": server.db_url("src"), "target": server.db_url("bysocks"),
+        "create_target": true, "proxy": proxy.url(), "retries_per_request": 0});
+    let spec = ReplicationSpec::from_json(&doc).unwrap();
+    let stats = deadline(
+        60,
+        "a replication through socks5",
+        replicate(spec, Context::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stats.docs_written, DOCS as u64);
+    assert!(proxy.relayed() >= 1, "the proxy relayed nothing");
 }

@@ -8,6 +8,7 @@ pub mod couch;
 pub mod couchdb;
 pub mod proxy;
 pub mod server;
+pub mod socks;
 pub mod tls;
 
 use std::future::Future;
