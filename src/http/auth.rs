@@ -288,10 +288,10 @@ impl Users {
         &self,
         headers: &axum::http::HeaderMap,
     ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
-        if let Some(cookie) = session::cookie_value(headers) {
-            if let Some(u) = session::verify(self, &cookie, session::now_secs())? {
-                return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
-            }
+        if let Some(cookie) = session::cookie_value(headers)
+            && let Some(u) = session::verify(self, &cookie, session::now_secs())?
+        {
+            return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
         }
         let h = match headers.get(AUTHORIZATION) {
             None => None,
