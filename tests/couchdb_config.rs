@@ -23,12 +23,14 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `serve` with CouchDB's default.ini then `local_ini`; its log goes to `data/serve.log`.
 async fn serve_with(local_ini: &Path) -> (tempfile::TempDir, ServeProcess) {
     let data = tempfile::tempdir().unwrap();
     let default_ini = fixture("couchdb-3.4.3-default.ini");
     let files = format!("{},{}", default_ini.display(), local_ini.display());
+    let log = std::fs::File::create(data.path().join("serve.log")).unwrap();
     // `--config a,b` (comma-separated, as the environment variable takes it).
-    let node = spawn_serve(data.path(), Path::new(&files), &[], "warn", Stdio::null()).await;
+    let node = spawn_serve(data.path(), Path::new(&files), &[], "info", log.into()).await;
     (data, node)
 }
 
@@ -159,8 +161,22 @@ async fn admin_logs_in(base: &str, password: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn couchdb_default_and_local_ini_from_fixtures() {
-    let (_data, node) = serve_with(&fixture("couchdb-3.4.3-local.ini")).await;
+    let (data, node) = serve_with(&fixture("couchdb-3.4.3-local.ini")).await;
     admin_logs_in(&node.base, "admin").await;
+    // What was not applied is logged once, one line per section; no secret is.
+    let log = std::fs::read_to_string(data.path().join("serve.log")).unwrap();
+    assert_eq!(log.matches("[log] is not used").count(), 1, "{log}");
+    assert!(
+        log.contains("[couchdb] keys not used by this node: "),
+        "{log}"
+    );
+    assert!(
+        log.contains("[chttpd_auth] keys not used by this node: hash_algorithms"),
+        "{log}"
+    );
+    for secret in ["760669adacd5", "a2e53dd4aef6", "wrong"] {
+        assert!(!log.contains(secret), "{secret} logged: {log}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use couch_replicator::replication::ReplicationOptions;
-use couch_replicator::replication::options::ranged;
+use couch_replicator::replication::option_values::ranged;
 use couch_replicator::replication::tls::TlsOptions;
 use couch_replicator::replicator::ReplicatorSettings;
 

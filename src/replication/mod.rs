@@ -12,6 +12,7 @@ pub mod endpoint;
 pub mod error;
 pub mod fetch;
 pub mod normal_feed;
+pub mod option_values;
 pub mod options;
 pub mod pipeline;
 pub mod rate_limit;

@@ -1,9 +1,8 @@
 //! Per-replication options with CouchDB's names and defaults, parsed from the JSON a
 //! `_replicator` document or a `POST /_replicate` body carries, over the node's per-job
 //! defaults (its `[replicator]` section), with clear validation errors. Every number has a
-//! range ([`LIMITS`]): a value outside it is refused with the option's name rather than
-//! spawning a task storm or overflowing a buffer. [`ReplicationSpec`] bundles source, target
-//! and options.
+//! range ([`super::option_values::LIMITS`]). [`ReplicationSpec`] bundles source, target and
+//! options.
 
 use std::time::Duration;
 
@@ -11,31 +10,8 @@ use serde_json::{Map, Value};
 
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
+use super::option_values::{infinity_or, ranged, socket_nodelay};
 use super::tls::TlsOptions;
-
-/// Inclusive ranges of the numeric options, by their document (and `[replicator]`) names.
-/// CouchDB itself has none; these are wide enough for any real deployment (CouchDB's advice
-/// tops out far below them) and narrow enough that no value can exhaust the node.
-pub const LIMITS: &[(&str, u64, u64)] = &[
-    ("worker_processes", 1, 256),
-    ("worker_batch_size", 1, 50_000),
-    ("http_connections", 1, 1_000),
-    ("connection_timeout", 1, 86_400_000),
-    ("retries_per_request", 0, 1_000),
-    ("checkpoint_interval", 100, 86_400_000),
-    ("request_timeout", 1, 86_400_000),
-    ("max_document_id_length", 1, 10_000_000),
-    ("missing_doc_retry_msec", 0, 3_600_000),
-    ("ssl_certificate_max_depth", 0, 100),
-];
-
-/// The range of a numeric option.
-pub fn limit(name: &str) -> (u64, u64) {
-    LIMITS
-        .iter()
-        .find(|(n, _, _)| *n == name)
-        .map_or((0, u64::MAX), |(_, lo, hi)| (*lo, *hi))
-}
 
 /// Which changes to replicate.
 #[derive(Debug, Clone, PartialEq)]
@@ -217,23 +193,6 @@ fn get_int(m: &Map<String, Value>, k: &str, default: u64) -> Result<u64> {
     }
 }
 
-/// Checks one numeric value (a JSON number or, as CouchDB accepts, a numeric string) against
-/// the option's range; the error names the option and the range.
-pub fn ranged(k: &str, v: &Value) -> Result<u64> {
-    let (lo, hi) = limit(k);
-    let n = match v {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.trim().parse::<u64>().ok(),
-        _ => None,
-    };
-    match n {
-        Some(n) if (lo..=hi).contains(&n) => Ok(n),
-        _ => Err(invalid(format!(
-            "`{k}` must be an integer from {lo} to {hi}"
-        ))),
-    }
-}
-
 fn get_str<'a>(m: &'a Map<String, Value>, k: &str) -> Result<Option<&'a str>> {
     match m.get(k) {
         None | Some(Value::Null) => Ok(None),
@@ -397,68 +356,6 @@ impl ReplicationOptions {
     }
 }
 
-/// `infinity` (as CouchDB writes it) or a number within the option's range.
-fn infinity_or(v: &Value, k: &str) -> Result<Option<u64>> {
-    match v {
-        Value::String(s) if s.trim() == "infinity" => Ok(None),
-        v => ranged(k, v).map(Some),
-    }
-}
-
-/// `nodelay` from `socket_options`: CouchDB's Erlang-term string
-/// (`[{keepalive, true}, {nodelay, false}]`, options outside its valid list dropped, as
-/// CouchDB does) or our JSON object form (unknown keys refused). `None` when not set.
-pub fn socket_nodelay(v: &Value) -> Result<Option<bool>> {
-    const VALID: [&str; 6] = [
-        "buffer",
-        "keepalive",
-        "nodelay",
-        "priority",
-        "recbuf",
-        "sndbuf",
-    ];
-    match v {
-        Value::Object(o) => {
-            let mut nodelay = None;
-            for (k, v) in o {
-                match k.as_str() {
-                    "nodelay" => nodelay = Some(v.as_bool().unwrap_or(false)),
-                    k if VALID.contains(&k) => {}
-                    _ => return Err(invalid(format!("socket option `{k}` is not allowed"))),
-                }
-            }
-            Ok(nodelay)
-        }
-        Value::String(s) => {
-            let body = s.trim();
-            let body = body
-                .strip_prefix('[')
-                .and_then(|b| b.strip_suffix(']'))
-                .ok_or_else(|| {
-                    invalid("`socket_options` must be a list such as [{nodelay, true}]")
-                })?;
-            let mut nodelay = None;
-            for tuple in body.split('}') {
-                let t = tuple.trim().trim_start_matches(',').trim();
-                if t.is_empty() {
-                    continue;
-                }
-                let (k, val) = t
-                    .strip_prefix('{')
-                    .and_then(|t| t.split_once(','))
-                    .ok_or_else(|| {
-                        invalid("`socket_options` must be a list such as [{nodelay, true}]")
-                    })?;
-                if k.trim() == "nodelay" {
-                    nodelay = Some(val.trim() == "true");
-                }
-            }
-            Ok(nodelay)
-        }
-        _ => Err(invalid("`socket_options` must be an object or a string")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,30 +403,21 @@ mod tests {
     }
 
     #[test]
-    fn every_number_is_bounded_and_named() {
-        for (name, lo, hi) in LIMITS {
+    fn numbers_out_of_range_are_refused_by_name() {
+        for (name, lo, hi) in super::super::option_values::LIMITS {
+            if *name == "ssl_certificate_max_depth" {
+                continue; // node configuration only
+            }
             let m = |v: Value| json!({ *name: v }).as_object().unwrap().clone();
-            if *name != "ssl_certificate_max_depth" {
-                assert!(
-                    ReplicationOptions::from_json(&m(json!(*hi))).is_ok(),
-                    "{name}"
-                );
-                assert!(ReplicationOptions::from_json(&m(json!(lo.to_string()))).is_ok());
-            }
-            for bad in [
-                json!(hi + 1),
-                json!(u64::MAX),
-                json!(-1),
-                json!(1.5),
-                json!("x"),
-            ] {
-                let r = ranged(name, &bad);
-                let e = r.unwrap_err().to_string();
-                assert!(e.contains(name) && e.contains(&hi.to_string()), "{e}");
-            }
-            if *lo > 0 {
-                assert!(ranged(name, &json!(lo - 1)).is_err(), "{name}");
-            }
+            assert!(
+                ReplicationOptions::from_json(&m(json!(*hi))).is_ok(),
+                "{name}"
+            );
+            assert!(ReplicationOptions::from_json(&m(json!(lo.to_string()))).is_ok());
+            assert!(
+                ReplicationOptions::from_json(&m(json!(hi + 1))).is_err(),
+                "{name}"
+            );
         }
         let e = ReplicationOptions::from_json(
             json!({"worker_processes": 10_000_000}).as_object().unwrap(),
@@ -553,6 +441,30 @@ mod tests {
     }
 
     #[test]
+    fn node_protocol_lists_are_enforced() {
+        let base = ReplicationOptions {
+            endpoint_protocols: vec!["https".into()],
+            proxy_protocols: vec!["http".into()],
+            ..ReplicationOptions::default()
+        };
+        let doc = json!({"source": "http://127.0.0.1:1/a", "target": "https://h/b"});
+        let e = ReplicationSpec::from_json_with(&doc, &base)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`source` uses http") && e.contains("valid_endpoint_protocols"),
+            "{e}"
+        );
+        let doc = json!({"source": "https://h/a", "target": "https://h/b",
+            "proxy": "socks5://127.0.0.1:1"});
+        let e = ReplicationSpec::from_json_with(&doc, &base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proxy must be http"), "{e}");
+        assert!(ReplicationSpec::from_json(&doc).is_ok());
+    }
+
+    #[test]
     fn node_defaults_fill_what_the_document_leaves_out() {
         let base = ReplicationOptions {
             worker_processes: 8,
@@ -571,25 +483,5 @@ mod tests {
         assert!(!o.use_bulk_get && o.tcp_nodelay);
         assert_eq!(o.checkpoint_interval, Duration::from_secs(5));
         assert_eq!(o.request_timeout, Some(Duration::from_secs(9)));
-    }
-
-    #[test]
-    fn socket_options_in_couchdb_term_form() {
-        let nd = |s: &str| socket_nodelay(&json!(s));
-        assert_eq!(
-            nd("[{keepalive, true}, {nodelay, false}]").unwrap(),
-            Some(false)
-        );
-        assert_eq!(nd("[{nodelay,true},{sndbuf,4096}]").unwrap(), Some(true));
-        // Options outside CouchDB's list are dropped, as CouchDB does.
-        assert_eq!(nd("[{reuseaddr, true}]").unwrap(), None);
-        assert_eq!(nd("[]").unwrap(), None);
-        assert!(
-            nd("nodelay")
-                .unwrap_err()
-                .to_string()
-                .contains("socket_options")
-        );
-        assert!(socket_nodelay(&json!(3)).is_err());
     }
 }
