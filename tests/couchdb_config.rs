@@ -9,7 +9,6 @@ mod serve_support;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use base64::Engine as _;
 use reqwest::{Method, StatusCode};

@@ -15,10 +15,22 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Sections of key/value pairs, in file order of keys per section (later keys win).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Sections of key/value pairs, in file order of keys per section (later keys win). `Debug`
+/// shows section and key names only: values include passwords and secrets.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ConfigFile {
     sections: BTreeMap<String, Vec<(String, String)>>,
+}
+
+impl std::fmt::Debug for ConfigFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut m = f.debug_map();
+        for (sec, pairs) in &self.sections {
+            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+            m.entry(sec, &keys);
+        }
+        m.finish()
+    }
 }
 
 /// The prefix of environment overrides.
@@ -190,6 +202,7 @@ mod tests {
                     [admins]\nadmin = \"s3cret\" # toml comment\n[chttpd]\nport = 6000\n";
         let mut c = ConfigFile::parse(text).unwrap();
         assert_eq!(c.get("admins", "admin"), Some("s3cret"));
+        assert!(!format!("{c:?}").contains("s3cret"));
         let q = ConfigFile::parse("[a]\nx = 'p # q' ; c\ny = plain\t; c\nz = a=b\nw =\n").unwrap();
         assert_eq!(q.get("a", "x"), Some("p # q"));
         assert_eq!(q.get("a", "y"), Some("plain"));

@@ -115,6 +115,7 @@ pub fn router(state: AppState) -> Router {
 pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) -> Router {
     let limit = state.config().max_body_bytes;
     let admin = admin_check(state.config().users.clone());
+    let refresh = axum::middleware::from_fn_with_state(state.clone(), session::refresh_cookie);
     let mut app = Router::new()
         .route("/_replicate", post(replicate::post_replicate))
         .route("/_scheduler/jobs", get(scheduler::list_jobs))
@@ -144,6 +145,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
             )
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(refresh)
         .layer(axum::middleware::from_fn(health::count_requests))
 }
 

@@ -4,7 +4,8 @@
 //! the raw HMAC-SHA256 of `NAME:HEXTIME` under the `[chttpd_auth] secret` followed by the
 //! user's password salt (so changing a password ends its sessions); it is valid for
 //! `[chttpd_auth] timeout` seconds from HEXTIME. SHA-1 MACs are accepted too, as CouchDB's
-//! default `hash_algorithms = sha256, sha` does. Sessions are not refreshed before expiry.
+//! default `hash_algorithms = sha256, sha` does. A request carrying a cookie older than a
+//! tenth of its lifetime gets a fresh one, as in CouchDB.
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -93,6 +94,15 @@ pub fn mint(s: &SessionSettings, name: &str, salt: &str, now: u64) -> String {
 /// The user a cookie stands for: `None` when it is expired, forged or names an unknown
 /// user (the request is then anonymous, as in CouchDB); 400 when it cannot be decoded.
 pub fn verify(users: &Users, cookie: &str, now: u64) -> Result<Option<UserCtx>, HttpError> {
+    Ok(verify_issued(users, cookie, now)?.map(|(ctx, _)| ctx))
+}
+
+/// [`verify`], with the time the cookie was issued.
+fn verify_issued(
+    users: &Users,
+    cookie: &str,
+    now: u64,
+) -> Result<Option<(UserCtx, u64)>, HttpError> {
     let malformed =
         || HttpError::bad_request("Malformed AuthSession cookie. Please clear your cookies.");
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -118,7 +128,38 @@ pub fn verify(users: &Users, cookie: &str, now: u64) -> Result<Option<UserCtx>, 
     let data = format!("{name}:{time_str}");
     let ok = same_bytes(&mac_sha256(&k, data.as_bytes()), mac)
         || same_bytes(&mac_sha1(&k, data.as_bytes()), mac);
-    Ok(ok.then_some(ctx))
+    Ok(ok.then_some((ctx, issued)))
+}
+
+/// A fresh cookie for a request authenticated by a cookie older than a tenth of its
+/// lifetime, as CouchDB sends one, so active sessions do not expire.
+pub fn refreshed(users: &Users, headers: &HeaderMap, now: u64) -> Option<String> {
+    let cookie = cookie_value(headers)?;
+    let (ctx, issued) = verify_issued(users, &cookie, now).ok()??;
+    let s = users.session();
+    if now.saturating_sub(issued) * 10 <= s.timeout_secs {
+        return None;
+    }
+    let name = ctx.name?;
+    let (salt, _) = users.session_user(&name)?;
+    Some(set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now))
+}
+
+/// Middleware adding [`refreshed`] cookies to responses that set none themselves.
+pub async fn refresh_cookie(
+    State(state): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let fresh = refreshed(state.users(), req.headers(), now_secs());
+    let mut resp = next.run(req).await;
+    if let Some(c) = fresh
+        && !resp.headers().contains_key(SET_COOKIE)
+        && let Ok(v) = HeaderValue::from_str(&c)
+    {
+        resp.headers_mut().insert(SET_COOKIE, v);
+    }
+    resp
 }
 
 /// The `AuthSession` value of the request's cookies, if any and not empty.
@@ -329,6 +370,28 @@ mod tests {
         // We mint the same bytes for the same user and time.
         let (salt, _) = u.session_user("admin").unwrap();
         assert_eq!(mint(u.session(), "admin", salt, issued), cookie);
+    }
+
+    #[test]
+    fn old_cookies_are_renewed() {
+        let u = users();
+        let (salt, _) = u.session_user("bob").unwrap();
+        let mut h = HeaderMap::new();
+        let c = format!("AuthSession={}", mint(u.session(), "bob", salt, 1_000));
+        h.insert(COOKIE, HeaderValue::from_str(&c).unwrap());
+        assert_eq!(refreshed(&u, &h, 1_060), None);
+        let fresh = refreshed(&u, &h, 1_061).unwrap();
+        let v = fresh
+            .split(';')
+            .next()
+            .unwrap()
+            .strip_prefix("AuthSession=")
+            .unwrap();
+        assert_eq!(
+            verify(&u, v, 1_061 + 599).unwrap().unwrap().name.as_deref(),
+            Some("bob")
+        );
+        assert_eq!(refreshed(&u, &h, 1_600), None);
     }
 
     #[test]
