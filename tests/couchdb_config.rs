@@ -3,7 +3,7 @@
 //! first from committed fixtures, then (with `COUCHDB_PEER_SCRIPT`) from a CouchDB started for
 //! the test, whose session cookie our node must accept. The admin logs in with Basic and
 //! through `/_session` (CouchDB's reply shapes), and out-of-range options are 400 naming the
-//! option.
+//! option. `[replicator]` per-job defaults reach running jobs, and request bodies override them.
 
 mod serve_support;
 mod support;
@@ -209,4 +209,63 @@ async fn a_live_couchdb_local_ini_and_its_session_cookie() {
     .await;
     assert_eq!(v["userCtx"]["name"], "admin", "{v}");
     assert_eq!(v["info"]["authenticated"], "cookie", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicator_defaults_apply_and_request_bodies_override_them() {
+    let pouch = support::server::PouchServer::start().await;
+    support::couch::Couch::new(&pouch.root())
+        .create_db("src")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ini = dir.path().join("local.ini");
+    std::fs::write(
+        &ini,
+        "[admins]\nadmin = pw\n[replicator]\ncheckpoint_interval = 7000\n\
+         stats_update_interval_sec = 1\nusage_coeff = 0.5\n",
+    )
+    .unwrap();
+    let node = spawn_serve(dir.path(), &ini, &[], "warn", std::process::Stdio::null()).await;
+    let auth = basic("admin", "pw");
+    for (tgt, extra) in [
+        ("by_default", json!({})),
+        ("by_body", json!({"checkpoint_interval": 5000})),
+    ] {
+        let mut body = json!({"source": pouch.db_url("src"), "target": pouch.db_url(tgt),
+            "create_target": true, "continuous": true});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (s, _, v) = call(
+            &node.base,
+            Method::POST,
+            "/_replicate",
+            &[("authorization", &auth)],
+            Some(body),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    let tasks = support::wait_for(60, "two active tasks", || async {
+        let (_, _, v) = call(
+            &node.base,
+            Method::GET,
+            "/_active_tasks",
+            &[("authorization", &auth)],
+            None,
+        )
+        .await;
+        let tasks = v.as_array().cloned().unwrap_or_default();
+        (tasks.len() == 2).then_some(tasks)
+    })
+    .await;
+    for t in &tasks {
+        let target = t["target"].as_str().unwrap();
+        let want = if target.ends_with("/by_body") {
+            5000
+        } else {
+            7000
+        };
+        assert_eq!(t["checkpoint_interval"], want, "{t}");
+    }
 }
