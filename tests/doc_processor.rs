@@ -151,6 +151,7 @@ fn client(url: &str) -> HttpClient {
             proxy: None,
             tcp_nodelay: true,
             tls: Default::default(),
+            auth: Default::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 use couch_replicator::replication::ReplicationOptions;
+use couch_replicator::replication::auth::AuthPolicy;
 use couch_replicator::replication::option_values::ranged;
 use couch_replicator::replication::tls::TlsOptions;
 use couch_replicator::replicator::ReplicatorSettings;
@@ -62,18 +63,12 @@ const TLS_AND_PROTOCOLS: &[&str] = &[
     "password",
     "valid_endpoint_protocols",
     "valid_proxy_protocols",
+    "auth_plugins",
+    "session_refresh_interval_sec",
 ];
 
 /// CouchDB 3.4 keys accepted and not applied, with why.
 pub const IGNORED: &[(&str, &str)] = &[
-    (
-        "auth_plugins",
-        "endpoints always try a _session cookie, then basic auth (CouchDB's default)",
-    ),
-    (
-        "session_refresh_interval_sec",
-        "cookies are refreshed on 401/403 or after 550 s (CouchDB's default)",
-    ),
     (
         "session_min_update_interval",
         "a cookie is refreshed at most every 5 s (CouchDB's default)",
@@ -161,6 +156,7 @@ pub fn read(cfg: &ConfigFile) -> Result<ReplicatorSection, String> {
             *field = protocols(key, v)?;
         }
     }
+    defaults.auth = auth_policy(cfg, &mut notes)?;
     settings.job_defaults = defaults;
     settings.validate()?;
     Ok(ReplicatorSection { settings, notes })
@@ -250,6 +246,34 @@ fn tls(cfg: &ConfigFile, notes: &mut Vec<String>) -> Result<TlsOptions, String> 
     Ok(t)
 }
 
+/// `auth_plugins` (CouchDB tries them in order; the session plugin falls back to Basic when
+/// a server grants no cookie, so only whether it is listed matters) and
+/// `session_refresh_interval_sec`.
+fn auth_policy(cfg: &ConfigFile, notes: &mut Vec<String>) -> Result<AuthPolicy, String> {
+    let mut p = AuthPolicy::default();
+    if let Some(v) = cfg.get("replicator", "auth_plugins") {
+        const SESSION: &str = "couch_replicator_auth_session";
+        const NOOP: &str = "couch_replicator_auth_noop";
+        let names: Vec<&str> = v
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        p.session = names.contains(&SESSION);
+        for n in names.iter().filter(|n| **n != SESSION && **n != NOOP) {
+            notes.push(format!(
+                "[replicator] auth_plugins: `{n}` is not available here"
+            ));
+        }
+    }
+    if let Some(v) = cfg.get("replicator", "session_refresh_interval_sec") {
+        let secs = ranged("session_refresh_interval_sec", &Value::String(v.to_owned()))
+            .map_err(|e| format!("[replicator] {e}"))?;
+        p.refresh = std::time::Duration::from_secs(secs);
+    }
+    Ok(p)
+}
+
 fn protocols(key: &str, v: &str) -> Result<Vec<String>, String> {
     let list: Vec<String> = v
         .split(',')
@@ -280,7 +304,8 @@ mod tests {
             "[replicator]\ninterval = 60000\nmax_churn = 20\nhealth_threshold = 90\n\
              worker_processes = 8\nuse_bulk_get = false\nconnection_timeout = 45000\n\
              socket_options = [{keepalive, true}, {nodelay, true}]\nrequest_timeout = infinity\n\
-             auth_plugins = couch_replicator_auth_noop\nvalid_endpoint_protocols = https\n",
+             auth_plugins = couch_replicator_auth_noop\nvalid_endpoint_protocols = https\n\
+             session_refresh_interval_sec = 60\nusage_coeff = 0.4\n",
         )
         .unwrap();
         let st = &s.settings;
@@ -294,8 +319,10 @@ mod tests {
         assert_eq!(d.connection_timeout, Duration::from_secs(45));
         assert_eq!(d.request_timeout, None);
         assert_eq!(d.endpoint_protocols, vec!["https".to_string()]);
+        assert!(!d.auth.session);
+        assert_eq!(d.auth.refresh, Duration::from_secs(60));
         assert!(
-            s.notes.iter().any(|n| n.contains("auth_plugins")),
+            s.notes.iter().any(|n| n.contains("usage_coeff")),
             "{:?}",
             s.notes
         );

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use reqwest::{Method, StatusCode, header::HeaderMap};
 use tokio::sync::Semaphore;
 
-use super::auth::Auth;
+use super::auth::{Auth, AuthPolicy};
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
@@ -50,6 +50,8 @@ pub struct ClientConfig {
     pub tcp_nodelay: bool,
     /// TLS settings for an `https` endpoint.
     pub tls: TlsOptions,
+    /// Session cookie or Basic.
+    pub auth: AuthPolicy,
 }
 
 /// A request to send: relative path (with query), optional body.
@@ -157,7 +159,7 @@ impl HttpClient {
         let http = b.build().map_err(|e| {
             ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
         })?;
-        let auth = Auth::new(&ep);
+        let auth = Auth::with_policy(&ep, cfg.auth);
         let slots = Semaphore::new(cfg.http_connections.max(1));
         Ok(Self {
             http,

@@ -25,6 +25,7 @@ pub const LIMITS: &[(&str, u64, u64)] = &[
     ("max_document_id_length", 1, 10_000_000),
     ("missing_doc_retry_msec", 0, 3_600_000),
     ("ssl_certificate_max_depth", 0, 100),
+    ("session_refresh_interval_sec", 1, 31_536_000),
 ];
 
 /// The range of a numeric option.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::auth::AuthPolicy;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::option_values::{infinity_or, ranged, socket_nodelay};
@@ -83,6 +84,8 @@ pub struct ReplicationOptions {
     pub endpoint_protocols: Vec<String>,
     /// Proxy URL schemes allowed (`valid_proxy_protocols`, node configuration only).
     pub proxy_protocols: Vec<String>,
+    /// How endpoints authenticate (`auth_plugins`, node configuration only).
+    pub auth: AuthPolicy,
 }
 
 impl Default for ReplicationOptions {
@@ -112,6 +115,7 @@ impl Default for ReplicationOptions {
             tls: TlsOptions::default(),
             endpoint_protocols: vec!["http".into(), "https".into()],
             proxy_protocols: vec!["http".into(), "https".into(), "socks5".into()],
+            auth: AuthPolicy::default(),
         }
     }
 }
@@ -352,6 +356,7 @@ impl ReplicationOptions {
             tls: d.tls.clone(),
             endpoint_protocols: d.endpoint_protocols.clone(),
             proxy_protocols: d.proxy_protocols.clone(),
+            auth: d.auth,
         })
     }
 }

@@ -133,6 +133,7 @@ fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, Replicat
             proxy: None,
             tcp_nodelay: true,
             tls: cfg.tls.clone(),
+            auth: Default::default(),
         },
         Arc::new(Aimd::new()),
     )
