@@ -14,6 +14,7 @@ pub mod etf;
 pub mod fetch;
 pub mod id_endpoint;
 pub mod normal_feed;
+pub mod option_values;
 pub mod options;
 pub mod pipeline;
 pub mod rate_limit;
@@ -21,6 +22,7 @@ pub mod rep_id;
 pub mod revs_diff;
 pub mod selector;
 pub mod stats;
+pub mod tls;
 pub mod write;
 
 pub use endpoint::Endpoint;

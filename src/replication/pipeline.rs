@@ -167,6 +167,8 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         proxy: proxy.clone(),
         tcp_nodelay: o.tcp_nodelay,
         metrics: ctx.metrics.clone(),
+        tls: o.tls.clone(),
+        auth: o.auth,
     };
     // The changes feed holds one source connection: never fewer than 2 (D.2).
     let src = HttpClient::new(

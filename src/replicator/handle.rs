@@ -277,7 +277,7 @@ impl Replicator {
     /// a pending/running one is a no-op returning that job; adding a persistent job replaces
     /// the job of the same doc unless its replication is unchanged and it is active.
     pub async fn add(&self, job: NewJob) -> ReplicatorResult<JobView> {
-        let spec = parse_rep(&job.rep)?;
+        let spec = parse_rep(&job.rep, &self.ctx.settings().job_defaults)?;
         let job_id = match &job.kind {
             JobKind::Persistent { db_name, doc_id } => persistent_job_id(db_name, doc_id),
             JobKind::Transient { user } => transient_job_id(&spec, user.as_deref()),

@@ -257,7 +257,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let ctx = st.ctx.clone();
     let now = ctx.now_secs();
     let rep = st.data.get("rep").cloned().unwrap_or(Value::Null);
-    let mut spec = match parse_rep(&rep) {
+    let mut spec = match parse_rep(&rep, &ctx.settings().job_defaults) {
         Ok(s) => s,
         Err(e) => return fail(st, &e.to_string()).await,
     };

@@ -308,6 +308,17 @@ mod tests {
     }
 
     #[test]
+    fn out_of_range_numbers_fail_the_doc_naming_the_option() {
+        let doc = json!({"_id": "r", "source": "http://127.0.0.1:1/a",
+            "target": "http://127.0.0.1:1/b", "http_connections": 1_000_000_000u64});
+        let r = reason(doc);
+        assert!(
+            r.contains("`http_connections` must be an integer from 1 to 1000"),
+            "{r}"
+        );
+    }
+
+    #[test]
     fn triggered_and_error_docs_are_processed_again() {
         for st in ["triggered", "error"] {
             let doc = json!({"_id": "r", "source": "http://127.0.0.1:1/a",

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobState};
-use crate::replication::{Filter, ReplicationSpec};
+use crate::replication::{Filter, ReplicationOptions, ReplicationSpec};
 
 use super::error::{ReplicatorError, ReplicatorResult};
 
@@ -162,9 +162,11 @@ pub fn new_job_data(kind: &JobKind, rep: &Value, spec: &ReplicationSpec, now: i6
     d
 }
 
-/// Parses and validates a replication document / request body.
-pub fn parse_rep(rep: &Value) -> ReplicatorResult<ReplicationSpec> {
-    ReplicationSpec::from_json(rep).map_err(|e| ReplicatorError::BadRequest(e.to_string()))
+/// Parses and validates a replication document / request body over the node's per-job
+/// defaults.
+pub fn parse_rep(rep: &Value, defaults: &ReplicationOptions) -> ReplicatorResult<ReplicationSpec> {
+    ReplicationSpec::from_json_with(rep, defaults)
+        .map_err(|e| ReplicatorError::BadRequest(e.to_string()))
 }
 
 /// Prepends a history event (newest first), keeping at most `max_history` events.
@@ -387,7 +389,7 @@ mod tests {
 
     fn spec(src: &str, tgt: &str) -> (Value, ReplicationSpec) {
         let rep = json!({"source": src, "target": tgt, "continuous": true});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         (rep, s)
     }
 
@@ -408,7 +410,7 @@ mod tests {
     fn transient_ids_are_built_from_stable_json() {
         let rep = json!({"source": "http://127.0.0.1:1/a", "target": "http://127.0.0.1:1/b",
             "doc_ids": ["x"]});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         let text = r#"["http://127.0.0.1:1/a","http://127.0.0.1:1/b","bob",false,false,{"doc_ids":["x"]},false]"#;
         assert_eq!(
             transient_job_id(&s, Some("bob")),

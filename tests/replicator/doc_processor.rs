@@ -22,6 +22,7 @@ fn fast(dbs: Vec<ReplicatorDb>) -> DocProcessorConfig {
         poll_timeout: Duration::from_millis(500),
         retry_delay: Duration::from_millis(200),
         rescan_interval: Duration::from_millis(300),
+        ..DocProcessorConfig::default()
     }
 }
 
@@ -157,6 +158,8 @@ fn client(url: &str) -> HttpClient {
             proxy: None,
             tcp_nodelay: true,
             metrics: Arc::default(),
+            tls: Default::default(),
+            auth: Default::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )
