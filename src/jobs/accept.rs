@@ -1,4 +1,4 @@
-//! `accept` (digest A.6): dequeue one pending job and lock it for the caller.
+//! `accept` (CouchDB's couch_jobs_fdb/couch_jobs_pending accept): dequeue one pending job and lock it for the caller.
 //!
 //! Scheduled mode reads up to 1024 of the earliest eligible PENDING keys at snapshot
 //! isolation, picks one uniformly at random and adds a read conflict on that key only, so
@@ -175,7 +175,7 @@ async fn probe_random(
     Ok(Vec::new())
 }
 
-/// How long an empty accept waits on the pending watch (digest A.6): the time until
+/// How long an empty accept waits on the pending watch (CouchDB's couch_jobs_fdb/couch_jobs_pending accept): the time until
 /// `max_sched_time` (at least 100 ms; infinite in `no_schedule` mode or when ≥ 2^32-1 ms),
 /// capped by the caller's remaining timeout. `None` = forever.
 pub fn wait_timeout(

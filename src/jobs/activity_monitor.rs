@@ -1,4 +1,4 @@
-//! The per-type activity monitor (digest A.7): re-enqueues jobs whose worker stopped calling
+//! The per-type activity monitor (CouchDB's couch_jobs_activity_monitor.erl): re-enqueues jobs whose worker stopped calling
 //! `update`.
 //!
 //! Checks run `n` times per type timeout (`activity_monitor_checks_per_timeout`, + jitter).

@@ -1,5 +1,5 @@
 //! The public job API on [`Jobs`]: each call as its own retried transaction, and a `*_tx`
-//! form that runs inside the caller's transaction (digest A.5).
+//! form that runs inside the caller's transaction (CouchDB's couch_jobs.erl API).
 
 use crate::store::{RangeOptions, Tx, Watch};
 
@@ -241,7 +241,7 @@ impl Jobs {
         tx.watch(&self.keys().watches_pending(ty))
     }
 
-    /// Dequeues and locks a job; waits for one as digest A.6 says. `NotFound` when the wait
+    /// Dequeues and locks a job; waits for one as CouchDB's couch_jobs_fdb/couch_jobs_pending accept says. `NotFound` when the wait
     /// times out.
     #[tracing::instrument(name = "couch_jobs.accept", level = "debug", skip_all,
         fields(job_type = %ty, job_id = tracing::field::Empty))]

@@ -1,4 +1,4 @@
-//! The errors couch_jobs returns to callers (digest A.12), as one `thiserror` enum.
+//! The errors couch_jobs returns to callers (CouchDB's couch_jobs.erl error returns), as one `thiserror` enum.
 //!
 //! `JobsError` implements [`RetryableError`] so job operations can run inside
 //! [`Db::run`](crate::store::Db::run) and have store conflicts retried transparently.

@@ -1,4 +1,4 @@
-//! Job lifecycle operations inside a caller's transaction (digest A.5): add, resubmit,
+//! Job lifecycle operations inside a caller's transaction (CouchDB's couch_jobs.erl API): add, resubmit,
 //! remove, update, finish, reads of one job, type timeouts, and the small type-wide reads.
 //!
 //! Every function takes the key layout and a [`Tx`]; the [`Jobs`](super::Jobs) handle wraps
@@ -198,7 +198,7 @@ pub async fn remove(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<()> 
 
 /// Puts a running job back into the pending queue at once, as the activity monitor does
 /// after a whole timeout without an update: its lock is cleared, so the old worker gets
-/// `Halt` on its next update/finish. For callers that know the worker is gone (the seed-000
+/// `Halt` on its next update/finish. For callers that know the worker is gone (the couch_workers RFC draft's
 /// neighbour rule: a node found dead by its neighbour). `false` when the job is not running.
 pub async fn requeue_running(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<bool> {
     let Some(mut row) = get_row(keys, tx, ty, id, false).await? else {

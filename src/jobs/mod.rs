@@ -1,5 +1,5 @@
-//! couch_jobs: the background-jobs framework on the transactional store (DESIGN.md section 1,
-//! digest A, RFC 007).
+//! couch_jobs: the background-jobs framework on the transactional store (docs/architecture.md, "What it is",
+//! CouchDB's couch_jobs, fdbarchive branch, RFC 007).
 //!
 //! A global pending queue per job type ordered by scheduled time, worker locks that fence
 //! stale workers, an activity monitor that re-enqueues jobs of dead workers, and

@@ -1,4 +1,4 @@
-//! The per-type notifier (digest A.8/A.9): delivers job state changes to subscribers.
+//! The per-type notifier (CouchDB's couch_jobs_type_monitor.erl and couch_jobs_notifier.erl): delivers job state changes to subscribers.
 //!
 //! [`NotifierCore::round`] is one notification round, testable on its own: a cheap pass over
 //! the ACTIVITY entries written since the previous round (running jobs with new data), then
@@ -440,7 +440,7 @@ fn queue_round(myself: &ActorRef<NotifierMsg>, state: &mut NotifierState) {
     }
 }
 
-/// The type monitor loop (digest A.8): watch WATCHES_ACTIVITY(Type) and tell the notifier
+/// The type monitor loop (CouchDB's couch_jobs_type_monitor.erl): watch WATCHES_ACTIVITY(Type) and tell the notifier
 /// when it changed, at most once per holdoff. Ends when the notifier is gone.
 async fn type_monitor(jobs: Jobs, ty: String, notifier: ActorRef<NotifierMsg>) {
     let holdoff = Duration::from_millis(jobs.config().type_monitor_holdoff_msec);

@@ -1,4 +1,4 @@
-//! Endpoint authentication (digest D.6 `auth_plugins`): a `_session` cookie when the server
+//! Endpoint authentication (CouchDB's couch_replicator_httpc.erl `auth_plugins`): a `_session` cookie when the server
 //! grants one, refreshed on 401/403 or after `session_refresh_interval_sec`, else HTTP basic.
 //! Takes the endpoint's credentials; gives the header to put on each request.
 

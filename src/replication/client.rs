@@ -1,4 +1,4 @@
-//! The HTTP client of one endpoint (digest D.6): pooled reqwest client with gzip and an
+//! The HTTP client of one endpoint (CouchDB's couch_replicator_httpc.erl): pooled reqwest client with gzip and an
 //! inactivity timeout of `connection_timeout`, at most `http_connections` requests in flight,
 //! retries with doubling sleeps (250 ms, 500 ms, ...) for connection errors, timeouts, 408 and
 //! 5xx up to `retries_per_request` (bounded by 60 s since the first failure), and 429 handled

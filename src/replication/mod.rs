@@ -1,5 +1,5 @@
-//! The CouchDB replication protocol over HTTP, without actors or jobs (DESIGN.md section 6,
-//! digest D): endpoints and their HTTP client, the changes reader, `_revs_diff`, fetching,
+//! The CouchDB replication protocol over HTTP, without actors or jobs (docs/architecture.md, "The life of a replication",
+//! CouchDB's replication protocol modules): endpoints and their HTTP client, the changes reader, `_revs_diff`, fetching,
 //! writing, checkpoints, the replication id, options, stats, and the pipeline that runs a
 //! replication. Entry points: [`replicate`] (one-shot) and [`start`] (a handle with stats,
 //! progress stream and checkpoint-then-stop, for continuous replications and job actors).

@@ -1,5 +1,5 @@
 //! clustering: the actor that keeps this node's membership alive (the rows and the
-//! transactions are [`super::membership`]'s), cluster stability events, and the seed-000
+//! transactions are [`super::membership`]'s), cluster stability events, and the couch_workers RFC draft's
 //! neighbour rules.
 //!
 //! Each node heart-beats every `heartbeat`. A watcher task waits on the version key and tells the actor

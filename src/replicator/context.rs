@@ -30,7 +30,7 @@ pub mod ids {
     pub const JOB_SUP: &str = "job_sup";
 }
 
-/// Sub-space tag of the collision index (digest C.2: `(LayerPrefix, 54, RepId)`).
+/// Sub-space tag of the collision index (CouchDB 4.x's couch_replicator_jobs.erl: `(LayerPrefix, 54, RepId)`).
 pub const REP_IDS: i64 = 54;
 /// Sub-space tag of node membership (our own; CouchDB 4.x had none).
 pub const NODES: i64 = 55;

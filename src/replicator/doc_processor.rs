@@ -1,4 +1,4 @@
-//! doc_processor (digest B.12, C.6): turns the documents of configured `_replicator`
+//! doc_processor (CouchDB's couch_replicator_doc_processor.erl; CouchDB 4.x's couch_replicator.erl frontend): turns the documents of configured `_replicator`
 //! databases (URLs of CouchDB/PouchDB servers) into persistent jobs, and writes terminal
 //! states back to them.
 //!

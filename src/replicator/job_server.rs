@@ -1,4 +1,4 @@
-//! job_server: the 4.x acceptor model (digest C.4, CouchDB's `couch_replicator_job_server`).
+//! job_server: the 4.x acceptor model (CouchDB 4.x's couch_replicator_job_server.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's `couch_replicator_job_server`).
 //!
 //! Keeps up to `max_acceptors` acceptor tasks waiting in `accept(max_sched_time = now)` while
 //! acceptors + running jobs < `max_jobs`; an acceptor that gets a job asks `job_sup` to start

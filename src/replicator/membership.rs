@@ -110,7 +110,7 @@ impl Membership {
 
     /// One heartbeat at `now_ms`: refresh our key, and remove the right-hand neighbour in
     /// sorted order if it is dead, re-enqueueing its jobs in the same transaction (the
-    /// seed-000 neighbour rule, so each dead node is removed by exactly one live neighbour).
+    /// couch_workers RFC draft's neighbour rule, so each dead node is removed by exactly one live neighbour).
     ///
     /// Conflict-free on FDB: the members are read at snapshot isolation and our heartbeat is
     /// a blind write, so the heartbeats of different nodes never conflict. The only read

@@ -18,7 +18,7 @@ fn bad(msg: impl Into<String>) -> InvalidRepDoc {
     InvalidRepDoc(msg.into())
 }
 
-/// The `_replication_state` a document carries (digest B.12).
+/// The `_replication_state` a document carries (CouchDB's couch_replicator_doc_processor.erl).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DocState {
     /// No state field: a new or edited document to process.
@@ -132,7 +132,7 @@ pub enum DocAction {
     },
     /// A valid replication: create or update its job.
     Schedule(Box<RepDoc>),
-    /// Invalid: the document gets `failed` with this reason (terminal, digest B.12).
+    /// Invalid: the document gets `failed` with this reason (terminal, CouchDB's couch_replicator_doc_processor.erl).
     Fail {
         /// `_id`.
         doc_id: String,

@@ -1,5 +1,5 @@
-//! The replicator's job data inside couch_jobs (digest C.3, RFC 016) and the replicator
-//! states mapped onto couch_jobs states (C.7): `pending`/`crashing` are couch_jobs `pending`,
+//! The replicator's job data inside couch_jobs (CouchDB 4.x's couch_replicator_jobs.erl job data, RFC 016) and the replicator
+//! states mapped onto couch_jobs states (CouchDB 4.x's couch_replicator_httpd.erl): `pending`/`crashing` are couch_jobs `pending`,
 //! `running` is `running`, `completed`/`failed` are `finished`.
 //!
 //! Owns the JSON keys of a `rep_jobs` job, job-id computation (persistent `db|doc_id`,
@@ -18,7 +18,7 @@ use super::error::{ReplicatorError, ReplicatorResult};
 /// The couch_jobs type of replication jobs.
 pub const REP_JOBS: &str = "rep_jobs";
 
-/// A replicator job state (C.3).
+/// A replicator job state (CouchDB 4.x's couch_replicator_jobs.erl job data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RepState {
@@ -96,7 +96,7 @@ pub fn persistent_job_id(db_name: &str, doc_id: &str) -> String {
 }
 
 /// The job id of a transient job: MD5 over everything that makes it a different replication,
-/// without credentials and without network access (C.2).
+/// without credentials and without network access (CouchDB 4.x's couch_replicator_jobs.erl).
 pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> String {
     let o = &spec.options;
     let normalized = json!([
@@ -348,7 +348,7 @@ impl JobView {
         self.database.is_none()
     }
 
-    /// The job object of `GET /_scheduler/jobs` (C.7; timestamps ISO 8601).
+    /// The job object of `GET /_scheduler/jobs` (CouchDB 4.x's couch_replicator_httpd.erl; timestamps ISO 8601).
     pub fn scheduler_json(&self) -> Value {
         let history: Vec<Value> = self
             .history

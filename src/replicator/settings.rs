@@ -1,5 +1,5 @@
-//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (digest C.8,
-//! B.2), in one place. Deserialised from the config file's `[replicator]` table; every field
+//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (CouchDB 4.x's [replicator] defaults,
+//! CouchDB 3.x's [replicator] defaults in default.ini), in one place. Deserialised from the config file's `[replicator]` table; every field
 //! has its default so a partial file works.
 
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The transactional ordered key-value contract that couch_jobs is built on.
 //!
-//! The contract *is* FoundationDB's (DESIGN.md section 3): serializable interactive
+//! The contract *is* FoundationDB's (docs/architecture.md, "The store contract"): serializable interactive
 //! transactions that are retried on conflict, ordered keys, `get`/`get_range` (limit, reverse,
 //! snapshot), `set`/`clear`/`clear_range`, atomic `add`, versionstamped keys and values (a
 //! 10-byte commit version + batch order, unique and increasing per commit), explicit read
