@@ -1,4 +1,4 @@
-//! connection_pool: the node-wide per-endpoint connection budget (digest B.9, CouchDB's
+//! connection_pool: the node-wide per-endpoint connection budget (CouchDB's couch_replicator_connection.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's
 //! `couch_replicator_connection`), on top of reqwest's own pool.
 //!
 //! Messages: [`PoolMsg::Acquire`] (an owner actor asks for up to `want` connections to an

@@ -13,8 +13,11 @@ use super::rep_job::parse_rep;
 /// The span every handler of the job enters (the engine's tasks inherit it).
 pub fn job_span(node: &str, job_id: &str, record: &RepJobRecord) -> tracing::Span {
     // Logs keep the user name (password masked), which helps operators more than the
-    // stripped URL the HTTP API shows.
-    let (source, target) = match parse_rep(&serde_json::Value::Object(record.rep.clone())) {
+    // stripped URL the HTTP API shows. Only the endpoints are shown: the node's per-job
+    // defaults do not change them.
+    let defaults = crate::replication::ReplicationOptions::default();
+    let rep = serde_json::Value::Object(record.rep.clone());
+    let (source, target) = match parse_rep(&rep, &defaults) {
         Ok(spec) => (spec.source.to_string(), spec.target.to_string()),
         Err(_) => ("invalid".to_owned(), "invalid".to_owned()),
     };

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobsError};
-use crate::replication::{Filter, ReplicationSpec, ReplicationStats};
+use crate::replication::{Filter, ReplicationOptions, ReplicationSpec, ReplicationStats};
 
 use super::error::{ReplicatorError, ReplicatorResult};
 pub use super::job_record::{
@@ -41,7 +41,7 @@ pub fn persistent_job_id(db_name: &str, doc_id: &str) -> String {
 }
 
 /// The job id of a transient job: MD5 over everything that makes it a different replication,
-/// without credentials and without network access (C.2).
+/// without credentials and without network access (CouchDB 4.x's couch_replicator_jobs.erl).
 pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> String {
     let o = &spec.options;
     let normalized = json!([
@@ -112,9 +112,11 @@ pub fn new_record(kind: &JobKind, rep: &Value, spec: &ReplicationSpec, now: i64)
     r
 }
 
-/// Parses and validates a replication document / request body.
-pub fn parse_rep(rep: &Value) -> ReplicatorResult<ReplicationSpec> {
-    ReplicationSpec::from_json(rep).map_err(|e| ReplicatorError::BadRequest(e.to_string()))
+/// Parses and validates a replication document / request body over the node's per-job
+/// defaults.
+pub fn parse_rep(rep: &Value, defaults: &ReplicationOptions) -> ReplicatorResult<ReplicationSpec> {
+    ReplicationSpec::from_json_with(rep, defaults)
+        .map_err(|e| ReplicatorError::BadRequest(e.to_string()))
 }
 
 /// ISO 8601 (UTC, seconds) of a UNIX time.
@@ -172,6 +174,11 @@ pub struct JobView {
     pub retry_at: Option<i64>,
 }
 
+/// The node whose job actor last stamped the job (`None` before a first run).
+pub fn running_node(d: &JobData) -> Option<&str> {
+    d.get("node").and_then(Value::as_str)
+}
+
 impl JobView {
     /// Builds the view from a job's id and record.
     pub fn from_record(job_id: &str, r: &RepJobRecord) -> Self {
@@ -217,7 +224,7 @@ mod tests {
 
     fn spec(src: &str, tgt: &str) -> (Value, ReplicationSpec) {
         let rep = json!({"source": src, "target": tgt, "continuous": true});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         (rep, s)
     }
 
@@ -238,7 +245,7 @@ mod tests {
     fn transient_ids_are_built_from_stable_json() {
         let rep = json!({"source": "http://127.0.0.1:1/a", "target": "http://127.0.0.1:1/b",
             "doc_ids": ["x"]});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         let text = r#"["http://127.0.0.1:1/a","http://127.0.0.1:1/b","bob",false,false,{"doc_ids":["x"]},false]"#;
         assert_eq!(
             transient_job_id(&s, Some("bob")),

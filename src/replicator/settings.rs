@@ -1,10 +1,12 @@
-//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (digest C.8,
-//! B.2), in one place. Deserialised from the config file's `[replicator]` table; every field
+//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (CouchDB 4.x's [replicator] defaults,
+//! CouchDB 3.x's [replicator] defaults in default.ini), in one place. Deserialised from the config file's `[replicator]` table; every field
 //! has its default so a partial file works.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::replication::ReplicationOptions;
 
 /// What a node does (CouchDB 4.x node types): `api_frontend` creates jobs (HTTP API,
 /// `_replicator` docs), `replication` runs them. A node may be both.
@@ -59,6 +61,11 @@ pub struct ReplicatorSettings {
     pub connection_close_interval: u64,
     /// What this node runs.
     pub node_types: Vec<NodeType>,
+    /// Per-job defaults (`worker_processes`, `connection_timeout`, TLS, ...): what a
+    /// replication document does not set. Read from the `[replicator]` keys CouchDB uses for
+    /// them; not part of this table's own keys.
+    #[serde(skip)]
+    pub job_defaults: ReplicationOptions,
 }
 
 impl Default for ReplicatorSettings {
@@ -82,6 +89,7 @@ impl Default for ReplicatorSettings {
             rate_limiter_max_interval_msec: 25_000,
             connection_close_interval: 90_000,
             node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
+            job_defaults: ReplicationOptions::default(),
         }
     }
 }

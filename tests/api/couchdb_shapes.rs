@@ -171,6 +171,7 @@ async fn scheduler_task_and_document_shapes_match_couchdb() {
                 poll_timeout: Duration::from_millis(500),
                 retry_delay: Duration::from_millis(200),
                 rescan_interval: Duration::from_millis(300),
+                tls: Default::default(),
             },
         )
         .unwrap();
