@@ -127,11 +127,9 @@ async fn refuse_duplicate(
         return Ok(());
     }
     match rep.get(&owner).await {
-        Ok(v) if !v.state.is_terminal() => Err(HttpError::new(
-            StatusCode::CONFLICT,
-            "conflict",
-            format!("Duplicate job running: {owner}"),
-        )),
+        Ok(v) if !v.state.is_terminal() => {
+            Err(HttpError::from(&JobError::DuplicateJob { other: owner }))
+        }
         _ => Ok(()),
     }
 }
@@ -158,11 +156,7 @@ async fn wait(
             (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => return Ok(view),
             (RepState::Crashing, _) => {
                 if let Some(e @ JobError::DuplicateJob { .. }) = &view.state_info {
-                    return Err(HttpError::new(
-                        StatusCode::CONFLICT,
-                        "conflict",
-                        e.to_string(),
-                    ));
+                    return Err(HttpError::from(e));
                 }
             }
             _ => {}
