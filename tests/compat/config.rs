@@ -258,7 +258,7 @@ async fn replicator_defaults_apply_and_request_bodies_override_them() {
     .await;
     for t in &tasks {
         let target = t["target"].as_str().unwrap();
-        let want = if target.ends_with("/by_body") {
+        let want = if target.ends_with("/by_body/") {
             5000
         } else {
             7000
