@@ -6,6 +6,7 @@
 
 pub mod active_tasks;
 pub mod auth;
+pub mod cookie;
 pub mod couch_json;
 pub mod error;
 pub mod health;
