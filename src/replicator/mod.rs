@@ -10,6 +10,7 @@ pub mod collision;
 pub mod connection_pool;
 pub mod context;
 pub mod doc_processor;
+pub mod doc_writeback;
 pub mod error;
 pub mod event_bus;
 pub mod frontend;

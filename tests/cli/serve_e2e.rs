@@ -143,21 +143,20 @@ async fn serve_replicates_between_two_pouchdb_servers() {
             (count(&b, "live").await == 150).then_some(())
         })
         .await;
-        let (_, jobs) = node
-            .call(reqwest::Method::GET, "/_scheduler/jobs", None)
-            .await;
-        let live = jobs["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|j| j["id"] == local_id.as_str())
-            .unwrap_or_else(|| panic!("{local_id} not in {jobs}"))
-            .clone();
-        // CouchDB's job entries carry no state: a running one has a pid and stats.
-        assert!(
-            live["pid"].is_string() && live["info"].is_object(),
-            "{live}"
-        );
+        // CouchDB's job entries carry no state: a running one has a pid, and stats from its
+        // first stats update on.
+        let live = until("the job's stats", async || {
+            let (_, jobs) = node
+                .call(reqwest::Method::GET, "/_scheduler/jobs", None)
+                .await;
+            jobs["jobs"]
+                .as_array()?
+                .iter()
+                .find(|j| j["id"] == local_id.as_str())
+                .filter(|j| j["pid"].is_string() && j["info"].is_object())
+                .cloned()
+        })
+        .await;
         // The replication id (with its `+`s) finds the job too.
         let (s, by_rep_id) = node
             .call(

@@ -1,0 +1,165 @@
+//! Writing a final state back into a `_replicator` document, as CouchDB writes it:
+//! `_replication_state` (`completed` or `failed`), `_replication_state_time`, and either
+//! `_replication_stats` (CouchDB's nine counters and `start_time`, [`DocStats`]) or
+//! `_replication_state_reason`; `owner` is stamped when missing. Conflicts are retried; a
+//! document that is gone or already final is left alone.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Map, Value, json};
+
+use crate::backoff::Backoff;
+use crate::replication::client::{HttpClient, Req};
+use crate::replication::endpoint::encode_doc_id;
+use crate::replication::{ReplicationError, ReplicationStats};
+
+use super::rep_job::iso8601;
+
+/// The `_replication_stats` CouchDB writes into a completed document.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DocStats {
+    /// Revisions checked.
+    pub revisions_checked: u64,
+    /// Missing revisions found.
+    pub missing_revisions_found: u64,
+    /// Documents read.
+    pub docs_read: u64,
+    /// Documents written.
+    pub docs_written: u64,
+    /// Changes left, when known.
+    pub changes_pending: Option<u64>,
+    /// Write failures.
+    pub doc_write_failures: u64,
+    /// Revisions fetched with `_bulk_get`.
+    pub bulk_get_docs: u64,
+    /// Revisions asked for with `_bulk_get`.
+    pub bulk_get_attempts: u64,
+    /// Last checkpointed source sequence (a string, as CouchDB shows sequences).
+    pub checkpointed_source_seq: String,
+    /// ISO 8601 start of the job.
+    pub start_time: String,
+}
+
+impl DocStats {
+    /// The stats of a finished job that started at `start_time` (UNIX seconds).
+    pub fn new(s: &ReplicationStats, start_time: i64) -> Self {
+        Self {
+            revisions_checked: s.revisions_checked,
+            missing_revisions_found: s.missing_revisions_found,
+            docs_read: s.docs_read,
+            docs_written: s.docs_written,
+            changes_pending: s.changes_pending,
+            doc_write_failures: s.doc_write_failures,
+            bulk_get_docs: s.bulk_get_docs,
+            bulk_get_attempts: s.bulk_get_attempts,
+            checkpointed_source_seq: match &s.checkpointed_source_seq {
+                Value::String(t) => t.clone(),
+                other => other.to_string(),
+            },
+            start_time: iso8601(start_time),
+        }
+    }
+}
+
+/// A terminal state to write to a document.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Terminal {
+    /// `completed` with these stats.
+    Completed(DocStats),
+    /// `failed` with this reason.
+    Failed(String),
+}
+
+/// How often a conflicting write is retried.
+const WRITE_ATTEMPTS: u32 = 6;
+
+/// Writes a terminal state to `doc_id`, re-reading and retrying on conflict. Returns `false`
+/// when the document no longer exists or already carries a terminal state.
+pub async fn write_state(
+    client: &HttpClient,
+    doc_id: &str,
+    state: Terminal,
+) -> Result<bool, ReplicationError> {
+    write_state_if(client, doc_id, state, |_| true).await
+}
+
+pub(super) async fn write_state_if(
+    client: &HttpClient,
+    doc_id: &str,
+    state: Terminal,
+    still_same: impl Fn(&Map<String, Value>) -> bool,
+) -> Result<bool, ReplicationError> {
+    let path = encode_doc_id(doc_id);
+    // Writers racing on one document retry at random moments, 100 ms doubling to 6.4 s.
+    let mut conflicts =
+        Backoff::new(Duration::from_millis(100), Duration::from_millis(6400)).full_jitter();
+    for _ in 0..WRITE_ATTEMPTS {
+        let r = client.send(&Req::get(path.clone())).await?;
+        if r.status == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
+        let mut doc: Map<String, Value> = r.json("replication document")?;
+        let current = doc.get("_replication_state").and_then(Value::as_str);
+        if matches!(current, Some("completed" | "failed")) || !still_same(&doc) {
+            return Ok(false);
+        }
+        doc.insert(
+            "_replication_state_time".into(),
+            json!(iso8601(crate::replication::stats::unix_now() as i64)),
+        );
+        stamp_owner(&mut doc, client);
+        match &state {
+            Terminal::Completed(stats) => {
+                doc.insert("_replication_state".into(), json!("completed"));
+                doc.insert("_replication_stats".into(), json!(stats));
+                doc.remove("_replication_state_reason");
+            }
+            Terminal::Failed(reason) => {
+                doc.insert("_replication_state".into(), json!("failed"));
+                doc.insert("_replication_state_reason".into(), json!(reason));
+            }
+        }
+        let body = serde_json::to_vec(&doc)
+            .map_err(|e| ReplicationError::BadResponse(format!("cannot encode document: {e}")))?;
+        let w = client
+            .send(&Req::json(Method::PUT, path.clone(), body))
+            .await?;
+        match w.status {
+            s if s.is_success() => return Ok(true),
+            StatusCode::CONFLICT => {
+                conflicts.wait().await;
+            }
+            // A validation function refused the write: log and give up, as CouchDB does.
+            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => return Ok(false),
+            s => {
+                return Err(ReplicationError::BadResponse(format!(
+                    "{}: writing the state of `{doc_id}` answered {s}",
+                    client.endpoint()
+                )));
+            }
+        }
+    }
+    Err(ReplicationError::BadResponse(format!(
+        "{}: `{doc_id}` kept conflicting while writing its state",
+        client.endpoint()
+    )))
+}
+
+/// CouchDB stamps `owner` (the writer's name) on every `_replicator` document; we cannot
+/// see who wrote it, so a document without one gets its `user_ctx` name, else the user this
+/// node writes as.
+fn stamp_owner(doc: &mut Map<String, Value>, client: &HttpClient) {
+    if doc.get("owner").is_some_and(Value::is_string) {
+        return;
+    }
+    let name = doc
+        .get("user_ctx")
+        .and_then(|u| u.get("name"))
+        .and_then(Value::as_str)
+        .or_else(|| client.endpoint().user())
+        .map(str::to_owned);
+    if let Some(name) = name {
+        doc.insert("owner".into(), json!(name));
+    }
+}
