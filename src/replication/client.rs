@@ -17,6 +17,7 @@ use super::auth::Auth;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
+use super::transport::{TransportKey, Transports};
 
 /// First retry sleep.
 /// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
@@ -113,7 +114,7 @@ impl Resp {
 
 /// HTTP access to one endpoint.
 pub struct HttpClient {
-    http: reqwest::Client,
+    http: Arc<reqwest::Client>,
     ep: Endpoint,
     auth: Auth,
     limiter: Arc<dyn RateLimiter>,
@@ -128,39 +129,42 @@ impl std::fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
-    /// Builds the client for an endpoint.
+    /// Builds the client for an endpoint with its own connection pool.
     pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
-        let mut b = reqwest::Client::builder()
-            .gzip(!is_loopback(&ep))
-            .read_timeout(cfg.connection_timeout)
-            .connect_timeout(cfg.connection_timeout)
-            .pool_max_idle_per_host(cfg.http_connections)
-            .tcp_nodelay(cfg.tcp_nodelay)
-            .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
-        #[cfg(feature = "tls")]
-        if let Some(tls) = shared_tls() {
-            b = b.tls_backend_preconfigured(tls);
-        }
-        b = match &cfg.proxy {
-            Some(p) => b.proxy(
-                reqwest::Proxy::all(p)
-                    .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
-            ),
-            None => b.no_proxy(),
-        };
-        let http = b.build().map_err(|e| {
-            ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
-        })?;
+        let builder = reqwest::Client::builder().pool_max_idle_per_host(cfg.http_connections);
+        let http = Arc::new(build_http(&ep, &cfg, builder)?);
+        Ok(Self::assemble(http, ep, cfg, limiter))
+    }
+
+    /// Builds the client for an endpoint on the shared client of its transport key (see
+    /// [`Transports`]): its sockets are shared with every other client of that key, and
+    /// `http_connections` only bounds this client's own requests in flight.
+    pub fn shared(
+        ep: Endpoint,
+        cfg: ClientConfig,
+        limiter: Arc<dyn RateLimiter>,
+        transports: &Transports,
+    ) -> Result<Self> {
+        let http = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
+        Ok(Self::assemble(http, ep, cfg, limiter))
+    }
+
+    fn assemble(
+        http: Arc<reqwest::Client>,
+        ep: Endpoint,
+        cfg: ClientConfig,
+        limiter: Arc<dyn RateLimiter>,
+    ) -> Self {
         let auth = Auth::new(&ep);
         let slots = Semaphore::new(cfg.http_connections.max(1));
-        Ok(Self {
+        Self {
             http,
             ep,
             auth,
             limiter,
             cfg,
             slots,
-        })
+        }
     }
 
     /// The endpoint this client talks to.
@@ -330,6 +334,48 @@ impl HttpClient {
             headers,
             body,
         }))
+    }
+}
+
+/// The reqwest client of an endpoint: everything but the pool sizing, which `b` carries.
+fn build_http(
+    ep: &Endpoint,
+    cfg: &ClientConfig,
+    b: reqwest::ClientBuilder,
+) -> Result<reqwest::Client> {
+    let mut b = b
+        .gzip(!is_loopback(ep))
+        .read_timeout(cfg.connection_timeout)
+        .connect_timeout(cfg.connection_timeout)
+        .tcp_nodelay(cfg.tcp_nodelay)
+        .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
+    #[cfg(feature = "tls")]
+    if let Some(tls) = shared_tls() {
+        b = b.tls_backend_preconfigured(tls);
+    }
+    b = match &cfg.proxy {
+        Some(p) => b.proxy(
+            reqwest::Proxy::all(p)
+                .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
+        ),
+        None => b.no_proxy(),
+    };
+    b.build().map_err(|e| {
+        ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
+    })
+}
+
+/// Everything [`build_http`] reads: clients with equal keys are interchangeable.
+fn transport_key(ep: &Endpoint, cfg: &ClientConfig) -> TransportKey {
+    let url = ep.parsed_url();
+    TransportKey {
+        scheme: url.scheme().to_owned(),
+        host: url.host_str().unwrap_or("").to_owned(),
+        port: url.port_or_known_default().unwrap_or(0),
+        proxy: cfg.proxy.clone(),
+        connection_timeout: cfg.connection_timeout,
+        tcp_nodelay: cfg.tcp_nodelay,
+        gzip: !is_loopback(ep),
     }
 }
 

@@ -19,6 +19,7 @@ pub mod rep_id;
 pub mod revs_diff;
 pub mod selector;
 pub mod stats;
+pub mod transport;
 pub mod write;
 
 pub use endpoint::Endpoint;
