@@ -1,4 +1,4 @@
-//! The replicator actor tree: actors, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor.
+//! The replicator actor tree: actors, the shared connection pool, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor.
 
 mod support;
 
@@ -9,5 +9,6 @@ mod replicator {
     mod faults;
     mod lifecycle;
     mod node_types;
+    mod pool;
     mod scale;
 }
