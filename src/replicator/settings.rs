@@ -2,9 +2,12 @@
 //! B.2), in one place. Deserialised from the config file's `[replicator]` table; every field
 //! has its default so a partial file works.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::share::ShareParams;
 
 /// What a node does (CouchDB 4.x node types): `api_frontend` creates jobs (HTTP API,
 /// `_replicator` docs), `replication` runs them. A node may be both.
@@ -59,6 +62,13 @@ pub struct ReplicatorSettings {
     pub connection_close_interval: u64,
     /// What this node runs.
     pub node_types: Vec<NodeType>,
+    /// Fair-share weight per `_replicator` database (`[replicator.shares]`, 1..=1000, others
+    /// 100).
+    pub shares: BTreeMap<String, u32>,
+    /// How much of a database's fair-share usage survives a cycle (0..=1).
+    pub usage_coeff: f64,
+    /// How much of a job's fair-share priority survives a cycle (0..=1).
+    pub priority_coeff: f64,
 }
 
 impl Default for ReplicatorSettings {
@@ -82,6 +92,9 @@ impl Default for ReplicatorSettings {
             rate_limiter_max_interval_msec: 25_000,
             connection_close_interval: 90_000,
             node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
+            shares: BTreeMap::new(),
+            usage_coeff: 0.5,
+            priority_coeff: 0.98,
         }
     }
 }
@@ -121,6 +134,15 @@ impl ReplicatorSettings {
     /// How long an idle pooled connection is kept (`connection_close_interval`).
     pub fn connection_close_interval(&self) -> Duration {
         Duration::from_millis(self.connection_close_interval)
+    }
+
+    /// The fair-share parameters.
+    pub fn share_params(&self) -> ShareParams {
+        ShareParams {
+            shares: self.shares.clone(),
+            usage_coeff: self.usage_coeff,
+            priority_coeff: self.priority_coeff,
+        }
     }
 
     /// Whether this node has `node_type` in its `node_types`.
