@@ -10,6 +10,7 @@
 //! - [`replicator`]: the replicator application: policies, settings, the supervision tree.
 //! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
 //! - [`http`]: the HTTP API.
+//! - [`telemetry`]: metrics, their renderings and log setup (a leaf every layer reports to).
 
 pub mod backoff;
 pub mod http;
@@ -18,6 +19,7 @@ pub mod replication;
 pub mod replicator;
 pub mod steps;
 pub mod store;
+pub mod telemetry;
 
 pub use replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError,

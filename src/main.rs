@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use couch_replicator::telemetry::logging::LogFormat;
 
 mod cli;
 
@@ -14,6 +15,15 @@ mod cli;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as `text` or `json` (one object per line, carrying the fields of the
+    /// enclosing spans, such as a replication job's `job_id` and `rep_id`).
+    #[arg(
+        long,
+        global = true,
+        env = "COUCH_REPLICATOR_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -24,17 +34,6 @@ enum Command {
     Replicate(cli::replicate::ReplicateArgs),
     /// Steps jobs on a node: submit a job file (and watch it), get one, list them.
     Steps(cli::steps::StepsArgs),
-}
-
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
 }
 
 fn main() -> ExitCode {
@@ -53,7 +52,7 @@ fn main() -> ExitCode {
         Command::Replicate(a) => rt.block_on(cli::replicate::run(a)),
         Command::Steps(a) => rt.block_on(cli::steps::run(a)),
         Command::Serve(a) => {
-            init_tracing();
+            couch_replicator::telemetry::logging::init(cli.log_format);
             rt.block_on(cli::serve::run(a))
         }
     };

@@ -1,16 +1,14 @@
-//! `GET /` (welcome), `GET /_up` (is this node's replicator tree alive), `GET /metrics` (Prometheus text: the
-//! process-wide recorder, with job gauges refreshed at every scrape), and the middleware
-//! counting requests by method and status (`couch_replicator_http_requests_total`).
+//! `GET /` (welcome), `GET /_up` (is this node's replicator tree alive), and the middleware
+//! counting requests by method and status (`couch_replicator_http_requests_total`, in the
+//! process-wide recorder `/metrics` appends; see [`super::node_stats`]).
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::AppState;
-use super::error::{HttpError, HttpResult};
-use crate::replicator::RepState;
 
 /// `GET /`: CouchDB's welcome object, so clients probing the server recognise it.
 pub async fn welcome(State(st): State<AppState>) -> Json<serde_json::Value> {
@@ -48,29 +46,4 @@ pub async fn count_requests(req: axum::extract::Request, next: axum::middleware:
     )
     .increment(1);
     resp
-}
-
-/// `GET /metrics`: Prometheus exposition text.
-pub async fn metrics(State(st): State<AppState>) -> HttpResult<Response> {
-    let Some(handle) = st.metrics() else {
-        return Err(HttpError::not_found("no metrics recorder is installed"));
-    };
-    if let Ok(jobs) = st.replicator().list().await {
-        for state in [
-            RepState::Pending,
-            RepState::Running,
-            RepState::Crashing,
-            RepState::Completed,
-            RepState::Failed,
-        ] {
-            let n = jobs.iter().filter(|j| j.state == state).count();
-            metrics::gauge!("couch_replicator_jobs", "state" => state.as_str()).set(n as f64);
-        }
-        metrics::gauge!("couch_replicator_jobs_total").set(jobs.len() as f64);
-    }
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        handle.render(),
-    )
-        .into_response())
 }

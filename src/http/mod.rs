@@ -1,7 +1,7 @@
 //! The HTTP API (axum), CouchDB-compatible: this module owns the [`Router`] and its shared
-//! [`AppState`]; each endpoint group has its own file. Every reply is JSON; errors are
-//! `{"error", "reason"}` ([`error::HttpError`]); callers are identified by HTTP Basic
-//! ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
+//! [`AppState`]; each endpoint group has its own file. Every reply is JSON (except the
+//! status page's HTML and the Prometheus text); errors are `{"error", "reason"}`
+//! ([`error::HttpError`]); callers are identified by HTTP Basic ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
 //! passes through [`mask`] so no password leaves the node.
 
 pub mod active_tasks;
@@ -9,8 +9,10 @@ pub mod auth;
 pub mod error;
 pub mod health;
 pub mod mask;
+pub mod node_stats;
 pub mod replicate;
 pub mod scheduler;
+pub mod status_page;
 pub mod steps;
 
 use std::sync::Arc;
@@ -63,6 +65,7 @@ struct Inner {
     replicator: Arc<Replicator>,
     config: HttpConfig,
     metrics: Option<PrometheusHandle>,
+    status_jobs: status_page::job_cache::JobCache,
 }
 
 impl AppState {
@@ -77,6 +80,7 @@ impl AppState {
                 replicator,
                 config,
                 metrics,
+                status_jobs: Default::default(),
             }),
         }
     }
@@ -89,6 +93,11 @@ impl AppState {
     /// The API settings.
     pub fn config(&self) -> &HttpConfig {
         &self.inner.config
+    }
+
+    /// The job listing the status page's viewers share.
+    pub fn status_jobs(&self) -> &status_page::job_cache::JobCache {
+        &self.inner.status_jobs
     }
 
     /// The Prometheus recorder, if one is installed.
@@ -122,7 +131,14 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_active_tasks", get(active_tasks::active_tasks))
         .route("/", get(health::welcome))
         .route("/_up", get(health::up))
-        .route("/metrics", get(health::metrics))
+        .route("/metrics", get(node_stats::metrics))
+        .route("/_node/{node}/_prometheus", get(node_stats::prometheus))
+        .route("/_node/{node}/_stats", get(node_stats::stats))
+        .route("/_node/{node}/_stats/{*path}", get(node_stats::stats_path))
+        .route("/_utils/replicator", get(status_page::page))
+        .route("/_utils/replicator/status.json", get(status_page::status))
+        .route("/_utils/replicator/app.js", get(status_page::app_js))
+        .route("/_utils/replicator/app.css", get(status_page::app_css))
         .with_state(state);
     if let Some(steps) = steps {
         app = app.merge(self::steps::router(self::steps::StepsHttp { steps, admin }));

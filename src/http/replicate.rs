@@ -1,8 +1,10 @@
 //! `POST /_replicate` (digest B.14, C.6): starts a transient replication as the caller, or
-//! cancels one. Continuous: 202 `{"ok", "_local_id"}` once the job runs. One-shot: waits for
-//! completion, then 200 with the checkpoint history, or the job's error. `cancel: true`: by
-//! `id`/`_local_id`/`replication_id`, or by the same source/target/options. A replication
-//! that another (persistent or transient) job already runs is a 409.
+//! cancels one. The replication id is computed first (a user filter missing from the source
+//! is a 404). Continuous: 202 `{"ok", "_local_id"}` as soon as the job is added. One-shot:
+//! waits for completion, then 200 with CouchDB's checkpoint record, or the job's error.
+//! `cancel: true`: by `id`/`_local_id`/`replication_id`, or by the same source/target/options;
+//! answered once the job has stopped. A replication that another (persistent or transient)
+//! job already runs is a 409.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -16,7 +18,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
-use crate::replication::ReplicationSpec;
+use crate::replication::{Context, RepId, ReplicationError, ReplicationSpec, compute_id};
 use crate::replicator::handle::reason_text;
 use crate::replicator::rep_doc::{ReplicateRequest, UserCtx, parse_replicate_body};
 use crate::replicator::rep_job::transient_job_id;
@@ -59,7 +61,13 @@ pub async fn post_replicate(
                 m.remove("user_ctx");
                 m.remove("cancel");
             }
+            // The id first, as CouchDB does: a user filter is read from the source now, and a
+            // missing one is a 404 before any job exists.
+            let rep_id = rep_id_of(&st, &spec).await?;
             let rep = st.replicator();
+            if spec.options.continuous {
+                refuse_duplicate(&st, &spec, &user, &rep_id.full()).await?;
+            }
             let job = rep
                 .add(NewJob {
                     kind: JobKind::Transient {
@@ -69,16 +77,11 @@ pub async fn post_replicate(
                 })
                 .await?;
             if spec.options.continuous {
-                let view = wait(
-                    &st,
-                    &job.job_id,
-                    WaitFor::Running,
-                    st.config().start_timeout,
-                )
-                .await?;
+                // Answered once the job is added, even if an endpoint is unreachable (the job
+                // then shows as crashing), as CouchDB answers.
                 Ok((
                     StatusCode::ACCEPTED,
-                    Json(json!({"ok": true, "_local_id": local_id(&view)})),
+                    Json(json!({"ok": true, "_local_id": rep_id.full()})),
                 )
                     .into_response())
             } else {
@@ -92,6 +95,44 @@ pub async fn post_replicate(
                 Ok(Json(masked(completion_body(&view))).into_response())
             }
         }
+    }
+}
+
+/// The replication id this node computes for `spec`. A user filter that cannot be read from
+/// the source is CouchDB's 404 `not_found`.
+async fn rep_id_of(st: &AppState, spec: &ReplicationSpec) -> HttpResult<RepId> {
+    let ctx = Context {
+        server_uuid: st.replicator().server_uuid().to_owned(),
+        ..Context::default()
+    };
+    compute_id(spec, &ctx).await.map_err(|e| match e {
+        ReplicationError::InvalidOptions(m) => HttpError::bad_request(m),
+        other => HttpError::not_found(other.to_string()),
+    })
+}
+
+/// A replication that another job already runs is a 409 (CouchDB would leave this one
+/// crashing behind the other; answering at once tells the caller).
+async fn refuse_duplicate(
+    st: &AppState,
+    spec: &ReplicationSpec,
+    user: &UserCtx,
+    rep_id: &str,
+) -> HttpResult<()> {
+    let rep = st.replicator();
+    let Some(owner) = rep.rep_id_owner(rep_id).await? else {
+        return Ok(());
+    };
+    if owner == transient_job_id(spec, user.name.as_deref()) {
+        return Ok(());
+    }
+    match rep.get(&owner).await {
+        Ok(v) if !v.state.is_terminal() => Err(HttpError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("Duplicate job running: {owner}"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -171,14 +212,19 @@ fn local_id(view: &JobView) -> String {
     view.rep_id.clone().unwrap_or_else(|| view.job_id.clone())
 }
 
-/// A completed one-shot job's reply, shaped like CouchDB's: `ok`, `session_id`,
-/// `source_last_seq`, `replication_id_version`, and `history` entries with CouchDB's names
-/// (`missing_checked`, `missing_found`, `docs_read`, `docs_written`, `doc_write_failures`,
-/// `start_last_seq`/`end_last_seq`/`recorded_seq`, RFC 1123 `start_time`/`end_time`).
+/// A completed one-shot job's reply, CouchDB's: `ok` followed by the job's checkpoint record
+/// (the checkpoint document written by the run: `session_id`, `source_last_seq`,
+/// `replication_id_version`, `history`; or, when there was nothing to do, the existing one
+/// with `no_changes: true`). Jobs that kept only stats get the same shape built from them.
 fn completion_body(view: &JobView) -> Value {
+    if let Value::Object(record) = &view.checkpoint_history {
+        let mut reply = serde_json::Map::new();
+        reply.insert("ok".into(), Value::Bool(true));
+        reply.extend(record.iter().map(|(k, v)| (k.clone(), v.clone())));
+        return Value::Object(reply);
+    }
     let entries: Vec<Value> = match &view.checkpoint_history {
         Value::Array(a) => a.clone(),
-        Value::Object(_) => vec![view.checkpoint_history.clone()],
         _ => Vec::new(),
     };
     let session_id = uuid::Uuid::new_v4().simple().to_string();
@@ -194,7 +240,6 @@ fn completion_body(view: &JobView) -> Value {
         "session_id": session_id,
         "source_last_seq": source_last_seq,
         "replication_id_version": 4,
-        "replication_id": local_id(view),
         "history": history,
     })
 }
@@ -240,12 +285,26 @@ mod tests {
         let body = completion_body(&view);
         assert_eq!(body["ok"], true);
         assert_eq!(body["source_last_seq"], "3-x");
-        assert_eq!(body["replication_id"], "abc+create_target");
+        assert!(
+            body.get("replication_id").is_none(),
+            "CouchDB does not send it"
+        );
         let h = &body["history"][0];
         assert_eq!(h["missing_checked"], 4);
         assert_eq!(h["missing_found"], 3);
         assert_eq!(h["docs_written"], 3);
         assert_eq!(h["start_time"], "Thu, 01 Jan 1970 00:00:00 GMT");
         assert_eq!(h["session_id"], body["session_id"]);
+    }
+
+    #[test]
+    fn completion_reply_is_ok_then_the_checkpoint_record() {
+        let data: crate::jobs::JobData = serde_json::from_value(json!({
+            "state": "completed", "rep_id": "abc",
+            "checkpoint_history": {"no_changes": true, "session_id": "s", "history": []}}))
+        .unwrap();
+        let body = completion_body(&JobView::from_data("j", &data));
+        let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["ok", "no_changes", "session_id", "history"]);
     }
 }

@@ -238,6 +238,8 @@ impl Jobs {
 
     /// Dequeues and locks a job; waits for one as digest A.6 says. `NotFound` when the wait
     /// times out.
+    #[tracing::instrument(name = "couch_jobs.accept", level = "debug", skip_all,
+        fields(job_type = %ty, job_id = tracing::field::Empty))]
     pub async fn accept(&self, ty: &str, opts: AcceptOpts) -> JobsResult<(Job, JobData)> {
         let max_sched_time = opts.effective_max_sched_time()?;
         let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
@@ -255,6 +257,7 @@ impl Jobs {
                 })
                 .await?;
             if let Some(found) = found {
+                tracing::Span::current().record("job_id", found.0.id.as_str());
                 return Ok(found);
             }
             let remaining =
@@ -282,6 +285,8 @@ impl Jobs {
     }
 
     /// One non-blocking accept attempt inside the caller's transaction.
+    #[tracing::instrument(name = "couch_jobs.accept", level = "debug", skip_all,
+        fields(job_type = %ty))]
     pub async fn accept_tx(
         &self,
         tx: &Tx,
@@ -304,6 +309,8 @@ impl Jobs {
 
     /// [`Jobs::update`] inside the caller's transaction, so a worker's own writes in that
     /// transaction commit only while it still holds the job's lock.
+    #[tracing::instrument(name = "couch_jobs.update", level = "debug", skip_all,
+        fields(job_type = %job.job_type, job_id = %job.id))]
     pub async fn update_tx(&self, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<Job> {
         lc::update(self.keys(), tx, job, data).await
     }
@@ -320,6 +327,8 @@ impl Jobs {
 
     /// [`Jobs::finish`] inside the caller's transaction, fenced by the job's lock like
     /// [`Jobs::update_tx`].
+    #[tracing::instrument(name = "couch_jobs.finish", level = "debug", skip_all,
+        fields(job_type = %job.job_type, job_id = %job.id))]
     pub async fn finish_tx(&self, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<()> {
         lc::finish(self.keys(), tx, job, data).await
     }

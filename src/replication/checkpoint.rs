@@ -1,7 +1,9 @@
 //! Checkpoints (digest D.2 step 3-5, D.3): reading `_local/<rep id>` on both sides to find the
 //! start sequence (same session on both, else the newest common session in the histories,
-//! else from scratch), and writing them with the session history (newest first, at most 50
-//! entries). The sequence written is always a through-sequence the pipeline guarantees.
+//! else from scratch), looking under the older id versions too and moving what is found there
+//! to the current id as CouchDB does, and writing them with the session history (newest
+//! first, at most 50 entries). The sequence written is always a through-sequence the pipeline
+//! guarantees. Documents are CouchDB's, so either replicator resumes from the other's.
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::client::{HttpClient, Req};
 use super::error::{ReplicationError, Result};
+use super::rep_id::REP_ID_VERSION;
 use super::stats::ReplicationStats;
 
 /// Maximum history entries kept in a checkpoint document.
@@ -35,6 +38,11 @@ pub struct Checkpointer {
     start_time: String,
     start_seq: Value,
     history: Vec<Value>,
+    /// What a one-shot `_replicate` answers (see [`Checkpointer::record`]).
+    record: Value,
+    /// `doc_ids` replications repeat some stats at the top of the document (CouchDB 1.0's
+    /// format, still written by CouchDB 3).
+    doc_ids: bool,
     last_written: Option<Value>,
     /// `instance_start_time` of source and target as seen when the replication opened them.
     instance_start: (Option<String>, Option<String>),
@@ -59,12 +67,6 @@ async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
     }
 }
 
-fn session_ids(h: &[Value]) -> Vec<&str> {
-    h.iter()
-        .filter_map(|e| e.get("session_id").and_then(Value::as_str))
-        .collect()
-}
-
 fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
     let e = entry?;
     let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -80,84 +82,100 @@ fn seed_from(entry: Option<&Value>) -> Option<ReplicationStats> {
     })
 }
 
-/// D.2 step 4: the start sequence and history from the two checkpoint documents.
+/// D.2 step 4, as CouchDB's `compare_replication_logs`: the same session id on both sides
+/// (or neither document) resumes from the source's `source_last_seq` with its whole history;
+/// otherwise the histories are searched for a common session, whose `recorded_seq` is the
+/// start and whose older entries are kept. Cumulative stats continue from the first entry kept.
 pub fn compare_logs(src: Option<&Value>, tgt: Option<&Value>) -> (StartPoint, Vec<Value>) {
-    let zero = (
-        StartPoint {
-            seq: json!(0),
-            seed: None,
-        },
-        Vec::new(),
-    );
-    let (Some(s), Some(t)) = (src, tgt) else {
-        return zero;
-    };
-    let hist = |d: &Value| {
-        d.get("history")
+    let sid = |d: Option<&Value>| d.and_then(|d| d.get("session_id")).cloned();
+    let hist = |d: Option<&Value>| {
+        d.and_then(|d| d.get("history"))
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default()
     };
-    let (sh, th) = (hist(s), hist(t));
-    let sid = |d: &Value| {
-        d.get("session_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
+    let (seq, history) = if sid(src) == sid(tgt) {
+        let seq = src
+            .and_then(|s| s.get("source_last_seq"))
+            .cloned()
+            .unwrap_or(json!(0));
+        (seq, hist(src))
+    } else {
+        compare_rep_history(&hist(src), &hist(tgt))
     };
-    if sid(s).is_some() && sid(s) == sid(t) {
-        let seq = s.get("source_last_seq").cloned().unwrap_or(json!(0));
-        return (
-            StartPoint {
-                seq,
-                seed: seed_from(sh.first()),
-            },
-            sh,
-        );
+    let seed = seed_from(history.first());
+    (StartPoint { seq, seed }, history)
+}
+
+fn has_session_id(id: Option<&Value>, entries: &[Value]) -> bool {
+    id.is_some() && entries.iter().any(|e| e.get("session_id") == id)
+}
+
+fn recorded_seq(e: &Value) -> Value {
+    e.get("recorded_seq").cloned().unwrap_or(json!(0))
+}
+
+fn compare_rep_history(s: &[Value], t: &[Value]) -> (Value, Vec<Value>) {
+    let (Some((s0, s_rest)), Some((t0, t_rest))) = (s.split_first(), t.split_first()) else {
+        return (json!(0), Vec::new());
+    };
+    if has_session_id(s0.get("session_id"), t) {
+        return (recorded_seq(s0), s_rest.to_vec());
     }
-    let (s_ids, t_ids) = (session_ids(&sh), session_ids(&th));
-    for i in 0..sh.len().max(th.len()) {
-        if let Some(e) = sh.get(i)
-            && e.get("session_id")
-                .and_then(Value::as_str)
-                .is_some_and(|x| t_ids.contains(&x))
-        {
-            let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
-            return (
-                StartPoint {
-                    seq,
-                    seed: seed_from(Some(e)),
-                },
-                sh[i..].to_vec(),
-            );
-        }
-        if let Some(e) = th.get(i)
-            && e.get("session_id")
-                .and_then(Value::as_str)
-                .is_some_and(|x| s_ids.contains(&x))
-        {
-            let seq = e.get("recorded_seq").cloned().unwrap_or(json!(0));
-            return (
-                StartPoint {
-                    seq,
-                    seed: seed_from(Some(e)),
-                },
-                th[i..].to_vec(),
-            );
-        }
+    if has_session_id(t0.get("session_id"), s_rest) {
+        return (recorded_seq(t0), t_rest.to_vec());
     }
-    zero
+    compare_rep_history(s_rest, t_rest)
+}
+
+/// Reads the checkpoint of one side under the first of `ids` (newest id version first) that
+/// has one. One found under an older id is copied to `ids[0]`, as CouchDB migrates it; the
+/// returned document then carries the revision of that copy.
+async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value>> {
+    let Some(current) = ids.first() else {
+        return Ok(None);
+    };
+    for (i, id) in ids.iter().enumerate() {
+        let Some(mut doc) = read_local(c, &format!("_local/{id}")).await? else {
+            continue;
+        };
+        if i == 0 {
+            return Ok(Some(doc));
+        }
+        if let Some(m) = doc.as_object_mut() {
+            m.remove("_id");
+            m.remove("_rev");
+        }
+        let path = format!("_local/{current}");
+        let rev = put_local(c, &path, &doc, None).await?;
+        tracing::info!(db = %c.endpoint(), from = %id, to = %current, "migrated replication checkpoint");
+        if let (Some(m), Some(r)) = (doc.as_object_mut(), rev) {
+            m.insert("_rev".into(), Value::String(r));
+        }
+        return Ok(Some(doc));
+    }
+    Ok(None)
 }
 
 impl Checkpointer {
-    /// Reads both checkpoint documents and decides the start point.
+    /// Reads both checkpoint documents and decides the start point. `ids` are the base ids
+    /// of every id version, the current one first (see [`super::rep_id::checkpoint_ids`]).
     pub async fn load(
         src: Arc<HttpClient>,
         tgt: Arc<HttpClient>,
-        base_id: &str,
+        ids: &[String],
     ) -> Result<(Self, StartPoint)> {
-        let path = format!("_local/{base_id}");
-        let (s, t) = tokio::try_join!(read_local(&src, &path), read_local(&tgt, &path))?;
+        let path = format!("_local/{}", ids.first().map_or("", String::as_str));
+        let (s, t) = tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?;
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
+        // Until a checkpoint is written: the source's document, marked as no change.
+        let mut record = serde_json::Map::new();
+        record.insert("no_changes".into(), Value::Bool(true));
+        for (k, v) in s.iter().flat_map(|d| d.as_object()).flatten() {
+            if !k.starts_with('_') {
+                record.insert(k.clone(), v.clone());
+            }
+        }
         let rev = |d: &Option<Value>| {
             d.as_ref()
                 .and_then(|d| d.get("_rev"))
@@ -174,6 +192,8 @@ impl Checkpointer {
             start_time: httpdate::fmt_http_date(std::time::SystemTime::now()),
             start_seq: start.seq.clone(),
             history,
+            record: Value::Object(record),
+            doc_ids: false,
             last_written: None,
             instance_start: (None, None),
         };
@@ -211,6 +231,17 @@ impl Checkpointer {
         }
     }
 
+    /// Marks a `doc_ids` replication (its documents carry a few more fields).
+    pub fn set_doc_ids(&mut self, doc_ids: bool) {
+        self.doc_ids = doc_ids;
+    }
+
+    /// CouchDB's answer to a one-shot `_replicate`, without `ok`: the checkpoint document
+    /// last written, or, when this run wrote none, the source's one with `no_changes: true`.
+    pub fn record(&self) -> &Value {
+        &self.record
+    }
+
     /// This run's session id.
     pub fn session_id(&self) -> &str {
         &self.session_id
@@ -243,7 +274,7 @@ impl Checkpointer {
             "start_time": self.start_time,
             "end_time": httpdate::fmt_http_date(std::time::SystemTime::now()),
             "start_last_seq": self.start_seq,
-            "end_last_seq": stats.source_seq,
+            "end_last_seq": through,
             "recorded_seq": through,
             "missing_checked": stats.revisions_checked,
             "missing_found": stats.missing_revisions_found,
@@ -256,15 +287,29 @@ impl Checkpointer {
         let mut history = Vec::with_capacity(MAX_HISTORY);
         history.push(entry);
         history.extend(self.history.iter().take(MAX_HISTORY - 1).cloned());
-        let body = json!({
+        let mut body = json!({
             "session_id": self.session_id,
             "source_last_seq": through,
-            "replication_id_version": 4,
-            "history": history,
+            "replication_id_version": REP_ID_VERSION,
         });
+        if self.doc_ids
+            && let Some(m) = body.as_object_mut()
+        {
+            for k in [
+                "start_time",
+                "end_time",
+                "docs_read",
+                "docs_written",
+                "doc_write_failures",
+            ] {
+                m.insert(k.into(), history[0][k].clone());
+            }
+        }
+        body["history"] = Value::Array(history);
         self.src_rev = put_local(&self.src, &self.path, &body, self.src_rev.take()).await?;
         self.tgt_rev = put_local(&self.tgt, &self.path, &body, self.tgt_rev.take()).await?;
         self.last_written = Some(through.clone());
+        self.record = body;
         Ok(true)
     }
 }
@@ -326,5 +371,31 @@ mod tests {
         let t2 = json!({"session_id": "x", "history": [{"session_id": "y", "recorded_seq": 5}]});
         assert_eq!(compare_logs(Some(&s), Some(&t2)).0.seq, json!(0));
         assert_eq!(compare_logs(Some(&s), None).0.seq, json!(0));
+        assert_eq!(compare_logs(None, None).0.seq, json!(0));
+    }
+
+    #[test]
+    fn a_common_session_keeps_only_the_older_entries_as_couchdb_does() {
+        let s = json!({"session_id": "c", "history": [
+            {"session_id": "c", "recorded_seq": 30, "docs_read": 3},
+            {"session_id": "b", "recorded_seq": 20, "docs_read": 2},
+            {"session_id": "a", "recorded_seq": 10, "docs_read": 1}]});
+        let t = json!({"session_id": "d", "history": [{"session_id": "b", "recorded_seq": 20}]});
+        let (sp, h) = compare_logs(Some(&s), Some(&t));
+        // Target's first entry `b` is found in the source's entries after its first one.
+        assert_eq!(sp.seq, json!(20));
+        assert!(h.is_empty(), "the target's entries after `b`: none");
+        let (sp, h) = compare_logs(Some(&t), Some(&s));
+        assert_eq!(sp.seq, json!(20));
+        assert_eq!(h.len(), 0);
+        let t2 = json!({"session_id": "e", "history": [{"session_id": "e"}, {"session_id": "b"}]});
+        let (sp, h) = compare_logs(Some(&s), Some(&t2));
+        assert_eq!(sp.seq, json!(20));
+        assert_eq!(h.len(), 1);
+        assert_eq!(
+            sp.seed.unwrap().docs_read,
+            1,
+            "stats continue from the first entry kept"
+        );
     }
 }

@@ -18,6 +18,7 @@ use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
 use super::transport::{TransportKey, Transports};
+use crate::telemetry::{NodeMetrics, Series};
 
 /// First retry sleep.
 /// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
@@ -50,6 +51,8 @@ pub struct ClientConfig {
     pub proxy: Option<String>,
     /// TCP_NODELAY.
     pub tcp_nodelay: bool,
+    /// Where requests, responses and connections are counted.
+    pub metrics: Arc<NodeMetrics>,
 }
 
 /// A request to send: relative path (with query), optional body.
@@ -128,6 +131,12 @@ impl std::fmt::Debug for HttpClient {
     }
 }
 
+impl Drop for HttpClient {
+    fn drop(&mut self) {
+        self.cfg.metrics.inc(Series::ConnectionCloses);
+    }
+}
+
 impl HttpClient {
     /// Builds the client for an endpoint with its own connection pool.
     pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
@@ -157,6 +166,7 @@ impl HttpClient {
     ) -> Self {
         let auth = Auth::new(&ep);
         let slots = Semaphore::new(cfg.http_connections.max(1));
+        cfg.metrics.inc(Series::ConnectionCreates);
         Self {
             http,
             ep,
@@ -215,8 +225,10 @@ impl HttpClient {
                     .acquire()
                     .await
                     .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+                self.cfg.metrics.inc(Series::Requests);
                 self.attempt(req, buffer).await
             };
+            self.count_response(result.as_ref().map(Outcome::status).ok(), buffer);
             let retry_reason = match result {
                 Ok(out) => {
                     let status = out.status();
@@ -252,6 +264,7 @@ impl HttpClient {
                 )));
             }
             attempt += 1;
+            NodeMetrics::add(&self.cfg.metrics.request_retries, 1);
             tracing::debug!(%what, attempt, reason = %retry_reason, "retrying request");
             wait.wait().await;
         }
@@ -278,7 +291,10 @@ impl HttpClient {
             .await
             .header("content-type", req.content_type.as_ref())
             .body(body);
-        let resp = rb.send().await.map_err(|e| failed(describe(&e)))?;
+        self.cfg.metrics.inc(Series::Requests);
+        let resp = rb.send().await;
+        self.count_response(resp.as_ref().map(reqwest::Response::status).ok(), true);
+        let resp = resp.map_err(|e| failed(describe(&e)))?;
         let status = resp.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             self.limiter.failure(&key);
@@ -292,6 +308,32 @@ impl HttpClient {
             headers,
             body,
         })
+    }
+
+    /// Counts one response as CouchDB does: 429 belongs to the rate limiter, 408 and 5xx
+    /// are failures, any other status a success; a transport error (`None`) is a connection
+    /// failure, and for a streamed request also a failed streaming response.
+    fn count_response(&self, status: Option<StatusCode>, buffered: bool) {
+        let m = &self.cfg.metrics;
+        let (ok, failed) = if buffered {
+            (Series::ResponsesSuccess, Series::ResponsesFailure)
+        } else {
+            (
+                Series::StreamResponsesSuccess,
+                Series::StreamResponsesFailure,
+            )
+        };
+        match status {
+            Some(StatusCode::TOO_MANY_REQUESTS) => {}
+            Some(s) if s == StatusCode::REQUEST_TIMEOUT || s.is_server_error() => m.inc(failed),
+            Some(_) => m.inc(ok),
+            None => {
+                m.inc(Series::ConnectionWorkerCrashes);
+                if !buffered {
+                    m.inc(failed);
+                }
+            }
+        }
     }
 
     /// The request with the endpoint's headers, credentials and timeout, without a body.

@@ -10,6 +10,7 @@ use serde_json::Value;
 use url::Url;
 
 use super::error::{ReplicationError, Result};
+use super::id_endpoint::IdEndpoint;
 
 /// Credentials for an endpoint. `Debug` hides the password.
 #[derive(Clone, PartialEq, Eq)]
@@ -36,6 +37,8 @@ pub struct Endpoint {
     pub credentials: Option<Credentials>,
     /// User headers (sorted by name), excluding `Authorization: Basic`.
     pub headers: Vec<(String, String)>,
+    /// The endpoint as CouchDB's replication ids see it (from the raw input).
+    id: IdEndpoint,
 }
 
 /// Header names whose values are secrets.
@@ -149,6 +152,7 @@ impl Endpoint {
         if parsed.host_str().is_none() {
             return Err(ReplicationError::InvalidEndpoint("URL has no host".into()));
         }
+        let id = IdEndpoint::new(url, &headers, creds.as_ref().map(|c| c.username.as_str()));
         let mut credentials = creds;
         if !parsed.username().is_empty() {
             let dec = |s: &str| {
@@ -189,6 +193,7 @@ impl Endpoint {
             url: parsed,
             credentials,
             headers: kept,
+            id,
         })
     }
 
@@ -212,6 +217,11 @@ impl Endpoint {
         let mut u = self.url.clone();
         u.set_path("/");
         u.to_string()
+    }
+
+    /// The endpoint as CouchDB's replication ids see it.
+    pub fn id_view(&self) -> &IdEndpoint {
+        &self.id
     }
 
     /// The basic-auth user name, if any.

@@ -86,6 +86,20 @@ impl ReplicationError {
         }
     }
 
+    /// Whether the replication could not get going (endpoints unusable, options or filter
+    /// invalid) rather than failing while running: counted as a failed start.
+    pub fn is_start_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidOptions(_)
+                | Self::InvalidEndpoint(_)
+                | Self::DbNotFound(_)
+                | Self::Unauthorized(_)
+                | Self::Forbidden(_)
+                | Self::FilterFetch(_)
+        )
+    }
+
     /// CouchDB's short reason tag (`db_not_found`, `unauthorized`, `max_backoff`, ...).
     pub fn reason(&self) -> &'static str {
         match self {

@@ -144,6 +144,30 @@ impl ReplicationSpec {
     }
 }
 
+/// A `doc_ids` entry as CouchDB reads it: `%XX` decoded, `+` as a space, other text kept.
+fn unquote(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn invalid(msg: impl Into<String>) -> ReplicationError {
     ReplicationError::InvalidOptions(msg.into())
 }
@@ -188,11 +212,11 @@ impl ReplicationOptions {
             Some(Value::Array(a)) => {
                 let mut ids = Vec::with_capacity(a.len());
                 for v in a {
-                    ids.push(
+                    // Percent-escapes are decoded (and `+` read as a space), as CouchDB does.
+                    ids.push(unquote(
                         v.as_str()
-                            .ok_or_else(|| invalid("`doc_ids` must be strings"))?
-                            .to_owned(),
-                    );
+                            .ok_or_else(|| invalid("`doc_ids` must be strings"))?,
+                    ));
                 }
                 ids.sort();
                 ids.dedup();
@@ -202,7 +226,10 @@ impl ReplicationOptions {
         };
         let selector = match m.get("selector") {
             None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(v.clone()),
+            Some(v @ Value::Object(_)) => {
+                super::selector::normalize(v).map_err(|e| invalid(e.to_string()))?;
+                Some(v.clone())
+            }
             Some(_) => return Err(invalid("`selector` must be a JSON object")),
         };
         let filter_name = get_str(m, "filter")?.filter(|s| !s.is_empty());
@@ -360,6 +387,16 @@ mod tests {
             Filter::DocIds(vec!["a".into(), "b".into()])
         );
         assert_eq!(s.options.worker_processes, 2);
+    }
+
+    #[test]
+    fn doc_ids_are_unquoted_as_couchdb_does() {
+        // Known answers of CouchDB 3.4.3's couch_httpd:unquote/1.
+        let got: Vec<String> = ["a+b", "a%2Fb", "a%zz", "%C3%A9", "a%2"]
+            .iter()
+            .map(|s| unquote(s))
+            .collect();
+        assert_eq!(got, ["a b", "a/b", "a%zz", "é", "a%2"]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use super::changes::{Batch, ChangesReader};
 use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
@@ -23,11 +24,12 @@ use super::error::{ReplicationError, Result};
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
 use super::options::{Filter, ReplicationSpec};
 use super::rate_limit::{Aimd, RateLimiter};
-use super::rep_id::{RepId, replication_id};
+use super::rep_id::{RepId, checkpoint_ids, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::{Counters, ReplicationStats, unix_now};
 use super::transport::Transports;
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
+use crate::telemetry::{NodeMetrics, Series};
 
 /// How often the stats snapshot is refreshed.
 const STATS_PERIOD: Duration = Duration::from_millis(250);
@@ -44,6 +46,8 @@ pub struct Context {
     /// Shared per-endpoint clients (a node's connection pool); `None`: each replication
     /// opens its own connections.
     pub transports: Option<Arc<Transports>>,
+    /// The host's metrics (requests, checkpoints, workers, documents).
+    pub metrics: Arc<NodeMetrics>,
 }
 
 impl Default for Context {
@@ -52,6 +56,7 @@ impl Default for Context {
             server_uuid: "couch-replicator-standalone".into(),
             limiter: Arc::new(Aimd::new()),
             transports: None,
+            metrics: Arc::default(),
         }
     }
 }
@@ -86,6 +91,7 @@ struct Shared {
     tgt: Arc<HttpClient>,
     spec: ReplicationSpec,
     counters: Arc<Counters>,
+    metrics: Arc<NodeMetrics>,
     tracker: Mutex<Tracker>,
     skipper: Mutex<DiffSkipper>,
     bulk_get: Mutex<BulkGetGate>,
@@ -142,7 +148,8 @@ impl Drop for ReplicationHandle {
 pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (stats_tx, stats_rx) = watch::channel(ReplicationStats::default());
-    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx));
+    // The caller's span (a job's) follows the replication into every task it spawns.
+    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx).in_current_span());
     ReplicationHandle {
         stop: stop_tx,
         stats: stats_rx,
@@ -164,6 +171,7 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         http_connections: conns,
         proxy: proxy.clone(),
         tcp_nodelay: o.tcp_nodelay,
+        metrics: ctx.metrics.clone(),
     };
     let client = |ep: &Endpoint, cfg: ClientConfig| match &ctx.transports {
         Some(t) => HttpClient::shared(ep.clone(), cfg, ctx.limiter.clone(), t),
@@ -196,7 +204,8 @@ async fn filter_code(src: &HttpClient, name: &str) -> Result<String> {
     doc.get("filters")
         .and_then(|f| f.get(fname))
         .and_then(Value::as_str)
-        .map(|s| s.trim().to_owned())
+        // Untrimmed: the id code trims it the way CouchDB does.
+        .map(str::to_owned)
         .ok_or_else(|| {
             ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`"))
         })
@@ -209,11 +218,23 @@ pub async fn compute_id(spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> 
 }
 
 async fn compute_id_with(src: &HttpClient, spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
+    Ok(compute_ids_with(src, spec, ctx).await?.0)
+}
+
+/// The id and the base ids of every id version (where checkpoints may be found).
+async fn compute_ids_with(
+    src: &HttpClient,
+    spec: &ReplicationSpec,
+    ctx: &Context,
+) -> Result<(RepId, Vec<String>)> {
     let code = match &spec.options.filter {
         Filter::Named { name, .. } if !name.starts_with('_') => Some(filter_code(src, name).await?),
         _ => None,
     };
-    Ok(replication_id(&ctx.server_uuid, spec, code.as_deref()))
+    Ok((
+        replication_id(&ctx.server_uuid, spec, code.as_deref()),
+        checkpoint_ids(&ctx.server_uuid, spec, code.as_deref()),
+    ))
 }
 
 /// `GET db` (D.2 step 2): returns the db info or the error class.
@@ -272,23 +293,22 @@ async fn run(
         create_target(&tgt, &spec).await?;
     }
     let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
-    let rep_id = compute_id_with(&src, &spec, &ctx).await?;
+    let (rep_id, checkpoint_ids) = compute_ids_with(&src, &spec, &ctx).await?;
     let mut checkpointer = None;
     let mut start_point = StartPoint {
         seq: json!(0),
         seed: None,
     };
     if o.use_checkpoints {
-        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &rep_id.base).await?;
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &checkpoint_ids).await?;
         cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
+        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
         checkpointer = Some(cp);
         start_point = sp;
     }
+    // `since_seq` overrides the checkpoint's sequence; its history and counters are kept (3.4).
     if let Some(since) = &o.since_seq {
-        start_point = StartPoint {
-            seq: since.clone(),
-            seed: None,
-        };
+        start_point.seq = since.clone();
         if let Some(cp) = checkpointer.as_mut() {
             cp.set_start_seq(since.clone());
         }
@@ -316,6 +336,7 @@ async fn run(
         tgt: tgt.clone(),
         spec: spec.clone(),
         counters: counters.clone(),
+        metrics: ctx.metrics.clone(),
         tracker: Mutex::new(Tracker {
             pending: BTreeMap::new(),
             through: start_point.seq.clone(),
@@ -347,9 +368,35 @@ async fn run(
     });
     let reader = ChangesReader::new(src.clone(), o.clone(), counters.clone(), on_batch);
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
-    tasks.spawn(reader.run(start_point.seq.clone(), tx, reader_stop_rx));
+    let m = ctx.metrics.clone();
+    let reading = reader.run(start_point.seq.clone(), tx, reader_stop_rx);
+    tasks.spawn(
+        async move {
+            tracing::debug!("changes reader started");
+            let r = reading.await;
+            if r.is_err() {
+                m.inc(Series::ChangesReadFailures);
+                m.inc(Series::ChangesReaderDeaths);
+            }
+            r
+        }
+        .in_current_span(),
+    );
     for _ in 0..o.worker_processes {
-        tasks.spawn(worker(shared.clone(), rx.clone()));
+        ctx.metrics.inc(Series::WorkersStarted);
+        let m = ctx.metrics.clone();
+        let working = worker(shared.clone(), rx.clone());
+        tasks.spawn(
+            async move {
+                tracing::debug!("worker started");
+                let r = working.await;
+                if r.is_err() {
+                    m.inc(Series::WorkerDeaths);
+                }
+                r
+            }
+            .in_current_span(),
+        );
     }
 
     let mut ckpt_timer = tokio::time::interval(o.checkpoint_interval);
@@ -361,7 +408,7 @@ async fn run(
             _ = ckpt_timer.tick() => {
                 let s = snapshot(&mut base, &shared);
                 if let Some(cp) = checkpointer.as_mut() {
-                    checkpoint(cp, &mut base, &s).await?;
+                    checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
                 }
             }
             _ = stats_timer.tick() => {
@@ -396,8 +443,12 @@ async fn run(
     }
     let s = snapshot(&mut base, &shared);
     if let Some(cp) = checkpointer.as_mut() {
-        checkpoint(cp, &mut base, &s).await?;
+        checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
     }
+    base.checkpoint_record = Some(checkpointer.as_ref().map_or_else(
+        || json!({"use_checkpoints": false}),
+        |cp| cp.record().clone(),
+    ));
     let s = snapshot(&mut base, &shared);
     stats_tx.send_replace(s.clone());
     tracing::info!(rep_id = %rep_id, docs_written = s.docs_written, "replication finished");
@@ -408,9 +459,19 @@ async fn checkpoint(
     cp: &mut Checkpointer,
     base: &mut ReplicationStats,
     s: &ReplicationStats,
+    metrics: &NodeMetrics,
 ) -> Result<()> {
-    if cp.write(&s.through_seq, s).await? {
-        base.checkpointed_source_seq = s.through_seq.clone();
+    match cp.write(&s.through_seq, s).await {
+        Ok(true) => {
+            tracing::debug!(seq = %s.through_seq, "checkpoint written");
+            metrics.inc(Series::CheckpointsSuccess);
+            base.checkpointed_source_seq = s.through_seq.clone();
+        }
+        Ok(false) => {}
+        Err(e) => {
+            metrics.inc(Series::CheckpointsFailure);
+            return Err(e);
+        }
     }
     Ok(())
 }
@@ -431,6 +492,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     let c = &sh.counters;
     let checked: u64 = batch.changes.iter().map(|ch| ch.revs.len() as u64).sum();
     Counters::add(&c.revisions_checked, checked);
+    NodeMetrics::add(&sh.metrics.revisions_checked, checked);
     let call = lock(&sh.skipper).should_call();
     let missing = if call {
         let m = revs_diff(&sh.tgt, &batch.changes).await?;
@@ -452,6 +514,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
         })
         .collect();
     Counters::add(&c.missing_revisions_found, wanted.len() as u64);
+    NodeMetrics::add(&sh.metrics.missing_revisions_found, wanted.len() as u64);
     if wanted.is_empty() {
         return Ok(());
     }
@@ -542,6 +605,8 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     result += write_docs(&sh.tgt, &docs).await?;
     Counters::add(&c.docs_written, result.written);
     Counters::add(&c.doc_write_failures, result.failures);
+    NodeMetrics::add(&sh.metrics.docs_written, result.written);
+    NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
     Ok(())
 }
 

@@ -1,16 +1,23 @@
-//! The replication id (digest D.1, version 4): lowercase hex MD5 over the Erlang External Term
-//! Format encoding of `[ServerUUID, SrcInfo, TgtInfo | FilterParts] ++ [winning_revs_only]`,
-//! with `+continuous` / `+create_target` appended to the full id. The term structure and the
-//! ETF bytes follow CouchDB 3.x (`minor_version 1`: Latin-1 atoms, `STRING_EXT` for char
-//! lists, `BINARY_EXT` for binaries, `NEW_FLOAT_EXT`). Bit-compatibility with a real CouchDB
-//! has not been verified against one (none is available here); the id is deterministic and
-//! covers everything that changes the result.
+//! Replication ids exactly as CouchDB 3.4 computes them, so both find each other's `_local`
+//! checkpoints: the lower-case hex MD5 of `term_to_binary` of a list of Erlang terms, version 4
+//! being `[ServerUuid, Source, Target | Filter] ++ [<<"winning_revs_only">>]`, with `+continuous`
+//! / `+create_target` appended to the full id. Versions 3, 2 and 1 (older endpoint shapes, the
+//! host name and port instead of the uuid) are computed too: CouchDB still reads checkpoints
+//! written under them and moves them to the version-4 id. `since_seq` is not part of any id.
 
 use md5::{Digest, Md5};
 use serde_json::Value;
 
 use super::endpoint::Endpoint;
+use super::etf::{Term, term_to_binary};
 use super::options::{Filter, ReplicationSpec};
+
+/// The id version CouchDB 3.4 writes (`replication_id_version` in checkpoints).
+pub const REP_ID_VERSION: u32 = 4;
+
+/// The port CouchDB 3.4's version-2 ids use when its node-local HTTP server is off (the
+/// default): the `[httpd] port` setting, 5986 in its default configuration.
+pub const V2_HTTPD_PORT: i128 = 5986;
 
 /// A replication id: the base (used for `_local/<base>` checkpoints) and the extension.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,189 +41,175 @@ impl std::fmt::Display for RepId {
     }
 }
 
-/// An Erlang term, only the shapes the id needs.
-#[derive(Debug, Clone)]
-enum Term {
-    Atom(&'static str),
-    Bin(Vec<u8>),
-    /// An Erlang string (char list).
-    Str(Vec<u8>),
-    Int(i64),
-    Float(f64),
-    Tuple(Vec<Term>),
-    List(Vec<Term>),
+fn bin(s: &str) -> Term {
+    Term::Bin(s.as_bytes().to_vec())
 }
 
-fn encode(t: &Term, out: &mut Vec<u8>) {
-    match t {
-        Term::Atom(a) => {
-            out.push(100);
-            out.extend_from_slice(&(a.len() as u16).to_be_bytes());
-            out.extend_from_slice(a.as_bytes());
-        }
-        Term::Bin(b) => {
-            out.push(109);
-            out.extend_from_slice(&(b.len() as u32).to_be_bytes());
-            out.extend_from_slice(b);
-        }
-        Term::Str(s) if s.is_empty() => out.push(106),
-        Term::Str(s) if s.len() <= 0xffff => {
-            out.push(107);
-            out.extend_from_slice(&(s.len() as u16).to_be_bytes());
-            out.extend_from_slice(s);
-        }
-        Term::Str(s) => encode(
-            &Term::List(s.iter().map(|b| Term::Int(i64::from(*b))).collect()),
-            out,
-        ),
-        Term::Int(i) if (0..256).contains(i) => {
-            out.push(97);
-            out.push(*i as u8);
-        }
-        Term::Int(i) if i32::try_from(*i).is_ok() => {
-            out.push(98);
-            out.extend_from_slice(&(*i as i32).to_be_bytes());
-        }
-        Term::Int(i) => {
-            let mut mag = i.unsigned_abs();
-            let mut digits = Vec::new();
-            while mag > 0 {
-                digits.push((mag & 0xff) as u8);
-                mag >>= 8;
-            }
-            out.push(110);
-            out.push(digits.len() as u8);
-            out.push(u8::from(*i < 0));
-            out.extend_from_slice(&digits);
-        }
-        Term::Float(f) => {
-            out.push(70);
-            out.extend_from_slice(&f.to_be_bytes());
-        }
-        Term::Tuple(items) => {
-            out.push(104);
-            out.push(items.len() as u8);
-            for i in items {
-                encode(i, out);
-            }
-        }
-        Term::List(items) if items.is_empty() => out.push(106),
-        Term::List(items) => {
-            out.push(108);
-            out.extend_from_slice(&(items.len() as u32).to_be_bytes());
-            for i in items {
-                encode(i, out);
-            }
-            out.push(106);
-        }
-    }
+fn string(s: &str) -> Term {
+    Term::Str(s.as_bytes().to_vec())
 }
 
-/// JSON as CouchDB's EJSON term (`{PropList}` objects, binaries, atoms).
-fn ejson(v: &Value, sort_keys: bool) -> Term {
+/// JSON as CouchDB holds it (objects are `{[{Key, Value}]}`), keys sorted when `sorted`.
+fn ejson(v: &Value, sorted: bool) -> Term {
     match v {
         Value::Null => Term::Atom("null"),
         Value::Bool(true) => Term::Atom("true"),
         Value::Bool(false) => Term::Atom("false"),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => Term::Int(i),
-            None => Term::Float(n.as_f64().unwrap_or(0.0)),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Term::Int(i128::from(i)),
+            (_, Some(u)) => Term::Int(i128::from(u)),
+            _ => Term::Float(n.as_f64().unwrap_or(0.0)),
         },
-        Value::String(s) => Term::Bin(s.as_bytes().to_vec()),
-        Value::Array(a) => Term::List(a.iter().map(|x| ejson(x, sort_keys)).collect()),
+        Value::String(s) => bin(s),
+        Value::Array(a) => Term::List(a.iter().map(|x| ejson(x, sorted)).collect()),
         Value::Object(m) => {
             let mut pairs: Vec<(&String, &Value)> = m.iter().collect();
-            if sort_keys {
+            if sorted {
                 pairs.sort_by(|a, b| a.0.cmp(b.0));
             }
             let props = pairs
                 .into_iter()
-                .map(|(k, v)| {
-                    Term::Tuple(vec![Term::Bin(k.as_bytes().to_vec()), ejson(v, sort_keys)])
-                })
+                .map(|(k, v)| Term::Tuple(vec![bin(k), ejson(v, sorted)]))
                 .collect();
             Term::Tuple(vec![Term::List(props)])
         }
     }
 }
 
-fn endpoint_term(ep: &Endpoint) -> Term {
-    let u = ep.parsed_url();
-    let user = match ep.user() {
-        Some(name) => Term::Bin(name.as_bytes().to_vec()),
+fn headers_term(ep: &Endpoint) -> Term {
+    Term::List(
+        ep.id_view()
+            .headers
+            .iter()
+            .map(|(k, v)| Term::Tuple(vec![string(k), string(v)]))
+            .collect(),
+    )
+}
+
+/// `{remote, User, Host, Port, Path, Headers, undefined}`.
+fn v4_endpoint(ep: &Endpoint) -> Term {
+    let view = ep.id_view();
+    let user = match &view.user {
+        Some(u) => Term::Str(u.clone()),
         None => Term::Atom("undefined"),
     };
-    let port = match (u.scheme(), u.port_or_known_default()) {
-        ("http", Some(80 | 5984)) | ("https", Some(443)) => Term::Atom("default"),
-        (_, Some(p)) => Term::Int(i64::from(p)),
-        (_, None) => Term::Atom("default"),
+    let (host, port, path) = match view.url_info() {
+        Some(i) => (
+            string(&i.host),
+            i.port
+                .map_or(Term::Atom("default"), |p| Term::Int(i128::from(p))),
+            string(&i.path),
+        ),
+        None => (
+            string(&view.url),
+            Term::Atom("undefined"),
+            Term::Atom("undefined"),
+        ),
     };
-    let headers = ep
-        .headers
-        .iter()
-        .filter(|(k, v)| !(k.eq_ignore_ascii_case("accept") && v == "application/json"))
-        .filter(|(k, _)| !k.eq_ignore_ascii_case("user-agent"))
-        .map(|(k, v)| {
-            Term::Tuple(vec![
-                Term::Str(k.as_bytes().to_vec()),
-                Term::Str(v.as_bytes().to_vec()),
-            ])
-        })
-        .collect();
     Term::Tuple(vec![
         Term::Atom("remote"),
         user,
-        Term::Str(u.host_str().unwrap_or("").as_bytes().to_vec()),
+        host,
         port,
-        Term::Str(u.path().as_bytes().to_vec()),
-        Term::List(headers),
+        path,
+        headers_term(ep),
         Term::Atom("undefined"),
     ])
 }
 
-/// Computes the v4 id. `server_uuid` is the replicator node's uuid; `filter_code` is the
-/// source code of a user `ddoc/name` filter (fetched from the source, trimmed).
+/// `{remote, Url, Headers}` (versions 1 to 3).
+fn old_endpoint(ep: &Endpoint) -> Term {
+    Term::Tuple(vec![
+        Term::Atom("remote"),
+        string(&ep.id_view().url),
+        headers_term(ep),
+    ])
+}
+
+/// A filter function's code as CouchDB hashes it: its `^ *(.*?) *$` rewrite, which trims
+/// spaces (not other white space) only when no line break is left inside.
+pub fn trim_filter_code(code: &str) -> String {
+    let (body, tail) = match code.strip_suffix('\n') {
+        Some(b) => (b, "\n"),
+        None => (code, ""),
+    };
+    let inner = body.trim_matches(' ');
+    if inner.contains('\n') {
+        code.to_owned()
+    } else {
+        format!("{inner}{tail}")
+    }
+}
+
+fn filter_terms(spec: &ReplicationSpec, filter_code: Option<&str>) -> Vec<Term> {
+    let o = &spec.options;
+    let mut parts = Vec::new();
+    match &o.filter {
+        Filter::None => {}
+        Filter::DocIds(ids) => parts.push(Term::List(ids.iter().map(|i| bin(i)).collect())),
+        Filter::Selector(sel) => {
+            // Options parsing has rejected selectors that do not normalise.
+            let n = super::selector::normalize(sel).unwrap_or_else(|_| sel.clone());
+            parts.push(ejson(&n, true));
+        }
+        Filter::Named { name, query_params } => {
+            let head = if name.starts_with('_') {
+                name.clone()
+            } else {
+                trim_filter_code(filter_code.unwrap_or(name))
+            };
+            parts.push(bin(&head));
+            parts.push(ejson(&Value::Object(query_params.clone()), false));
+        }
+    }
+    if o.winning_revs_only {
+        parts.push(bin("winning_revs_only"));
+    }
+    parts
+}
+
+/// The base id of `version` (1 to 4). `server_uuid` is the replicating node's uuid;
+/// `filter_code` the code of a user filter `ddoc/name` as stored in the source.
+pub fn base_id(
+    version: u32,
+    server_uuid: &str,
+    spec: &ReplicationSpec,
+    filter_code: Option<&str>,
+) -> String {
+    base_id_on_host(version, server_uuid, &local_hostname(), spec, filter_code)
+}
+
+/// [`base_id`] as computed on a machine named `host` (versions 1 and 2 contain it).
+pub fn base_id_on_host(
+    version: u32,
+    server_uuid: &str,
+    host: &str,
+    spec: &ReplicationSpec,
+    filter_code: Option<&str>,
+) -> String {
+    let (src, tgt) = (&spec.source, &spec.target);
+    let mut parts = match version {
+        4 => vec![bin(server_uuid), v4_endpoint(src), v4_endpoint(tgt)],
+        3 => vec![bin(server_uuid), old_endpoint(src), old_endpoint(tgt)],
+        2 => vec![
+            string(host),
+            Term::Int(V2_HTTPD_PORT),
+            old_endpoint(src),
+            old_endpoint(tgt),
+        ],
+        _ => vec![string(host), old_endpoint(src), old_endpoint(tgt)],
+    };
+    parts.extend(filter_terms(spec, filter_code));
+    hex::encode(Md5::digest(term_to_binary(&Term::List(parts))))
+}
+
+/// The current (version 4) id with its extension.
 pub fn replication_id(
     server_uuid: &str,
     spec: &ReplicationSpec,
     filter_code: Option<&str>,
 ) -> RepId {
     let o = &spec.options;
-    let mut parts = vec![
-        Term::Bin(server_uuid.as_bytes().to_vec()),
-        endpoint_term(&spec.source),
-        endpoint_term(&spec.target),
-    ];
-    match &o.filter {
-        Filter::None => {}
-        Filter::DocIds(ids) => {
-            parts.push(Term::List(
-                ids.iter()
-                    .map(|i| Term::Bin(i.as_bytes().to_vec()))
-                    .collect(),
-            ));
-        }
-        Filter::Selector(sel) => parts.push(ejson(&super::selector::normalize(sel), true)),
-        Filter::Named { name, query_params } => {
-            let head = if name.starts_with('_') {
-                name.as_str()
-            } else {
-                filter_code.unwrap_or(name).trim()
-            };
-            parts.push(Term::Bin(head.as_bytes().to_vec()));
-            parts.push(ejson(&Value::Object(query_params.clone()), false));
-        }
-    }
-    if o.winning_revs_only {
-        parts.push(Term::Bin(b"winning_revs_only".to_vec()));
-    }
-    // A given start sequence changes what is replicated (CouchDB main, digest D.4).
-    if let Some(since) = &o.since_seq {
-        parts.push(ejson(since, false));
-    }
-    let mut bytes = vec![131];
-    encode(&Term::List(parts), &mut bytes);
-    let base = hex::encode(Md5::digest(&bytes));
     let mut ext = String::new();
     if o.continuous {
         ext.push_str("+continuous");
@@ -224,7 +217,39 @@ pub fn replication_id(
     if o.create_target {
         ext.push_str("+create_target");
     }
-    RepId { base, ext }
+    RepId {
+        base: base_id(REP_ID_VERSION, server_uuid, spec, filter_code),
+        ext,
+    }
+}
+
+/// The base ids of versions 4, 3, 2 and 1, newest first: where a checkpoint may be found.
+pub fn checkpoint_ids(
+    server_uuid: &str,
+    spec: &ReplicationSpec,
+    filter_code: Option<&str>,
+) -> Vec<String> {
+    (1..=REP_ID_VERSION)
+        .rev()
+        .map(|v| base_id(v, server_uuid, spec, filter_code))
+        .collect()
+}
+
+/// This machine's host name up to the first dot, as Erlang's `inet:gethostname/0` gives it.
+fn local_hostname() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is valid for its length; gethostname writes at most that much.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        if rc != 0 {
+            return "localhost".to_owned();
+        }
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+        name.split('.').next().unwrap_or_default().to_owned()
+    })
+    .clone()
 }
 
 #[cfg(test)]
@@ -235,74 +260,52 @@ mod tests {
         ReplicationSpec::new(Endpoint::parse(src).unwrap(), Endpoint::parse(tgt).unwrap())
     }
 
+    /// Known answers: `couch_util:to_hex(crypto:hash(md5, term_to_binary(T, [{minor_version,
+    /// 1}])))` evaluated by CouchDB 3.4.3's runtime for these terms.
     #[test]
-    fn etf_bytes_of_known_terms() {
-        let mut b = vec![131];
-        encode(
-            &Term::List(vec![
-                Term::Bin(b"ab".to_vec()),
-                Term::Str(b"x".to_vec()),
-                Term::Atom("ok"),
-            ]),
-            &mut b,
+    fn version_3_and_4_terms_hash_as_in_erlang() {
+        let s = spec(
+            "http://127.0.0.1:5984/fx_src",
+            "http://127.0.0.1:5984/fx_tgt",
         );
-        // term_to_binary([<<"ab">>, "x", ok], [{minor_version, 1}])
+        let uuid = "15f3d267c7c2af38a6aa418e864a39f9";
         assert_eq!(
-            b,
-            [
-                131, 108, 0, 0, 0, 3, 109, 0, 0, 0, 2, 97, 98, 107, 0, 1, 120, 100, 0, 2, 111, 107,
-                106
-            ]
+            base_id(4, uuid, &s, None),
+            "c34cd4d715344b464217f1904b3a19a5"
         );
-        let mut b = vec![];
-        encode(&Term::Int(5984), &mut b);
-        assert_eq!(b, [98, 0, 0, 23, 96]);
+        // [U, {remote, "http://127.0.0.1:5984/fx_src/", []}, {remote, ".../fx_tgt/", []}]
+        assert_eq!(
+            base_id(3, uuid, &s, None),
+            "297a0495b7d2fc96bf827d9c907b2444"
+        );
     }
 
     #[test]
-    fn id_is_deterministic_and_ignores_passwords() {
-        let a = replication_id(
-            "u",
-            &spec("http://bob:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"),
-            None,
-        );
-        let b = replication_id(
-            "u",
-            &spec("http://bob:pw2@127.0.0.1/a", "http://127.0.0.1:9/b"),
-            None,
-        );
-        let other_port = replication_id(
-            "u",
-            &spec("http://bob:pw1@127.0.0.1:81/a", "http://127.0.0.1:9/b"),
-            None,
-        );
-        let c = replication_id(
-            "u",
-            &spec("http://eve:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"),
-            None,
-        );
-        assert_eq!(a.base.len(), 32);
-        assert_eq!(
-            a, b,
-            "password and default port (80 / 5984) do not change the id"
-        );
-        assert_ne!(a, other_port);
-        assert_ne!(a, c, "user is part of the id");
-        let d = replication_id(
-            "v",
-            &spec("http://bob:pw1@127.0.0.1:5984/a", "http://127.0.0.1:9/b"),
-            None,
-        );
-        assert_ne!(a, d, "server uuid is part of the id");
+    fn filter_code_is_trimmed_like_couchdb() {
+        // Known answers from re:replace(Code, "^\s*(.*?)\s*$", "\\1") in Erlang, where "\s"
+        // is a plain space.
+        let cases = [
+            ("  f  ", "f"),
+            ("  f \n", "f\n"),
+            (" f\r\n", "f\r\n"),
+            ("\n f", "\n f"),
+            ("f \n\n", "f \n\n"),
+            ("\tf\t", "\tf\t"),
+            ("  ", ""),
+            ("", ""),
+            (" a b ", "a b"),
+            ("f\n ", "f\n "),
+            (" \n", "\n"),
+        ];
+        for (code, want) in cases {
+            assert_eq!(trim_filter_code(code), want, "{code:?}");
+        }
     }
 
     #[test]
-    fn options_that_change_the_result_change_the_id() {
+    fn extensions_and_what_changes_the_base() {
         let base = spec("http://127.0.0.1:1/a", "http://127.0.0.1:2/b");
         let id0 = replication_id("u", &base, None);
-        let mut s = base.clone();
-        s.options.filter = Filter::DocIds(vec!["x".into()]);
-        assert_ne!(replication_id("u", &s, None).base, id0.base);
         let mut s = base.clone();
         s.options.continuous = true;
         s.options.create_target = true;
@@ -310,21 +313,15 @@ mod tests {
         assert_eq!(id.base, id0.base);
         assert_eq!(id.ext, "+continuous+create_target");
         let mut s = base.clone();
-        s.options.winning_revs_only = true;
-        assert_ne!(replication_id("u", &s, None).base, id0.base);
-        let mut s1 = base.clone();
-        s1.options.filter = Filter::Named {
-            name: "d/f".into(),
-            query_params: Default::default(),
-        };
-        let f1 = replication_id("u", &s1, Some("function(d){return true}"));
-        let f2 = replication_id("u", &s1, Some(" function(d){return false} "));
-        assert_ne!(f1, f2);
-        let mut s = base.clone();
         s.options.since_seq = Some(serde_json::json!(42));
-        let since42 = replication_id("u", &s, None).base;
-        assert_ne!(since42, id0.base);
-        s.options.since_seq = Some(serde_json::json!(43));
-        assert_ne!(replication_id("u", &s, None).base, since42);
+        assert_eq!(
+            replication_id("u", &s, None),
+            id0,
+            "since_seq is not in the id"
+        );
+        assert_ne!(replication_id("v", &base, None), id0, "the uuid is");
+        let ids = checkpoint_ids("u", &base, None);
+        assert_eq!(ids.len(), 4);
+        assert_eq!(ids[0], id0.base);
     }
 }

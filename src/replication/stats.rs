@@ -85,6 +85,11 @@ pub struct ReplicationStats {
     pub started_on: u64,
     /// Unix seconds of this snapshot.
     pub updated_on: u64,
+    /// CouchDB's one-shot `_replicate` answer (without `ok`), set when the run ends: the
+    /// checkpoint document last written, or the source's with `no_changes: true`, or
+    /// `{"use_checkpoints": false}`. Not part of the stats shown elsewhere.
+    #[serde(skip)]
+    pub checkpoint_record: Option<Value>,
 }
 
 impl ReplicationStats {

@@ -27,6 +27,7 @@ use supervisors::{BoxError, Observable, Server};
 use tokio::time::Instant;
 
 use crate::replication::transport::{TransportUse, Transports};
+use crate::telemetry::Series;
 
 /// How often dead owners and idle endpoints are looked for.
 pub const SWEEP_PERIOD: Duration = Duration::from_secs(1);
@@ -116,6 +117,8 @@ pub struct ConnectionPool {
     pub budget: usize,
     /// Idle time after which an unused endpoint's entry is closed.
     pub close_interval: Duration,
+    /// Where acquires, releases and owner deaths are counted.
+    pub metrics: std::sync::Arc<crate::telemetry::NodeMetrics>,
 }
 
 struct Endpoint {
@@ -145,13 +148,19 @@ impl Drop for PoolState {
 }
 
 impl PoolState {
-    fn release(&mut self, owner: ActorId) {
+    /// Releases every lease of `owner`; whether it held any.
+    fn release(&mut self, owner: ActorId) -> bool {
         let now = Instant::now();
+        let mut held = false;
         for ep in self.endpoints.values_mut() {
-            if ep.leases.remove(&owner).is_some() && ep.leases.is_empty() {
-                ep.idle_since = now;
+            if ep.leases.remove(&owner).is_some() {
+                held = true;
+                if ep.leases.is_empty() {
+                    ep.idle_since = now;
+                }
             }
         }
+        held
     }
 }
 
@@ -213,9 +222,14 @@ impl Server for ConnectionPool {
                 let id = owner.get_id();
                 let slot = ep.leases.entry(id).or_insert((owner, 0));
                 slot.1 += lease.granted;
+                self.metrics.inc(Series::ConnectionAcquires);
                 let _ = reply.send(lease);
             }
-            PoolMsg::Release(owner) => state.release(owner),
+            PoolMsg::Release(owner) => {
+                if state.release(owner) {
+                    self.metrics.inc(Series::ConnectionReleases);
+                }
+            }
             PoolMsg::Clients(reply) => {
                 let _ = reply.send(state.transports.clone());
             }
@@ -245,6 +259,7 @@ impl Server for ConnectionPool {
                     .map(|(cell, _)| cell.get_id())
                     .collect();
                 for owner in dead {
+                    self.metrics.inc(Series::ConnectionOwnerCrashes);
                     tracing::debug!(%owner, "connection owner died; releasing its connections");
                     state.release(owner);
                 }

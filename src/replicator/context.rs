@@ -1,6 +1,6 @@
 //! What every actor of one node's replicator tree shares: the couch_jobs handle, the
 //! settings, the node's name and uuid, the layer prefix for the replicator's own keys, and a
-//! lookup of the tree's children (so later children reach earlier ones through the
+//! lookup of the tree's children, the node's metrics (so later children reach earlier ones through the
 //! supervisor, and always the current instance after a restart).
 
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use supervisors::{ChildHandle, Children};
 
 use crate::jobs::Jobs;
 use crate::store::tuple;
+use crate::telemetry::NodeMetrics;
 
 use super::event_bus::{EventBusMsg, ReplicatorEvent, publish};
 use super::settings::ReplicatorSettings;
@@ -48,6 +49,7 @@ struct Inner {
     server_uuid: String,
     prefix: Vec<u8>,
     children: Children,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl NodeCtx {
@@ -68,6 +70,7 @@ impl NodeCtx {
                 server_uuid,
                 prefix,
                 children,
+                metrics: Arc::default(),
             }),
         }
     }
@@ -95,6 +98,11 @@ impl NodeCtx {
     /// The tree's children.
     pub fn children(&self) -> &Children {
         &self.inner.children
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<NodeMetrics> {
+        &self.inner.metrics
     }
 
     /// A handle on a sibling actor.

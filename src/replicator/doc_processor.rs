@@ -29,6 +29,7 @@ use crate::backoff::Backoff;
 use super::rep_doc::{self, DocAction};
 use super::rep_job::{REP_JOBS, iso8601, persistent_job_id};
 use super::{JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent};
+use crate::telemetry::Series;
 
 /// One `_replicator` database to follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +132,9 @@ fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, Replicat
             http_connections: 4,
             proxy: None,
             tcp_nodelay: true,
+            // The processor's own reads and writes are not replication traffic: CouchDB's
+            // `requests`/`responses` count only replications' requests.
+            metrics: Arc::default(),
         },
         Arc::new(Aimd::new()),
     )
@@ -148,10 +152,17 @@ impl Follower {
     async fn run(self) {
         let mut since = Value::from(0);
         let mut seen = false;
+        let metrics = self.rep.metrics().clone();
         loop {
             match self.poll(&since).await {
                 Ok(Some((rows, last_seq))) => {
+                    if !seen {
+                        // Found (again): it is read from the start.
+                        metrics.inc(Series::DocsDbsFound);
+                        metrics.inc(Series::DbScans);
+                    }
                     seen = true;
+                    metrics.couch.add(Series::DocsDbChanges, rows.len() as u64);
                     let mut done = true;
                     for row in rows {
                         if !self.handle_row(&row).await {
@@ -169,12 +180,16 @@ impl Follower {
                 Ok(None) => {
                     // Still `seen` until every job is gone, so a failed removal is retried.
                     if seen {
+                        metrics.inc(Series::DocsDbsDeleted);
                         tracing::info!(db = %self.name, "_replicator database deleted");
                         seen = !self.remove_all().await;
                     }
                     since = Value::from(0);
                 }
-                Err(e) => tracing::warn!(db = %self.name, error = %e, "reading _changes failed"),
+                Err(e) => {
+                    metrics.inc(Series::ChangesManagerDeaths);
+                    tracing::warn!(db = %self.name, error = %e, "reading _changes failed");
+                }
             }
             tokio::time::sleep(self.cfg.retry_delay).await;
         }
@@ -263,8 +278,12 @@ impl Follower {
     }
 
     async fn write_failed(&self, doc_id: &str, reason: String) {
-        if let Err(e) = write_state(&self.client, doc_id, Terminal::Failed(reason)).await {
-            tracing::warn!(db = %self.name, doc = %doc_id, error = %e, "writing `failed` failed");
+        match write_state(&self.client, doc_id, Terminal::Failed(reason)).await {
+            Ok(true) => self.rep.metrics().inc(Series::DocsFailedStateUpdates),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(db = %self.name, doc = %doc_id, error = %e, "writing `failed` failed")
+            }
         }
     }
 
@@ -491,8 +510,16 @@ impl Writer {
             });
             rep.as_ref() == Some(&Value::Object(d))
         };
+        let written = match state {
+            Terminal::Completed(_) => Series::DocsCompletedStateUpdates,
+            Terminal::Failed(_) => Series::DocsFailedStateUpdates,
+        };
         match write_state_if(client, doc_id, state, same).await {
-            Ok(_) => true,
+            Ok(true) => {
+                self.rep.metrics().inc(written);
+                true
+            }
+            Ok(false) => true,
             Err(e) => {
                 tracing::warn!(job = %j.job_id, error = %e, "writing the terminal state failed");
                 false

@@ -6,6 +6,7 @@
 //! Job operations go straight to couch_jobs, so they work on any node of a cluster sharing one
 //! store, whichever node runs the job.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -24,6 +25,7 @@ use super::rep_job::{
     transient_job_id,
 };
 use super::settings::ReplicatorSettings;
+use crate::telemetry::Series;
 
 /// How long [`Replicator::wait`] pauses before subscribing again when a subscription ended
 /// early (its notifier restarted).
@@ -228,9 +230,30 @@ impl Replicator {
         self.ctx.node()
     }
 
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
+        self.ctx.metrics()
+    }
+
+    /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
+    pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
+        let clustering = super::clustering::Clustering::from_ctx(self.ctx.clone());
+        Ok(clustering.members().await?)
+    }
+
     /// The settings this node runs with.
     pub fn settings(&self) -> &ReplicatorSettings {
         self.ctx.settings()
+    }
+
+    /// This node's server uuid (part of the replication ids it computes).
+    pub fn server_uuid(&self) -> &str {
+        self.ctx.server_uuid()
+    }
+
+    /// The job that owns replication id `rep_id` (full id), if any.
+    pub async fn rep_id_owner(&self, rep_id: &str) -> ReplicatorResult<Option<String>> {
+        Ok(collision::owner(&self.ctx, rep_id).await?)
     }
 
     /// The couch_jobs handle (for hosts and tests that look deeper).
@@ -263,7 +286,7 @@ impl Replicator {
         let now = self.ctx.now_secs();
         let data = new_job_data(&job.kind, &job.rep, &spec, now);
         let ctx = &self.ctx;
-        let view = jobs
+        let (view, duplicate) = jobs
             .db()
             .run(|tx| {
                 let data = data.clone();
@@ -273,7 +296,7 @@ impl Replicator {
                         Ok(old) => {
                             let active = !rep_job::state_of(&old).is_terminal();
                             if active && old.get("rep") == data.get("rep") {
-                                return Ok(JobView::from_data(&job_id, &old));
+                                return Ok((JobView::from_data(&job_id, &old), true));
                             }
                             if let Some(rep_id) = rep_job::str_field(&old, "rep_id") {
                                 collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
@@ -285,15 +308,20 @@ impl Replicator {
                     }
                     jobs.add_tx(&tx, REP_JOBS, &job_id, data.clone(), now)
                         .await?;
-                    Ok(JobView::from_data(&job_id, &data))
+                    Ok((JobView::from_data(&job_id, &data), false))
                 }
             })
             .await?;
+        self.metrics().inc(if duplicate {
+            Series::JobsDuplicateAdds
+        } else {
+            Series::JobsAdds
+        });
         Ok(view)
     }
 
     /// Removes a job by job id or replication id; a running job's actor loses its lock and
-    /// stops at its next update. [`ReplicatorError::NotFound`] if there is no such job.
+    /// stops (this node's before this returns, other nodes' at their next update). [`ReplicatorError::NotFound`] if there is no such job.
     pub async fn cancel(&self, id: &str) -> ReplicatorResult<JobView> {
         let job_id = self.resolve(id).await?;
         let jobs = self.ctx.jobs();
@@ -313,11 +341,28 @@ impl Replicator {
             })
             .await
             .map_err(|e| not_found(e, id))?;
+        self.metrics().inc(Series::JobsRemoves);
         self.ctx
             .publish(super::event_bus::ReplicatorEvent::Stopped {
                 job_id: view.job_id.clone(),
             });
+        self.wait_local_actor_gone(&view.job_id).await;
         Ok(view)
+    }
+
+    /// A job actor of this node that runs a removed job stops at its next store update: ask
+    /// for that update now and wait (bounded) until the actor is gone, so a cancel returns
+    /// once the replication has stopped. Jobs run by other nodes stop at their next update.
+    async fn wait_local_actor_gone(&self, job_id: &str) {
+        let sup = &self.job_sup;
+        let Some(actor) = sup.which_child(job_id) else {
+            return;
+        };
+        let _ = actor.send_message(super::job::JobMsg::Tick);
+        let deadline = tokio::time::Instant::now() + 2 * super::job_sup::JOB_SHUTDOWN;
+        while sup.which_child(job_id).is_some() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// One job by job id or replication id.

@@ -28,6 +28,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 use crate::jobs::{Job, JobData, JobsError};
 use crate::replication::transport::Transports;
@@ -38,8 +39,10 @@ use super::collision::{self, Claim};
 use super::connection_pool::{PoolMsg, endpoint_key};
 use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
+use super::job_observe;
 use super::rate_limiter::{RateLimiterMsg, SharedAimd};
 use super::rep_job::{self, REP_JOBS, RepState, parse_rep, push_history, set_state};
+use crate::telemetry::Series;
 
 /// How long a stopping job waits for its final checkpoint (CouchDB gives 5 s in total).
 const STOP_CHECKPOINT_BUDGET: Duration = Duration::from_millis(4500);
@@ -127,6 +130,9 @@ pub struct JobActorState {
     /// How long a stopped job waits before it is eligible again (default `interval`).
     resubmit_delay: Option<Duration>,
     timer: Option<tokio::task::JoinHandle<()>>,
+    /// `replication_job{job_id, rep_id, source, target}`: entered by every message handler
+    /// and, through them, by the engine's tasks (changes reader, workers, checkpointer).
+    span: tracing::Span,
 }
 
 impl Drop for JobActorState {
@@ -148,7 +154,9 @@ impl Server for JobActor {
         args: JobArgs,
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
+        let span = job_observe::job_span(args.ctx.node(), &args.job.id, &args.data);
         Ok(JobActorState {
+            span,
             ctx: args.ctx,
             job: args.job,
             data: args.data,
@@ -168,55 +176,75 @@ impl Server for JobActor {
         msg: JobMsg,
         st: &mut JobActorState,
     ) -> Result<(), BoxError> {
-        match msg {
-            JobMsg::Start => start(&myself, st).await,
-            JobMsg::Tick => tick(&myself, st).await,
-            JobMsg::Done(result) => match *result {
-                Ok(stats) => complete(&myself, st, stats).await,
-                Err(e) => {
-                    st.error_tag = Some(e.reason());
-                    st.runner = None;
-                    Err(e.to_string().into())
-                }
-            },
-            JobMsg::Rotate(delay) => {
-                st.resubmit_delay = Some(delay);
-                myself.stop(None);
-                Ok(())
-            }
-            JobMsg::Observe(reply) => {
-                let stats = st.runner.as_ref().map(|r| r.progress.borrow().clone());
-                let _ = reply.send(JobObservation {
-                    job_id: st.job.id.clone(),
-                    rep_id: st.rep_id.clone(),
-                    continuous: st
-                        .data
-                        .get("continuous")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                    running: stats.is_some(),
-                    last_start: st.last_start,
-                    stats,
-                    error: st.error_tag.map(str::to_owned),
-                });
-                Ok(())
-            }
-        }
+        let span = st.span.clone();
+        handle_msg(myself, msg, st).instrument(span).await
     }
 
-    async fn terminate(&self, myself: ActorRef<JobMsg>, mut st: JobActorState, reason: ExitReason) {
-        release_pool(&st.ctx, &myself);
-        if st.done {
-            return;
+    async fn terminate(&self, myself: ActorRef<JobMsg>, st: JobActorState, reason: ExitReason) {
+        let span = st.span.clone();
+        terminate_job(myself, st, reason).instrument(span).await
+    }
+}
+
+async fn handle_msg(
+    myself: ActorRef<JobMsg>,
+    msg: JobMsg,
+    st: &mut JobActorState,
+) -> Result<(), BoxError> {
+    match msg {
+        JobMsg::Start => {
+            let r = start(&myself, st).await;
+            job_observe::count_start(st.ctx.metrics(), st.runner.is_some(), r.is_err());
+            r
         }
-        let outcome = match reason {
-            ExitReason::Error(text) => reschedule_on_error(&mut st, &text).await,
-            ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
-        };
-        match outcome {
-            Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
-            Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
+        JobMsg::Tick => tick(&myself, st).await,
+        JobMsg::Done(result) => match *result {
+            Ok(stats) => complete(&myself, st, stats).await,
+            Err(e) => {
+                job_observe::count_run_error(st.ctx.metrics(), &e);
+                st.error_tag = Some(e.reason());
+                st.runner = None;
+                Err(e.to_string().into())
+            }
+        },
+        JobMsg::Rotate(delay) => {
+            st.resubmit_delay = Some(delay);
+            myself.stop(None);
+            Ok(())
         }
+        JobMsg::Observe(reply) => {
+            let stats = st.runner.as_ref().map(|r| r.progress.borrow().clone());
+            let _ = reply.send(JobObservation {
+                job_id: st.job.id.clone(),
+                rep_id: st.rep_id.clone(),
+                continuous: st
+                    .data
+                    .get("continuous")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                running: stats.is_some(),
+                last_start: st.last_start,
+                stats,
+                error: st.error_tag.map(str::to_owned),
+            });
+            Ok(())
+        }
+    }
+}
+
+async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: ExitReason) {
+    release_pool(&st.ctx, &myself);
+    if st.done {
+        return;
+    }
+    job_observe::count_end(st.ctx.metrics(), &reason);
+    let outcome = match reason {
+        ExitReason::Error(text) => reschedule_on_error(&mut st, &text).await,
+        ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
+    };
+    match outcome {
+        Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
+        Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
     }
 }
 
@@ -252,6 +280,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         server_uuid: ctx.server_uuid().to_owned(),
         limiter: std::sync::Arc::new(limiter) as std::sync::Arc<SharedAimd>,
         transports: shared_clients(&ctx).await,
+        metrics: ctx.metrics().clone(),
     };
     let rep_id = match replication::compute_id(&spec, &engine).await {
         Ok(id) => id,
@@ -261,6 +290,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         }
     };
     let full = rep_id.full();
+    st.span.record("rep_id", full.as_str());
     let job_id = st.job.id.clone();
     let pid = format!("{}", myself.get_id());
     let jobs = ctx.jobs();
@@ -322,7 +352,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let handle = replication::start(spec, engine);
     let progress = handle.progress();
     let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()));
+    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()).in_current_span());
     st.runner = Some(Runner {
         stop: Some(stop_tx),
         progress,
@@ -483,10 +513,12 @@ async fn complete(
     let now = st.ctx.now_secs();
     put_stats(st, &stats);
     st.data.insert("active_task_info".into(), Value::Null);
-    st.data.insert(
-        "checkpoint_history".into(),
-        json!([serde_json::to_value(&stats)?]),
-    );
+    // CouchDB keeps the checkpoint record as the job's result (the `_replicate` answer).
+    let history = match &stats.checkpoint_record {
+        Some(record) => record.clone(),
+        None => json!([serde_json::to_value(&stats)?]),
+    };
+    st.data.insert("checkpoint_history".into(), history);
     st.data.insert("error_count".into(), json!(0));
     set_state(&mut st.data, RepState::Completed, None, now);
     finish(st).await?;
@@ -519,6 +551,8 @@ async fn finish(st: &mut JobActorState) -> Result<(), JobsError> {
 
 /// Fails the job permanently with `reason`.
 async fn fail(st: &mut JobActorState, reason: &str) -> Result<(), BoxError> {
+    // Only `start` fails a job this way (invalid document, duplicate of another document).
+    st.ctx.metrics().inc(Series::FailedStarts);
     let now = st.ctx.now_secs();
     set_state(&mut st.data, RepState::Failed, Some(json!(reason)), now);
     st.data.insert("active_task_info".into(), Value::Null);
@@ -571,6 +605,7 @@ async fn reschedule_on_error(st: &mut JobActorState, reason: &str) -> Result<(),
     push_history(&mut st.data, "crashed", now, Some(reason), max_history);
     push_history(&mut st.data, "pending", now, None, max_history);
     let stime = now + wait.as_secs_f64().ceil() as i64;
+    st.data.insert("retry_at".into(), json!(stime));
     tracing::warn!(job = %st.job.id, errors, backoff_s = stime - now, %reason, "job crashed");
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Crashed {

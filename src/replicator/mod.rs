@@ -16,6 +16,7 @@ pub mod event_bus;
 pub mod frontend;
 pub mod handle;
 pub mod job;
+pub mod job_observe;
 pub mod job_server;
 pub mod job_sup;
 pub mod rate_limiter;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobState};
-use crate::replication::ReplicationSpec;
+use crate::replication::{Filter, ReplicationSpec};
 
 use super::error::{ReplicatorError, ReplicatorResult};
 
@@ -105,10 +105,22 @@ pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> String {
         user,
         o.continuous,
         o.create_target,
-        format!("{:?}", o.filter),
+        filter_json(&o.filter),
         o.winning_revs_only,
     ]);
     hex::encode(Md5::digest(normalized.to_string().as_bytes()))
+}
+
+/// The filter as stable JSON (job ids are persisted: no `Debug` text in them).
+fn filter_json(f: &Filter) -> Value {
+    match f {
+        Filter::None => Value::Null,
+        Filter::DocIds(ids) => json!({ "doc_ids": ids }),
+        Filter::Selector(sel) => json!({ "selector": sel }),
+        Filter::Named { name, query_params } => {
+            json!({ "filter": name, "query_params": query_params })
+        }
+    }
 }
 
 /// The request fields that are not replication options and must not be stored as such.
@@ -269,6 +281,8 @@ pub struct JobView {
     pub active_task: Option<Value>,
     /// Checkpoint history of a completed one-shot job (what `POST /_replicate` returns).
     pub checkpoint_history: Value,
+    /// UNIX seconds a crashed job becomes eligible again (end of its backoff).
+    pub retry_at: Option<i64>,
 }
 
 impl JobView {
@@ -318,6 +332,7 @@ impl JobView {
                 .get("checkpoint_history")
                 .cloned()
                 .unwrap_or_else(|| json!([])),
+            retry_at: d.get("retry_at").and_then(Value::as_i64),
         }
     }
 
@@ -381,6 +396,18 @@ mod tests {
         assert_ne!(
             transient_job_id(&a, None),
             transient_job_id(&a, Some("bob"))
+        );
+    }
+
+    #[test]
+    fn transient_ids_are_built_from_stable_json() {
+        let rep = json!({"source": "http://127.0.0.1:1/a", "target": "http://127.0.0.1:1/b",
+            "doc_ids": ["x"]});
+        let s = parse_rep(&rep).unwrap();
+        let text = r#"["http://127.0.0.1:1/a","http://127.0.0.1:1/b","bob",false,false,{"doc_ids":["x"]},false]"#;
+        assert_eq!(
+            transient_job_id(&s, Some("bob")),
+            hex::encode(Md5::digest(text.as_bytes()))
         );
     }
 

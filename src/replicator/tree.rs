@@ -105,6 +105,7 @@ fn replication_children(
     let pool = ConnectionPool {
         budget: ENDPOINT_BUDGET,
         close_interval: s.connection_close_interval(),
+        metrics: ctx.metrics().clone(),
     };
     sup.child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
         // 4. AIMD 429 limiter shared by every job's HTTP clients.

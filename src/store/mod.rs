@@ -228,6 +228,7 @@ impl Default for RetryPolicy {
 pub struct Db {
     store: Arc<dyn Store>,
     retry: RetryPolicy,
+    stats: Arc<crate::telemetry::StoreStats>,
 }
 
 impl std::fmt::Debug for Db {
@@ -244,7 +245,13 @@ impl Db {
         Self {
             store,
             retry: RetryPolicy::default(),
+            stats: Arc::default(),
         }
+    }
+
+    /// Commit latency and retries of [`Db::run`] on this handle and its clones.
+    pub fn stats(&self) -> &crate::telemetry::StoreStats {
+        &self.stats
     }
 
     /// Replaces the retry policy [`Db::run`] uses.
@@ -277,17 +284,28 @@ impl Db {
             attempt += 1;
             let result = match self.begin().await {
                 Ok(tx) => match body(tx.clone()).await {
-                    Ok(value) => match tx.commit().await {
-                        Ok(_) => return Ok(value),
-                        Err(e) => E::from(e),
-                    },
+                    Ok(value) => {
+                        let started = std::time::Instant::now();
+                        match tx.commit().await {
+                            Ok(_) => {
+                                self.stats.committed(started.elapsed());
+                                return Ok(value);
+                            }
+                            Err(e) => E::from(e),
+                        }
+                    }
                     Err(e) => e,
                 },
                 Err(e) => E::from(e),
             };
-            if !result.is_retryable() || attempt >= self.retry.max_attempts {
+            if !result.is_retryable() {
                 return Err(result);
             }
+            if attempt >= self.retry.max_attempts {
+                self.stats.failed();
+                return Err(result);
+            }
+            self.stats.retried();
             tokio::time::sleep(self.backoff(attempt)).await;
         }
     }

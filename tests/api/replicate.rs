@@ -60,6 +60,14 @@ async fn a_duplicate_replication_is_a_conflict() {
             .post("/_replicate", Some(ADMIN), &other.to_string())
             .await;
         assert_eq!(s, 202, "{e}");
+        // The reply comes once the job is added; the conflict is with a running job.
+        let local_id = e["_local_id"].as_str().unwrap().to_owned();
+        crate::support::wait_for(30, "admin's job running", || async {
+            // Found by replication id once the job has started.
+            let v = rep.get(&local_id).await.ok()?;
+            (v.state == RepState::Running).then_some(())
+        })
+        .await;
         let (s, e) = node
             .post("/_replicate", Some(BOB), &other.to_string())
             .await;

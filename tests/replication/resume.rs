@@ -177,3 +177,26 @@ async fn checkpoint_fails_when_the_target_instance_changed() {
     assert_eq!(err.reason(), "checkpoint_commit_failure", "{err}");
     assert!(err.to_string().contains("instance_start_time"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn since_seq_overrides_the_checkpoint_and_keeps_its_counters() {
+    let a = PouchServer::start().await;
+    let c = Couch::new(&a.root());
+    c.create_db("src").await;
+    c.create_db("tgt").await;
+    c.bulk_insert("src", &numbered_docs("a", 30)).await;
+    let s = spec(&a.db_url("src"), &a.db_url("tgt"));
+    let first = deadline(30, "first run", replicate(s.clone(), Context::default()))
+        .await
+        .unwrap();
+    assert_eq!(first.revisions_checked, 30);
+    // Same id (since_seq is not part of it), but the run starts at since_seq: every
+    // revision is checked again, counted on top of the checkpoint's (as CouchDB 3.4 does).
+    let mut again = s.clone();
+    again.options.since_seq = Some(serde_json::json!(0));
+    let second = deadline(30, "since_seq run", replicate(again, Context::default()))
+        .await
+        .unwrap();
+    assert_eq!(second.replication_id, first.replication_id);
+    assert_eq!(second.revisions_checked, 60, "{second:?}");
+}

@@ -138,9 +138,11 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
         60,
         "pool keeps the budget and releases dead owners",
         async {
+            let metrics = std::sync::Arc::new(couch_replicator::telemetry::NodeMetrics::default());
             let pool = ConnectionPool {
                 budget: 5,
                 close_interval: Duration::from_secs(2),
+                metrics: metrics.clone(),
             };
             let (pool, _) = supervisors::start(None, pool, ()).await.unwrap();
             let (a, _) = supervisors::start(None, Idle, ()).await.unwrap();
@@ -188,6 +190,11 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             pool.send_message(PoolMsg::Release(c.get_id())).unwrap();
             let u = usage(&pool).await.unwrap();
             assert_eq!((u.in_use, u.owners), (0, 0));
+            // CouchDB's connection counters: 3 acquires, 1 owner death, 2 releases.
+            use couch_replicator::telemetry::Series;
+            assert_eq!(metrics.couch.get(Series::ConnectionAcquires), 3);
+            assert_eq!(metrics.couch.get(Series::ConnectionOwnerCrashes), 1);
+            assert_eq!(metrics.couch.get(Series::ConnectionReleases), 2);
             // Idle for longer than the close interval: the endpoint is closed.
             wait_for(15, "the idle endpoint closed", || async {
                 usage(&pool).await.is_none().then_some(())

@@ -130,6 +130,18 @@ async fn documents_become_jobs_and_bad_ones_fail() {
         })
         .await;
         dp.stop().await;
+        // CouchDB's doc-processor counters followed it: the database found twice (deleted
+        // once in between), read from the start each time, the bad doc's `failed` written,
+        // the adds and removes of the jobs.
+        use couch_replicator::telemetry::Series;
+        let m = &rep.metrics().couch;
+        assert_eq!(m.get(Series::DocsDbsFound), 2);
+        assert_eq!(m.get(Series::DocsDbsDeleted), 1);
+        assert_eq!(m.get(Series::DbScans), 2);
+        assert!(m.get(Series::DocsDbChanges) >= 7);
+        assert_eq!(m.get(Series::DocsFailedStateUpdates), 1);
+        assert!(m.get(Series::JobsAdds) >= 3);
+        assert!(m.get(Series::JobsRemoves) >= 2);
     })
     .await;
 }
@@ -144,6 +156,7 @@ fn client(url: &str) -> HttpClient {
             http_connections: 4,
             proxy: None,
             tcp_nodelay: true,
+            metrics: Arc::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )

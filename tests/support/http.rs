@@ -75,12 +75,30 @@ impl Node {
         Self::build(cfg, settings, false).await
     }
 
-    async fn build(mut cfg: HttpConfig, settings: ReplicatorSettings, with_steps: bool) -> Node {
+    /// A node that runs jobs with the given server uuid (so its replication ids are those a
+    /// CouchDB with that uuid computes).
+    pub async fn with_uuid(cfg: HttpConfig, uuid: &str) -> Node {
+        Self::build_on(cfg, fast_settings(), false, Some(uuid)).await
+    }
+
+    async fn build(cfg: HttpConfig, settings: ReplicatorSettings, with_steps: bool) -> Node {
+        Self::build_on(cfg, settings, with_steps, None).await
+    }
+
+    async fn build_on(
+        mut cfg: HttpConfig,
+        settings: ReplicatorSettings,
+        with_steps: bool,
+        uuid: Option<&str>,
+    ) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
         let mut config = ReplicatorConfig::new(Db::new(Arc::new(store)));
         config.settings = settings;
         config.jobs.config = fast_jobs();
+        if let Some(uuid) = uuid {
+            config.server_uuid = uuid.to_owned();
+        }
         // Actor names are process-wide: every node of a test binary needs its own.
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

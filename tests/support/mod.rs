@@ -1,6 +1,7 @@
 //! The one helper tree of the integration tests, declared by each test binary (`mod support;`).
 //!
-//! Endpoints: a real pouchdb-server per test ([`server`]), a real CouchDB 3.4.3 where CouchDB's
+//! Endpoints: a real pouchdb-server per test ([`server`]), a
+//! headless Chromium over WebDriver ([`browser`]), a real CouchDB 3.4.3 where CouchDB's
 //! own behaviour is the oracle ([`couchdb`]), small client helpers to fill and compare databases
 //! ([`couch`]), and an in-process fault-injecting proxy for faults a real server cannot produce
 //! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]). Nodes: replicator nodes on one real store ([`replicator`]), a node with
@@ -9,6 +10,7 @@
 //! Each test binary uses only part of this, hence the dead-code allowance.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod couch;
 pub mod couchdb;
 pub mod http;

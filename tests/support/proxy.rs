@@ -29,6 +29,9 @@ pub enum Fault {
     Stall(Duration),
     /// Forward the headers and the first half of the body, then stall this long.
     StallMidBody(Duration),
+    /// Hold the request until the sender's value is `true`, then forward it (a job kept
+    /// mid-replication for as long as a test needs).
+    Hold(tokio::sync::watch::Receiver<bool>),
 }
 
 /// When a fault fires.
@@ -244,6 +247,9 @@ async fn handle(State(ctx): State<Ctx>, req: Request) -> Response {
                 .expect("response");
         }
         Some(Fault::Stall(d)) => tokio::time::sleep(d).await,
+        Some(Fault::Hold(ref open)) => {
+            let _ = open.clone().wait_for(|v| *v).await;
+        }
         _ => {}
     }
     let mut fwd = ctx.http.request(

@@ -1,0 +1,224 @@
+//! The node's numbers over HTTP: `GET /metrics` (Prometheus text, unauthenticated like
+//! CouchDB's separate metrics port), `GET /_node/{node}/_prometheus` (the same, admins only),
+//! `GET /_node/{node}/_stats[/path...]` (CouchDB's stats JSON, admins only; an unknown path
+//! answers `null` as CouchDB does). `{node}` is `_local` or this node's name.
+//!
+//! Gauges are refreshed at each request from the job list: `jobs.running` counts this node's
+//! running jobs; `jobs.pending`, `jobs.crashed` and `jobs.total` describe the queue all nodes
+//! share, so they read the same on every node (aggregate them with `max`, not `sum`).
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{HttpError, HttpResult};
+use super::status_page::model::queues;
+use crate::replicator::{JobView, RepState};
+use crate::telemetry::job_gauges::{self, JobSample};
+use crate::telemetry::stats_json::{StatNode, stats_tree};
+use crate::telemetry::{Exposition, Series};
+
+/// The numbers of a job's `info` the aggregates use.
+#[derive(Debug, Default, Deserialize)]
+struct InfoNumbers {
+    #[serde(default)]
+    docs_written: u64,
+    #[serde(default)]
+    changes_pending: Option<u64>,
+    #[serde(default)]
+    through_seq: Value,
+    #[serde(default)]
+    checkpointed_source_seq: Value,
+}
+
+/// The numeric part of a sequence: a number, or the `N` of CouchDB's `N-opaque` strings.
+fn seq_number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.split('-').next().and_then(|n| n.parse().ok()),
+        _ => None,
+    }
+}
+
+fn sample(j: &JobView) -> JobSample {
+    let n: InfoNumbers = serde_json::from_value(j.info.clone()).unwrap_or_default();
+    let lag = match (
+        seq_number(&n.through_seq),
+        seq_number(&n.checkpointed_source_seq),
+    ) {
+        (Some(t), Some(c)) => Some(t.saturating_sub(c)),
+        _ => None,
+    };
+    JobSample {
+        job_id: j.job_id.clone(),
+        changes_pending: n.changes_pending,
+        checkpoint_lag: lag,
+        docs_written: n.docs_written,
+    }
+}
+
+/// Sets the scheduler gauges from the job list; returns this node's running jobs' samples.
+async fn refresh(st: &AppState) -> Vec<JobSample> {
+    let rep = st.replicator();
+    let Ok(jobs) = rep.list().await else {
+        return Vec::new();
+    };
+    let m = rep.metrics();
+    let count = |s: RepState| jobs.iter().filter(|j| j.state == s).count() as u64;
+    let mine: Vec<&JobView> = jobs
+        .iter()
+        .filter(|j| j.state == RepState::Running && j.node.as_deref() == Some(rep.node()))
+        .collect();
+    m.couch.set(Series::JobsRunning, mine.len() as u64);
+    m.couch.set(Series::JobsPending, count(RepState::Pending));
+    m.couch.set(Series::JobsCrashed, count(RepState::Crashing));
+    m.couch.set(Series::JobsTotal, jobs.len() as u64);
+    // The process-wide gauges `/metrics` has always had (kept for existing dashboards).
+    for state in [
+        RepState::Pending,
+        RepState::Running,
+        RepState::Crashing,
+        RepState::Completed,
+        RepState::Failed,
+    ] {
+        metrics::gauge!("couch_replicator_jobs", "state" => state.as_str())
+            .set(count(state) as f64);
+    }
+    metrics::gauge!("couch_replicator_jobs_total").set(jobs.len() as f64);
+    mine.into_iter().map(sample).collect()
+}
+
+/// couch_jobs queue depth per job type: all pending jobs, and those due now.
+async fn render_queues(st: &AppState, e: &mut Exposition) {
+    let depth = queues(st).await;
+    let name = "couch_jobs_pending";
+    e.family(
+        name,
+        "gauge",
+        "couch_jobs pending jobs per type (including backed-off ones)",
+    );
+    for q in &depth {
+        e.sample(name, &[("type", &q.job_type)], q.pending as f64);
+    }
+    let name = "couch_jobs_pending_due";
+    e.family(
+        name,
+        "gauge",
+        "couch_jobs pending jobs per type whose scheduled time has come",
+    );
+    for q in &depth {
+        e.sample(name, &[("type", &q.job_type)], q.due as f64);
+    }
+}
+
+/// The whole Prometheus document of this node.
+pub async fn render(st: &AppState) -> String {
+    let samples = refresh(st).await;
+    let mut e = Exposition::default();
+    st.replicator().metrics().render(&mut e);
+    job_gauges::render(&mut e, &samples);
+    render_queues(st, &mut e).await;
+    st.replicator().jobs().db().stats().render(&mut e);
+    let mut text = e.finish();
+    if let Some(handle) = st.metrics() {
+        text.push_str(&handle.render());
+    }
+    text
+}
+
+fn text_response(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(st): State<AppState>) -> Response {
+    text_response(render(&st).await)
+}
+
+fn check_node(st: &AppState, node: &str) -> HttpResult<()> {
+    if node == "_local" || node == st.replicator().node() {
+        Ok(())
+    } else {
+        Err(HttpError::not_found(format!("no such node: {node}")))
+    }
+}
+
+/// `GET /_node/{node}/_prometheus`.
+pub async fn prometheus(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(node): Path<String>,
+) -> HttpResult<Response> {
+    caller.require_admin()?;
+    check_node(&st, &node)?;
+    Ok(text_response(render(&st).await))
+}
+
+/// `GET /_node/{node}/_stats`: `{"couch_replicator": {...}}`.
+pub async fn stats(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(node): Path<String>,
+) -> HttpResult<Json<Value>> {
+    stats_at(st, caller, node, String::new()).await
+}
+
+/// `GET /_node/{node}/_stats/{path}` (`couch_replicator`, `couch_replicator/jobs`, ...).
+pub async fn stats_path(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path((node, path)): Path<(String, String)>,
+) -> HttpResult<Json<Value>> {
+    stats_at(st, caller, node, path).await
+}
+
+async fn stats_at(
+    st: AppState,
+    caller: Caller,
+    node: String,
+    path: String,
+) -> HttpResult<Json<Value>> {
+    caller.require_admin()?;
+    check_node(&st, &node)?;
+    refresh(&st).await;
+    let tree = stats_tree(&st.replicator().metrics().couch);
+    let mut root = std::collections::BTreeMap::new();
+    root.insert("couch_replicator", tree);
+    let mut at = &StatNode::Group(root);
+    for seg in path.split('/').filter(|s| !s.is_empty()) {
+        match at {
+            StatNode::Group(g) => match g.get(seg) {
+                Some(child) => at = child,
+                None => return Ok(Json(Value::Null)),
+            },
+            StatNode::Leaf { .. } => return Ok(Json(Value::Null)),
+        }
+    }
+    Ok(Json(serde_json::to_value(at).unwrap_or(Value::Null)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sequences_are_numbers_or_couchdb_strings() {
+        assert_eq!(seq_number(&json!(42)), Some(42));
+        assert_eq!(seq_number(&json!("17-g1AAAA")), Some(17));
+        assert_eq!(seq_number(&json!("opaque")), None);
+        assert_eq!(seq_number(&Value::Null), None);
+    }
+}
