@@ -94,10 +94,23 @@ impl ConfigFile {
                 )
             } else if let Ok(n) = v.parse::<u64>() {
                 Value::from(n)
+            } else if let Ok(x) = v.parse::<f64>() {
+                Value::from(x)
             } else {
                 Value::String(v.clone())
             };
             m.insert(k.clone(), val);
+        }
+        // `[replicator.shares]`: fair-share weight per `_replicator` database.
+        let mut shares = Map::new();
+        for (db, v) in self.section("replicator.shares") {
+            let n: u32 = v
+                .parse()
+                .map_err(|_| format!("[replicator.shares] {db}: not a number of shares"))?;
+            shares.insert(db.clone(), Value::from(n));
+        }
+        if !shares.is_empty() {
+            m.insert("shares".into(), Value::Object(shares));
         }
         let s: ReplicatorSettings =
             serde_json::from_value(Value::Object(m)).map_err(|e| format!("[replicator]: {e}"))?;
@@ -150,6 +163,14 @@ mod tests {
         assert_eq!(s.node_types, vec![NodeType::Replication]);
         assert!(ConfigFile::parse("x = 1").unwrap_err().contains("line 1"));
         assert!(ConfigFile::parse("[a\n").is_err());
+        let fair = ConfigFile::parse(
+            "[replicator]\nusage_coeff = 0.25\n[replicator.shares]\nbig/_replicator = 900\n",
+        )
+        .unwrap()
+        .replicator_settings()
+        .unwrap();
+        assert_eq!(fair.usage_coeff, 0.25);
+        assert_eq!(fair.shares["big/_replicator"], 900);
         let bad = ConfigFile::parse("[replicator]\nmax_jobz = 1").unwrap();
         assert!(bad.replicator_settings().unwrap_err().contains("max_jobz"));
         let zero = ConfigFile::parse("[replicator]\nmax_jobs = 0").unwrap();

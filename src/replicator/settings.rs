@@ -181,6 +181,14 @@ impl ReplicatorSettings {
                     .into(),
             );
         }
+        for (name, v) in [
+            ("usage_coeff", self.usage_coeff),
+            ("priority_coeff", self.priority_coeff),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("[replicator] {name} must be between 0 and 1"));
+            }
+        }
         Ok(())
     }
 }
