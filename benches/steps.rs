@@ -1,4 +1,4 @@
-//! The thesis' four evaluation tests (seed 003, section 6) on steps jobs over couch_jobs and
+//! The thesis' four evaluation tests (the job-distribution thesis, its section 6) on steps jobs over couch_jobs and
 //! the embedded store, with steps of 0.5 s of in-process sleep instead of 5 s of shell sleep.
 //!
 //! For each test it prints the makespan, the thesis' bound (total step time / workers, or

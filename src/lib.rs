@@ -2,7 +2,7 @@
 //! couch-replicator: Apache CouchDB's replicator and its `couch_jobs` background-jobs
 //! framework, re-implemented in Rust on OTP-style supervised actors.
 //!
-//! Layers (dependencies point downwards only, see DESIGN.md section 2):
+//! Layers (dependencies point downwards only, see docs/architecture.md, "Layers and the one-way rule"):
 //! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
 //!   engines.
 //! - [`jobs`]: couch_jobs, the background-jobs framework on the store.

@@ -3,6 +3,7 @@
 mod support;
 
 mod compat {
+    mod config;
     mod handover;
     mod replicate_api;
     mod replication_ids;

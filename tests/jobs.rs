@@ -4,6 +4,7 @@ mod support;
 
 mod jobs {
     mod api;
+    mod chaos;
     mod monitor;
     mod multinode;
     mod notify;

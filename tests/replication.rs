@@ -9,4 +9,5 @@ mod replication {
     mod filters;
     mod multipart;
     mod resume;
+    mod tls;
 }

@@ -8,6 +8,7 @@ mod replicator {
     mod doc_processor;
     mod faults;
     mod lifecycle;
+    mod neighbours;
     mod node_types;
     mod pool;
     mod scale;

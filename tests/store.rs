@@ -5,5 +5,6 @@ mod support;
 mod store {
     mod conformance;
     mod crash;
+    mod faults;
     mod model;
 }

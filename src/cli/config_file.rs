@@ -1,28 +1,66 @@
-//! The node's configuration file: CouchDB's ini format (`[section]`, `key = value`, `;`/`#`
-//! comments), which also reads flat TOML files (quoted strings are unquoted), plus environment
-//! overrides `COUCH_REPLICATOR__<SECTION>__<KEY>=value`. Sections keep CouchDB's names:
-//! `[replicator]`, `[admins]`, `[chttpd]`, `[couchdb]`; ours are `[users]` (non-admin
-//! Basic-auth users) and `[replicator_dbs]` (`name = URL` of `_replicator` databases).
+//! The node's configuration: one or more CouchDB ini files layered in order (later files win,
+//! a directory stands for its `*.ini` files in name order, as CouchDB does), then environment
+//! overrides `COUCH_REPLICATOR__<SECTION>__<KEY>=value`. The dialect is CouchDB's
+//! (`[section]`, `key = value`, `;` comments, inline only after a space or tab), which also
+//! reads flat TOML files (`#` comments, quoted strings unquoted). Sections keep CouchDB's
+//! names: `[replicator]`, `[admins]`, `[chttpd]`, `[chttpd_auth]`, `[couchdb]`; ours are
+//! `[users]` (non-admin users), `[replicator_dbs]` (`name = URL` of `_replicator` databases)
+//! and `[steps]`. Whatever else a CouchDB file holds is reported by [`ConfigFile::unused`]
+//! and otherwise ignored.
+//!
+//! A hand-written reader rather than an ini crate: CouchDB's dialect differs from what those
+//! implement (only ` ;`/`\t;` start an inline comment, `#` and backslashes are literal,
+//! ` = ` splits before `=`, repeated sections merge), and it is a screenful of code.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-use serde_json::{Map, Value};
-
-use couch_replicator::replicator::ReplicatorSettings;
-
-/// Sections of key/value pairs, in file order of keys per section (later keys win).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Sections of key/value pairs, in file order of keys per section (later keys win). `Debug`
+/// shows section and key names only: values include passwords and secrets.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ConfigFile {
     sections: BTreeMap<String, Vec<(String, String)>>,
+}
+
+impl std::fmt::Debug for ConfigFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut m = f.debug_map();
+        for (sec, pairs) in &self.sections {
+            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+            m.entry(sec, &keys);
+        }
+        m.finish()
+    }
 }
 
 /// The prefix of environment overrides.
 pub const ENV_PREFIX: &str = "COUCH_REPLICATOR__";
 
 impl ConfigFile {
+    /// Reads and layers `paths` (files, or directories of `*.ini` files); errors name the
+    /// file and line.
+    pub fn load(paths: &[PathBuf]) -> Result<Self, String> {
+        let mut cfg = Self::default();
+        for p in expand(paths)? {
+            let text = std::fs::read_to_string(&p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            cfg.merge_text(&text)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        Ok(cfg)
+    }
+
     /// Parses ini/flat-TOML text; errors name the line.
+    #[cfg(test)]
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut cfg = Self::default();
+        cfg.merge_text(text)?;
+        Ok(cfg)
+    }
+
+    /// Adds the pairs of `text` over the current ones.
+    fn merge_text(&mut self, text: &str) -> Result<(), String> {
+        let cfg = self;
         let mut section: Option<String> = None;
         for (n, raw) in text.lines().enumerate() {
             let line = raw.trim();
@@ -36,15 +74,21 @@ impl ConfigFile {
                 section = Some(name.trim().to_owned());
                 continue;
             }
+            // CouchDB splits on ` = ` first, so a key may contain `=`.
             let (k, v) = line
-                .split_once('=')
+                .split_once(" = ")
+                .or_else(|| line.split_once('='))
                 .ok_or_else(|| format!("line {}: expected `key = value`", n + 1))?;
             let sec = section.clone().ok_or_else(|| {
                 format!("line {}: `{}` is outside any [section]", n + 1, k.trim())
             })?;
-            cfg.set(&sec, k.trim(), unquote(v.trim()));
+            let v = unquote(v.trim());
+            // CouchDB skips `key =` lines (an empty value deletes nothing and sets nothing).
+            if !v.is_empty() {
+                cfg.set(&sec, k.trim(), v);
+            }
         }
-        Ok(cfg)
+        Ok(())
     }
 
     /// Sets one value (later values win).
@@ -79,44 +123,53 @@ impl ConfigFile {
         self.sections.get(section).map_or(&[], Vec::as_slice)
     }
 
-    /// `[replicator]` as typed settings: numbers and booleans are read as such, `node_types`
-    /// as a comma-separated list; unknown keys are errors naming the key.
-    pub fn replicator_settings(&self) -> Result<ReplicatorSettings, String> {
-        let mut m = Map::new();
-        for (k, v) in self.section("replicator") {
-            let val = if k == "node_types" {
-                Value::Array(
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(|s| Value::String(s.to_owned()))
-                        .collect(),
-                )
-            } else if let Ok(n) = v.parse::<u64>() {
-                Value::from(n)
-            } else if let Ok(x) = v.parse::<f64>() {
-                Value::from(x)
+    /// Sections and keys this node does not use, one line per section (so loading CouchDB's
+    /// `default.ini` logs a screenful, not hundreds of lines). `known(section, key)` says
+    /// whether a key is used; sections of names (`[admins]`, ...) accept every key.
+    pub fn unused(&self, known: impl Fn(&str, &str) -> bool) -> Vec<String> {
+        let mut out = Vec::new();
+        for (sec, pairs) in &self.sections {
+            let keys: Vec<&str> = pairs
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .filter(|k| !known(sec, k))
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            if keys.len() == pairs.len() && !known(sec, "") {
+                out.push(format!(
+                    "[{sec}] is not used by this node ({} keys)",
+                    keys.len()
+                ));
             } else {
-                Value::String(v.clone())
-            };
-            m.insert(k.clone(), val);
+                out.push(format!(
+                    "[{sec}] keys not used by this node: {}",
+                    keys.join(", ")
+                ));
+            }
         }
-        // `[replicator.shares]`: fair-share weight per `_replicator` database.
-        let mut shares = Map::new();
-        for (db, v) in self.section("replicator.shares") {
-            let n: u32 = v
-                .parse()
-                .map_err(|_| format!("[replicator.shares] {db}: not a number of shares"))?;
-            shares.insert(db.clone(), Value::from(n));
-        }
-        if !shares.is_empty() {
-            m.insert("shares".into(), Value::Object(shares));
-        }
-        let s: ReplicatorSettings =
-            serde_json::from_value(Value::Object(m)).map_err(|e| format!("[replicator]: {e}"))?;
-        s.validate()?;
-        Ok(s)
+        out
     }
+}
+
+/// Files in layering order: each path as given, a directory as its `*.ini` files sorted.
+fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut inis: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "ini") && f.is_file())
+                .collect();
+            inis.sort();
+            out.extend(inis);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
 }
 
 fn unquote(v: &str) -> String {
@@ -129,7 +182,11 @@ fn unquote(v: &str) -> String {
         }
     }
     // An unquoted value may carry a trailing ` #` / ` ;` comment.
-    match v.find(" #").or_else(|| v.find(" ;")) {
+    let at = [" #", " ;", "\t#", "\t;"]
+        .iter()
+        .filter_map(|c| v.find(c))
+        .min();
+    match at {
         Some(i) => v[..i].trim_end().to_owned(),
         None => v.to_owned(),
     }
@@ -138,7 +195,6 @@ fn unquote(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use couch_replicator::replicator::NodeType;
 
     #[test]
     fn ini_toml_and_env() {
@@ -146,10 +202,12 @@ mod tests {
                     [admins]\nadmin = \"s3cret\" # toml comment\n[chttpd]\nport = 6000\n";
         let mut c = ConfigFile::parse(text).unwrap();
         assert_eq!(c.get("admins", "admin"), Some("s3cret"));
-        let q = ConfigFile::parse("[a]\nx = 'p # q' ; c\ny = plain ; c\nz = a=b").unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let q = ConfigFile::parse("[a]\nx = 'p # q' ; c\ny = plain\t; c\nz = a=b\nw =\n").unwrap();
         assert_eq!(q.get("a", "x"), Some("p # q"));
         assert_eq!(q.get("a", "y"), Some("plain"));
         assert_eq!(q.get("a", "z"), Some("a=b"));
+        assert_eq!(q.get("a", "w"), None);
         c.apply_env([
             (
                 "COUCH_REPLICATOR__CHTTPD__PORT".to_string(),
@@ -158,22 +216,48 @@ mod tests {
             ("OTHER".to_string(), "x".to_string()),
         ]);
         assert_eq!(c.get("chttpd", "port"), Some("7000"));
-        let s = c.replicator_settings().unwrap();
-        assert_eq!(s.max_jobs, 50);
-        assert_eq!(s.node_types, vec![NodeType::Replication]);
         assert!(ConfigFile::parse("x = 1").unwrap_err().contains("line 1"));
         assert!(ConfigFile::parse("[a\n").is_err());
-        let fair = ConfigFile::parse(
-            "[replicator]\nusage_coeff = 0.25\n[replicator.shares]\nbig/_replicator = 900\n",
+    }
+
+    #[test]
+    fn files_and_directories_layer_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(
+            d.join("default.ini"),
+            "[chttpd]\nport = 1\nbind_address = 0.0.0.0\n",
         )
-        .unwrap()
-        .replicator_settings()
         .unwrap();
-        assert_eq!(fair.usage_coeff, 0.25);
-        assert_eq!(fair.shares["big/_replicator"], 900);
-        let bad = ConfigFile::parse("[replicator]\nmax_jobz = 1").unwrap();
-        assert!(bad.replicator_settings().unwrap_err().contains("max_jobz"));
-        let zero = ConfigFile::parse("[replicator]\nmax_jobs = 0").unwrap();
-        assert!(zero.replicator_settings().unwrap_err().contains("max_jobs"));
+        std::fs::create_dir(d.join("local.d")).unwrap();
+        std::fs::write(d.join("local.d/b.ini"), "[chttpd]\nport = 3\n").unwrap();
+        std::fs::write(d.join("local.d/a.ini"), "[chttpd]\nport = 2\n[x]\ny = 1\n").unwrap();
+        std::fs::write(d.join("local.d/notes.txt"), "not ini").unwrap();
+        let c = ConfigFile::load(&[d.join("default.ini"), d.join("local.d")]).unwrap();
+        assert_eq!(c.get("chttpd", "port"), Some("3"));
+        assert_eq!(c.get("chttpd", "bind_address"), Some("0.0.0.0"));
+        assert_eq!(c.get("x", "y"), Some("1"));
+        let e = ConfigFile::load(&[d.join("missing.ini")]).unwrap_err();
+        assert!(e.contains("missing.ini"), "{e}");
+    }
+
+    #[test]
+    fn couchdb_default_ini_loads_and_unused_parts_are_summarised() {
+        let text = include_str!("../../tests/fixtures/couchdb-3.4.3-default.ini");
+        let c = ConfigFile::parse(text).unwrap();
+        assert_eq!(c.get("chttpd", "port"), Some("5984"));
+        let unused = c.unused(|sec, key| sec == "chttpd" && key == "port");
+        assert!(
+            unused
+                .iter()
+                .any(|l| l.starts_with("[couchdb] is not used")),
+            "{unused:?}"
+        );
+        let chttpd: Vec<_> = unused
+            .iter()
+            .filter(|l| l.starts_with("[chttpd]"))
+            .collect();
+        assert_eq!(chttpd.len(), 1, "{unused:?}");
+        assert!(chttpd[0].contains("bind_address") && !chttpd[0].contains("port,"));
     }
 }

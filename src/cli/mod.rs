@@ -2,6 +2,7 @@
 
 pub mod config_file;
 pub mod replicate;
+pub mod replicator_section;
 pub mod serve;
 pub mod serve_steps;
 pub mod steps;

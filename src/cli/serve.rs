@@ -21,8 +21,13 @@ use couch_replicator::replicator::{Frontend, NodeType, Replicator, ReplicatorCon
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 
+use couch_replicator::http::auth::AuthSettings;
+use couch_replicator::http::password::{MAX_ITERATIONS, Prf};
+use couch_replicator::replication::tls::TlsOptions;
+
 use super::config_file::ConfigFile;
-use super::serve_steps::StepsSetup;
+use super::replicator_section;
+use super::serve_steps::{STEPS_KEYS, StepsSetup};
 
 /// `serve` flags.
 #[derive(Debug, clap::Args)]
@@ -34,9 +39,16 @@ pub struct ServeArgs {
     #[cfg(feature = "fdb")]
     #[arg(long, env = "FDB_CLUSTER_FILE")]
     pub fdb_cluster_file: Option<PathBuf>,
-    /// Config file (CouchDB ini, or flat TOML) with [replicator], [admins], [chttpd], ...
-    #[arg(long, short = 'c', env = "COUCH_REPLICATOR_CONFIG")]
-    pub config: Option<PathBuf>,
+    /// Config files (CouchDB ini, or flat TOML) with [replicator], [admins], [chttpd], ...;
+    /// repeatable, later files win, a directory stands for its *.ini files (CouchDB's
+    /// `default.ini` then `local.ini` load unchanged).
+    #[arg(
+        long,
+        short = 'c',
+        env = "COUCH_REPLICATOR_CONFIG",
+        value_delimiter = ','
+    )]
+    pub config: Vec<PathBuf>,
     /// What this node runs: api_frontend, replication, or both (comma separated).
     #[arg(long, value_delimiter = ',')]
     pub node_type: Option<Vec<String>>,
@@ -69,6 +81,10 @@ pub struct NodeSetup {
     pub http: HttpConfig,
     pub addr: SocketAddr,
     pub dbs: Vec<ReplicatorDb>,
+    /// What to tell the operator once at start: keys not applied, sections not used.
+    pub notes: Vec<String>,
+    /// TLS to `https` endpoints and replicator databases.
+    pub tls: TlsOptions,
 }
 
 fn pairs(v: &[(String, String)]) -> Vec<(String, String)> {
@@ -80,14 +96,7 @@ pub fn load(
     args: &ServeArgs,
     env: Vec<(String, String)>,
 ) -> Result<(ConfigFile, Vec<(String, String)>), String> {
-    let mut cfg = match &args.config {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            ConfigFile::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?
-        }
-        None => ConfigFile::default(),
-    };
+    let mut cfg = ConfigFile::load(&args.config)?;
     cfg.apply_env(env);
     if let Some(types) = &args.node_type {
         cfg.set("replicator", "node_types", types.join(","));
@@ -119,9 +128,12 @@ pub fn setup(
     db: Db,
     server_uuid: String,
 ) -> Result<NodeSetup, String> {
-    let settings = cfg.replicator_settings()?;
+    let section = replicator_section::read(cfg)?;
+    let mut notes = section.notes;
+    notes.extend(cfg.unused(is_used));
+    let tls = section.settings.job_defaults.tls.clone();
     let mut replicator = ReplicatorConfig::new(db);
-    replicator.settings = settings;
+    replicator.settings = section.settings;
     replicator.server_uuid = cfg
         .get("couchdb", "uuid")
         .map_or(server_uuid, str::to_owned);
@@ -162,7 +174,7 @@ pub fn setup(
         }
     }
     let mut http = HttpConfig {
-        users: Users::new(admins, pairs(cfg.section("users"))),
+        users: Users::configure(admins, pairs(cfg.section("users")), &auth_settings(cfg)?)?,
         replicator_dbs: dbs.iter().map(|d| d.name.clone()).collect(),
         ..HttpConfig::default()
     };
@@ -176,7 +188,63 @@ pub fn setup(
         http,
         addr,
         dbs,
+        notes,
+        tls,
     })
+}
+
+/// `[chttpd_auth]` (or CouchDB's older `[couch_httpd_auth]`): how plain passwords are hashed
+/// and sessions signed.
+fn auth_settings(cfg: &ConfigFile) -> Result<AuthSettings, String> {
+    let get = |k: &str| {
+        cfg.get("chttpd_auth", k)
+            .or_else(|| cfg.get("couch_httpd_auth", k))
+    };
+    let mut s = AuthSettings::default();
+    if let Some(v) = get("iterations") {
+        s.iterations = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_ITERATIONS).contains(n))
+            .ok_or_else(|| {
+                format!("[chttpd_auth] iterations must be from 1 to {MAX_ITERATIONS}")
+            })?;
+    }
+    if let Some(v) = get("pbkdf2_prf") {
+        s.prf = Prf::parse(v.trim()).ok_or_else(|| {
+            "[chttpd_auth] pbkdf2_prf must be sha, sha224, sha256, sha384 or sha512".to_string()
+        })?;
+    }
+    if let Some(v) = get("secret").filter(|v| !v.is_empty()) {
+        s.session.secret = v.to_owned();
+    }
+    if let Some(v) = get("timeout") {
+        s.session.timeout_secs = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=31_536_000).contains(n))
+            .ok_or_else(|| "[chttpd_auth] timeout must be 1 to 31536000 seconds".to_string())?;
+    }
+    Ok(s)
+}
+
+/// Whether this node reads `[section] key` (an empty key asks about the whole section).
+fn is_used(section: &str, key: &str) -> bool {
+    match section {
+        "admins" | "users" | "replicator_dbs" => true,
+        "replicator" => replicator_section::is_known(key),
+        // Database names: every key is a fair-share weight.
+        "replicator.shares" => true,
+        "chttpd" => matches!(key, "port" | "bind_address" | "max_http_request_size"),
+        "couchdb" => matches!(key, "uuid" | "node_name"),
+        "chttpd_auth" | "couch_httpd_auth" => {
+            matches!(key, "iterations" | "pbkdf2_prf" | "secret" | "timeout")
+        }
+        "steps" => STEPS_KEYS.contains(&key),
+        _ => false,
+    }
 }
 
 /// The server uuid kept in the data directory, so replication ids survive restarts.
@@ -221,6 +289,9 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let uuid = server_uuid(&args.data_dir)?;
     let setup = setup(&args, &cfg, admins, db, uuid)?;
     let steps_setup = StepsSetup::from_config(&cfg, &setup.replicator.node)?;
+    for note in &setup.notes {
+        tracing::info!("config: {note}");
+    }
     if setup.http.users.has_no_admins() {
         tracing::warn!(
             "no server admin configured (--admin name:password or [admins]): requests that change state need one"
@@ -237,6 +308,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let parts = Frontend {
         doc_processor: Some(DocProcessorConfig {
             dbs: setup.dbs,
+            tls: setup.tls,
             ..DocProcessorConfig::default()
         }),
         http: Some(http),

@@ -32,6 +32,15 @@ pub struct StepsSetup {
     pub config: StepsConfig,
 }
 
+/// The `[steps]` keys read here.
+pub const STEPS_KEYS: &[&str] = &[
+    "workers",
+    "action",
+    "shell_timeout",
+    "activity_timeout",
+    "node",
+];
+
 fn num<T: std::str::FromStr>(cfg: &ConfigFile, key: &str, default: T) -> Result<T, String> {
     match cfg.get("steps", key) {
         None => Ok(default),

@@ -1,5 +1,5 @@
 //! `GET /_active_tasks`: the `active_task_info` of every running replication in the cluster
-//! (digest D.8). Admins see all; other users only the tasks of their own transient jobs.
+//! (CouchDB's couch_replicator_scheduler_job.erl task status). Admins see all; other users only the tasks of their own transient jobs.
 
 use axum::Json;
 use axum::extract::State;

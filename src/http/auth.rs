@@ -1,30 +1,109 @@
-//! Who is calling: HTTP Basic credentials checked against the node's configured users
-//! (`[admins]`, and optional non-admin `[users]`). Handlers ask for a [`Caller`] and call
-//! [`Caller::require_admin`] / [`Caller::require_user`] before changing state. Passwords are
-//! compared without early exit and never logged or echoed.
+//! Who is calling: HTTP Basic credentials or an `AuthSession` cookie ([`super::session`])
+//! checked against the node's configured users (`[admins]`, and optional non-admin `[users]`).
+//! Entries are CouchDB password hashes ([`super::password`]); plain ones are hashed when the
+//! node starts, so no password is kept in clear. Handlers ask for a [`Caller`] and call
+//! [`Caller::require_admin`] / [`Caller::require_user`] before changing state. A password that
+//! passed PBKDF2 once is remembered as a keyed digest, so later requests cost one HMAC
+//! instead of CouchDB's 600,000 rounds (CouchDB keeps a cache for the same reason).
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use base64::Engine as _;
+use hmac::{Hmac, Mac as _};
+use rand::RngCore as _;
+use sha2::Sha256;
 
 use super::error::HttpError;
+use super::password::{Prf, StoredPassword, same_bytes};
+use super::session::{self, SessionSettings};
 use crate::replicator::rep_doc::UserCtx;
 
-/// The users this node knows. `Debug` shows names only.
-#[derive(Clone, Default)]
+/// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
+#[derive(Clone)]
+pub struct AuthSettings {
+    /// PBKDF2 rounds for plain entries (`iterations`, CouchDB: 600,000).
+    pub iterations: u32,
+    /// PRF for plain entries (`pbkdf2_prf`, CouchDB: sha256).
+    pub prf: Prf,
+    /// Cookie signing secret and lifetime.
+    pub session: SessionSettings,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            iterations: 600_000,
+            prf: Prf::Sha256,
+            session: SessionSettings::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for AuthSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthSettings")
+            .field("iterations", &self.iterations)
+            .field("prf", &self.prf)
+            .field("timeout_secs", &self.session.timeout_secs)
+            .finish()
+    }
+}
+
+/// How a request was authenticated (`info.authenticated` of `GET /_session`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// An `AuthSession` cookie from `POST /_session` (`"cookie"`).
+    Cookie,
+    /// HTTP Basic (`"default"`).
+    Basic,
+}
+
+impl AuthMethod {
+    /// CouchDB's handler name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cookie => "cookie",
+            Self::Basic => "default",
+        }
+    }
+}
+
+struct Account {
+    stored: StoredPassword,
+    admin: bool,
+}
+
+struct Inner {
+    admins: HashMap<String, Account>,
+    users: HashMap<String, Account>,
+    session: SessionSettings,
+    /// Keys the remembered-password digests; random per start.
+    cache_key: [u8; 32],
+    /// Per account (`admin:` / `user:` + name): digest of the password that last verified.
+    verified: Mutex<HashMap<String, [u8; 32]>>,
+}
+
+/// The users this node knows. `Debug` shows names only. Cheap to clone.
+#[derive(Clone)]
 pub struct Users {
-    admins: HashMap<String, String>,
-    users: HashMap<String, String>,
+    inner: Arc<Inner>,
+}
+
+impl Default for Users {
+    fn default() -> Self {
+        Self::build(HashMap::new(), HashMap::new(), SessionSettings::default())
+    }
 }
 
 impl std::fmt::Debug for Users {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut a: Vec<_> = self.admins.keys().collect();
+        let mut a: Vec<_> = self.inner.admins.keys().collect();
         a.sort();
-        let mut u: Vec<_> = self.users.keys().collect();
+        let mut u: Vec<_> = self.inner.users.keys().collect();
         u.sort();
         f.debug_struct("Users")
             .field("admins", &a)
@@ -33,21 +112,161 @@ impl std::fmt::Debug for Users {
     }
 }
 
+/// Hashes or parses configured entries; errors name the entry, never its value.
+fn accounts(
+    entries: impl IntoIterator<Item = (String, String)>,
+    admin: bool,
+    s: &AuthSettings,
+    seed: &mut Vec<(String, String)>,
+) -> Result<HashMap<String, Account>, String> {
+    let mut out = HashMap::new();
+    for (name, value) in entries {
+        let section = if admin { "admins" } else { "users" };
+        let stored = match StoredPassword::parse(&value) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                seed.push((cache_id(admin, &name), value.clone()));
+                StoredPassword::hash_plain(&value, s.prf, s.iterations)
+            }
+            Err(e) => return Err(format!("[{section}] {name}: {e}")),
+        };
+        out.insert(name, Account { stored, admin });
+    }
+    Ok(out)
+}
+
+fn cache_id(admin: bool, name: &str) -> String {
+    format!("{}:{name}", if admin { "admin" } else { "user" })
+}
+
 impl Users {
-    /// Server admins and plain users, `(name, password)` each.
+    /// Server admins and plain users, `(name, password or CouchDB hash)` each, with CouchDB's
+    /// hashing defaults. Entries that are malformed hashes are left out (and logged); use
+    /// [`Users::configure`] to refuse them instead.
     pub fn new(
         admins: impl IntoIterator<Item = (String, String)>,
         users: impl IntoIterator<Item = (String, String)>,
     ) -> Self {
+        let keep = |v: Vec<(String, String)>| {
+            v.into_iter()
+                .filter(|(n, p)| {
+                    let ok = StoredPassword::parse(p).is_ok();
+                    if !ok {
+                        tracing::warn!(user = %n, "ignoring a malformed password hash");
+                    }
+                    ok
+                })
+                .collect::<Vec<_>>()
+        };
+        let (a, u) = (
+            keep(admins.into_iter().collect()),
+            keep(users.into_iter().collect()),
+        );
+        Self::configure(a, u, &AuthSettings::default()).unwrap_or_default()
+    }
+
+    /// Users from configuration: plain entries are hashed with `settings`, CouchDB hashes are
+    /// kept as they are; a malformed hash is an error naming the entry.
+    pub fn configure(
+        admins: impl IntoIterator<Item = (String, String)>,
+        users: impl IntoIterator<Item = (String, String)>,
+        settings: &AuthSettings,
+    ) -> Result<Self, String> {
+        let mut seed = Vec::new();
+        let admins = accounts(admins, true, settings, &mut seed)?;
+        let users = accounts(users, false, settings, &mut seed)?;
+        let me = Self::build(admins, users, settings.session.clone());
+        // A plain entry was just hashed from the password at hand: remember it verified, so
+        // the first login does not pay PBKDF2 again.
+        for (id, pw) in seed {
+            me.remember(&id, &pw);
+        }
+        Ok(me)
+    }
+
+    fn build(
+        admins: HashMap<String, Account>,
+        users: HashMap<String, Account>,
+        session: SessionSettings,
+    ) -> Self {
+        let mut cache_key = [0u8; 32];
+        rand::rng().fill_bytes(&mut cache_key);
         Self {
-            admins: admins.into_iter().collect(),
-            users: users.into_iter().collect(),
+            inner: Arc::new(Inner {
+                admins,
+                users,
+                session,
+                cache_key,
+                verified: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
     /// True when no admin is configured (every state change is then refused).
     pub fn has_no_admins(&self) -> bool {
-        self.admins.is_empty()
+        self.inner.admins.is_empty()
+    }
+
+    /// The session settings (cookie lifetime and secret).
+    pub fn session(&self) -> &SessionSettings {
+        &self.inner.session
+    }
+
+    fn digest(&self, password: &str) -> [u8; 32] {
+        // Any key length is valid for HMAC.
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.inner.cache_key)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        mac.update(password.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    fn remember(&self, id: &str, password: &str) {
+        let d = self.digest(password);
+        if let Ok(mut m) = self.inner.verified.lock() {
+            m.insert(id.to_owned(), d);
+        }
+    }
+
+    fn check(&self, acct: &Account, name: &str, password: &str) -> bool {
+        let id = cache_id(acct.admin, name);
+        let d = self.digest(password);
+        let known = self
+            .inner
+            .verified
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).copied());
+        if known.is_some_and(|k| same_bytes(&k, &d)) {
+            return true;
+        }
+        let ok = acct.stored.verify(password);
+        if ok {
+            self.remember(&id, password);
+        }
+        ok
+    }
+
+    /// The caller a name and password identify (admins first), or `None`.
+    pub fn login(&self, name: &str, password: &str) -> Option<UserCtx> {
+        for acct in [self.inner.admins.get(name), self.inner.users.get(name)]
+            .into_iter()
+            .flatten()
+        {
+            if self.check(acct, name, password) {
+                return Some(ctx_of(name, acct));
+            }
+        }
+        None
+    }
+
+    /// The account's cookie salt and user context, for a name an `AuthSession` cookie names.
+    pub(crate) fn session_user(&self, name: &str) -> Option<(&str, UserCtx)> {
+        let acct = self
+            .inner
+            .admins
+            .get(name)
+            .or_else(|| self.inner.users.get(name))?;
+        Some((acct.stored.salt(), ctx_of(name, acct)))
     }
 
     /// Checks an `Authorization` header value.
@@ -60,23 +279,42 @@ impl Users {
                 "only Basic authentication with name:password is supported",
             ));
         };
-        if let Some(p) = self.admins.get(&name)
-            && same(p, &password)
+        self.login(&name, &password)
+            .map(Caller::User)
+            .ok_or_else(|| HttpError::unauthorized("Name or password is incorrect."))
+    }
+
+    /// Authenticates a request as CouchDB does: a valid `AuthSession` cookie first, then
+    /// Basic credentials; neither is anonymous. A cookie that cannot be decoded is 400.
+    pub fn authenticate_headers(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
+        if let Some(cookie) = session::cookie_value(headers)
+            && let Some(u) = session::verify(self, &cookie, session::now_secs())?
         {
-            return Ok(Caller::User(UserCtx {
-                name: Some(name),
-                roles: vec!["_admin".into()],
-            }));
+            return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
         }
-        if let Some(p) = self.users.get(&name)
-            && same(p, &password)
-        {
-            return Ok(Caller::User(UserCtx {
-                name: Some(name),
-                roles: Vec::new(),
-            }));
-        }
-        Err(HttpError::unauthorized("Name or password is incorrect."))
+        let h = match headers.get(AUTHORIZATION) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                HttpError::unauthorized("the Authorization header is not valid text")
+            })?),
+        };
+        let caller = self.authenticate(h)?;
+        let how = matches!(caller, Caller::User(_)).then_some(AuthMethod::Basic);
+        Ok((caller, how))
+    }
+}
+
+fn ctx_of(name: &str, acct: &Account) -> UserCtx {
+    UserCtx {
+        name: Some(name.to_owned()),
+        roles: if acct.admin {
+            vec!["_admin".into()]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -121,7 +359,7 @@ impl Caller {
         match self {
             Caller::User(u) => Ok(u),
             Caller::Anonymous => Err(HttpError::unauthorized(
-                "authentication required: send Basic credentials",
+                "authentication required: send Basic credentials or an AuthSession cookie",
             )),
         }
     }
@@ -160,13 +398,10 @@ impl<S: HasUsers + Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let h = match parts.headers.get(AUTHORIZATION) {
-            None => None,
-            Some(v) => Some(v.to_str().map_err(|_| {
-                HttpError::unauthorized("the Authorization header is not valid text")
-            })?),
-        };
-        state.users().authenticate(h)
+        state
+            .users()
+            .authenticate_headers(&parts.headers)
+            .map(|(c, _)| c)
     }
 }
 

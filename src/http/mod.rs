@@ -10,8 +10,10 @@ pub mod error;
 pub mod health;
 pub mod mask;
 pub mod node_stats;
+pub mod password;
 pub mod replicate;
 pub mod scheduler;
+pub mod session;
 pub mod status_page;
 pub mod steps;
 
@@ -122,6 +124,7 @@ pub fn router(state: AppState) -> Router {
 pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) -> Router {
     let limit = state.config().max_body_bytes;
     let admin = admin_check(state.config().users.clone());
+    let refresh = axum::middleware::from_fn_with_state(state.clone(), session::refresh_cookie);
     let mut app = Router::new()
         .route("/_replicate", post(replicate::post_replicate))
         .route("/_scheduler/jobs", get(scheduler::list_jobs))
@@ -129,6 +132,12 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_scheduler/docs", get(scheduler::list_all_docs))
         .route("/_scheduler/docs/{*rest}", get(scheduler::docs_path))
         .route("/_active_tasks", get(active_tasks::active_tasks))
+        .route(
+            "/_session",
+            get(session::get_session)
+                .post(session::post_session)
+                .delete(session::delete_session),
+        )
         .route("/", get(health::welcome))
         .route("/_up", get(health::up))
         .route("/metrics", get(node_stats::metrics))
@@ -152,16 +161,14 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
             )
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(refresh)
         .layer(axum::middleware::from_fn(health::count_requests))
 }
 
 /// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.
 pub fn admin_check(users: Users) -> self::steps::AdminCheck {
     Arc::new(move |headers: &axum::http::HeaderMap| {
-        let header = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let caller = users.authenticate(header)?;
+        let (caller, _) = users.authenticate_headers(headers)?;
         caller.require_admin().map(|_| ())
     })
 }

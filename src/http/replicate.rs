@@ -1,4 +1,4 @@
-//! `POST /_replicate` (digest B.14, C.6): starts a transient replication as the caller, or
+//! `POST /_replicate` (CouchDB's couch_replicator_httpd.erl; CouchDB 4.x's couch_replicator.erl frontend): starts a transient replication as the caller, or
 //! cancels one. The replication id is computed first (a user filter missing from the source
 //! is a 404). Continuous: 202 `{"ok", "_local_id"}` as soon as the job is added. One-shot:
 //! waits for completion, then 200 with CouchDB's checkpoint record, or the job's error.

@@ -1,5 +1,5 @@
-//! `GET /_scheduler/jobs[/{id}]` and `GET /_scheduler/docs[/{db}[/{docid}]]` (digest B.14,
-//! C.7): paged (`limit`, `skip`) lists of jobs and of `_replicator` documents' states, with
+//! `GET /_scheduler/jobs[/{id}]` and `GET /_scheduler/docs[/{db}[/{docid}]]` (CouchDB's couch_replicator_httpd.erl,
+//! CouchDB 4.x's couch_replicator_httpd.erl): paged (`limit`, `skip`) lists of jobs and of `_replicator` documents' states, with
 //! `states=` filtering for docs. Admins see everything; other users see only their own
 //! transient jobs (and no documents). Database names may contain `/` (`a/_replicator`).
 

@@ -1,4 +1,4 @@
-//! `accept` (digest A.6): dequeue one pending job and lock it for the caller.
+//! `accept` (CouchDB's couch_jobs_fdb/couch_jobs_pending accept): dequeue one pending job and lock it for the caller.
 //!
 //! Scheduled mode reads up to 1024 of the earliest eligible PENDING keys at snapshot
 //! isolation, picks one uniformly at random and adds a read conflict on that key only, so
@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use std::sync::Mutex;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::store::{KeyValue, RangeOptions, Tx};
 
@@ -65,6 +68,34 @@ impl AcceptOpts {
     }
 }
 
+/// The random choices of `accept` (which candidate, which probe): seeded for tests that
+/// replay a history exactly, from the OS otherwise.
+#[derive(Debug)]
+pub struct AcceptRng(Mutex<StdRng>);
+
+impl AcceptRng {
+    /// Seeded with `seed` (replayable), or from the OS when `None`.
+    pub fn new(seed: Option<u64>) -> Self {
+        Self(Mutex::new(match seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        }))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn index(&self, n: usize) -> usize {
+        self.with(|r| r.random_range(0..n))
+    }
+
+    /// A random probe id (32 hex characters, like a job lock).
+    fn probe_id(&self) -> String {
+        self.with(|r| format!("{:032x}", r.random::<u128>()))
+    }
+}
+
 /// Tries once to dequeue and lock a job in `tx`. `Ok(None)` when nothing is eligible.
 pub async fn try_accept(
     keys: &Keys,
@@ -72,9 +103,10 @@ pub async fn try_accept(
     ty: &str,
     max_sched_time: i64,
     no_schedule: bool,
+    rng: &AcceptRng,
 ) -> JobsResult<Option<(Job, JobData)>> {
     let mut candidates = if no_schedule {
-        probe_random(keys, tx, ty).await?
+        probe_random(keys, tx, ty, rng).await?
     } else {
         let (begin, end) = keys.pending_range(ty, max_sched_time);
         tx.get_range(
@@ -85,7 +117,7 @@ pub async fn try_accept(
         .await?
     };
     while !candidates.is_empty() {
-        let pick = rand::rng().random_range(0..candidates.len());
+        let pick = rng.index(candidates.len());
         let KeyValue { key, .. } = candidates.swap_remove(pick);
         tx.add_read_conflict_key(&key);
         tx.clear(&key);
@@ -115,10 +147,15 @@ pub async fn try_accept(
 
 /// `no_schedule` probe: the first pending key at or after a random id, or the last before it
 /// (a coin flip picks the side tried first so ids near either end are not starved).
-async fn probe_random(keys: &Keys, tx: &Tx, ty: &str) -> JobsResult<Vec<KeyValue>> {
+async fn probe_random(
+    keys: &Keys,
+    tx: &Tx,
+    ty: &str,
+    rng: &AcceptRng,
+) -> JobsResult<Vec<KeyValue>> {
     let (begin, end) = keys.pending_range(ty, 0);
-    let probe = keys.pending(ty, 0, &new_jlock());
-    let forward_first = rand::random::<bool>();
+    let probe = keys.pending(ty, 0, &rng.probe_id());
+    let forward_first = rng.index(2) == 0;
     for forward in [forward_first, !forward_first] {
         let rows = if forward {
             tx.get_range(&probe, &end, RangeOptions::all().snapshot().limit(1))
@@ -138,7 +175,7 @@ async fn probe_random(keys: &Keys, tx: &Tx, ty: &str) -> JobsResult<Vec<KeyValue
     Ok(Vec::new())
 }
 
-/// How long an empty accept waits on the pending watch (digest A.6): the time until
+/// How long an empty accept waits on the pending watch (CouchDB's couch_jobs_fdb/couch_jobs_pending accept): the time until
 /// `max_sched_time` (at least 100 ms; infinite in `no_schedule` mode or when ≥ 2^32-1 ms),
 /// capped by the caller's remaining timeout. `None` = forever.
 pub fn wait_timeout(

@@ -1,4 +1,4 @@
-//! The per-type activity monitor (digest A.7): re-enqueues jobs whose worker stopped calling
+//! The per-type activity monitor (CouchDB's couch_jobs_activity_monitor.erl): re-enqueues jobs whose worker stopped calling
 //! `update`.
 //!
 //! Checks run `n` times per type timeout (`activity_monitor_checks_per_timeout`, + jitter).
@@ -24,7 +24,7 @@ use crate::store::{Db, RangeOptions, StoreError};
 
 use super::Jobs;
 use super::config::{Aimd, JobsConfig};
-use super::error::{JobsError, JobsResult};
+use super::error::{JobsError, JobsResult, background_retryable};
 use super::job_data::{JobState, decode_activity};
 use super::keys::Keys;
 use super::lifecycle::{bump_activity_watch, enqueue, get_row, get_type_timeout};
@@ -169,7 +169,7 @@ impl ActivityMonitor {
                     self.aimd.grow();
                 }
                 Err(JobsError::Store(e))
-                    if matches!(e, StoreError::TooLarge(_)) || e.is_retryable() =>
+                    if matches!(e, StoreError::TooLarge(_)) || background_retryable(&e) =>
                 {
                     failures += 1;
                     self.aimd.shrink();
@@ -310,7 +310,7 @@ impl Actor for MonitorActor {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(job_type = %monitor.ty, requeued = n, "activity check"),
                 Err(JobsError::Store(e))
-                    if e.is_retryable() || matches!(e, StoreError::TooLarge(_)) =>
+                    if background_retryable(&e) || matches!(e, StoreError::TooLarge(_)) =>
                 {
                     tracing::warn!(job_type = %monitor.ty, error = %e, "activity check skipped");
                 }
@@ -319,7 +319,7 @@ impl Actor for MonitorActor {
         }
         let delay = match monitor.schedule().await {
             Ok(d) => d,
-            Err(JobsError::Store(e)) if e.is_retryable() => NO_TIMEOUT_POLL,
+            Err(JobsError::Store(e)) if background_retryable(&e) => NO_TIMEOUT_POLL,
             Err(e) => return Err(e.into()),
         };
         myself.send_after(delay, || MonitorMsg::Check);

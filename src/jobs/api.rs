@@ -1,5 +1,5 @@
 //! The public job API on [`Jobs`]: each call as its own retried transaction, and a `*_tx`
-//! form that runs inside the caller's transaction (digest A.5).
+//! form that runs inside the caller's transaction (CouchDB's couch_jobs.erl API).
 
 use crate::store::{RangeOptions, Tx, Watch};
 
@@ -75,6 +75,11 @@ impl Jobs {
         data: Option<JobData>,
     ) -> JobsResult<()> {
         lc::resubmit(self.keys(), tx, ty, id, stime, data).await
+    }
+
+    /// Re-enqueues a running job now, fencing its worker out (see [`lc::requeue_running`]).
+    pub async fn requeue_running_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<bool> {
+        lc::requeue_running(self.keys(), tx, ty, id).await
     }
 
     /// The job's current data, in any state ([`JobsError::NotFound`] if missing).
@@ -236,7 +241,7 @@ impl Jobs {
         tx.watch(&self.keys().watches_pending(ty))
     }
 
-    /// Dequeues and locks a job; waits for one as digest A.6 says. `NotFound` when the wait
+    /// Dequeues and locks a job; waits for one as CouchDB's couch_jobs_fdb/couch_jobs_pending accept says. `NotFound` when the wait
     /// times out.
     #[tracing::instrument(name = "couch_jobs.accept", level = "debug", skip_all,
         fields(job_type = %ty, job_id = tracing::field::Empty))]
@@ -247,8 +252,15 @@ impl Jobs {
             let (found, watch) = self
                 .db()
                 .run(|tx| async move {
-                    let found =
-                        try_accept(self.keys(), &tx, ty, max_sched_time, opts.no_schedule).await?;
+                    let found = try_accept(
+                        self.keys(),
+                        &tx,
+                        ty,
+                        max_sched_time,
+                        opts.no_schedule,
+                        self.rng(),
+                    )
+                    .await?;
                     let watch = match found {
                         Some(_) => None,
                         None => Some(tx.watch(&self.keys().watches_pending(ty))),
@@ -294,7 +306,15 @@ impl Jobs {
         opts: AcceptOpts,
     ) -> JobsResult<Option<(Job, JobData)>> {
         let max_sched_time = opts.effective_max_sched_time()?;
-        try_accept(self.keys(), tx, ty, max_sched_time, opts.no_schedule).await
+        try_accept(
+            self.keys(),
+            tx,
+            ty,
+            max_sched_time,
+            opts.no_schedule,
+            self.rng(),
+        )
+        .await
     }
 
     /// Keep-alive and progress: fenced by the job lock ([`JobsError::Halt`] when lost).

@@ -1,4 +1,4 @@
-//! couch_jobs settings (CouchDB's `[couch_jobs]` section, digest A.14): names and defaults.
+//! couch_jobs settings (CouchDB's `[couch_jobs]` section, default.ini on CouchDB's fdbarchive branch): names and defaults.
 
 use std::time::Duration;
 
@@ -141,7 +141,7 @@ impl JobsConfig {
 }
 
 /// Additive-increase / multiplicative-decrease batch sizing shared by the activity monitor
-/// and the notifier (digest A.7): a full batch grows the size, a failed one shrinks it.
+/// and the notifier (CouchDB's couch_jobs_activity_monitor.erl): a full batch grows the size, a failed one shrinks it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Aimd {
     /// The current batch size (never below 1).

@@ -1,4 +1,4 @@
-//! The errors couch_jobs returns to callers (digest A.12), as one `thiserror` enum.
+//! The errors couch_jobs returns to callers (CouchDB's couch_jobs.erl error returns), as one `thiserror` enum.
 //!
 //! `JobsError` implements [`RetryableError`] so job operations can run inside
 //! [`Db::run`](crate::store::Db::run) and have store conflicts retried transparently.
@@ -39,5 +39,26 @@ impl RetryableError for JobsError {
     }
 }
 
+/// couch_jobs' own notion of retryable for its background loops (CouchDB's
+/// `COUCH_JOBS_RETRYABLE` in apache/couchdb `src/couch_jobs/src/couch_jobs.hrl`): every
+/// retryable store error plus a transaction timeout (FDB 1031), after which the activity
+/// monitor and the notifier try again later, with a smaller batch, instead of crashing.
+pub fn background_retryable(e: &StoreError) -> bool {
+    e.is_retryable() || matches!(e, StoreError::TimedOut)
+}
+
 /// Result alias for couch_jobs calls.
 pub type JobsResult<T> = Result<T, JobsError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn background_loops_also_retry_timeouts() {
+        assert!(background_retryable(&StoreError::TimedOut));
+        assert!(background_retryable(&StoreError::CommitUnknown));
+        assert!(!background_retryable(&StoreError::Closed));
+        assert!(!JobsError::Store(StoreError::TimedOut).is_retryable());
+    }
+}

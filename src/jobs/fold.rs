@@ -1,4 +1,4 @@
-//! Paged reads over every job of a type (`fold_jobs`, digest A.5).
+//! Paged reads over every job of a type (`fold_jobs`, CouchDB's couch_jobs.erl API).
 //!
 //! CouchDB folds in one transaction with a single full range read, which breaks FDB's 5 s
 //! transaction limit for large types. Here each page is its own read ([`list_jobs_page`]),

@@ -1,5 +1,5 @@
 //! The DATA row value `(Seq, JLock, STime, Resubmit, JobDataJSON)` and the ACTIVITY value
-//! `(JobId, JobDataJSON)` (digest A.2-A.4): encoding, decoding, and the derived job state.
+//! `(JobId, JobDataJSON)` (CouchDB's couch_jobs.hrl and couch_jobs_fdb.erl): encoding, decoding, and the derived job state.
 //!
 //! Decoding never panics: foreign or corrupt bytes give [`JobsError::Encoding`].
 

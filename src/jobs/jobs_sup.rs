@@ -1,4 +1,4 @@
-//! `jobs_sup` (digest A.1): the supervisor of this node's couch_jobs processes.
+//! `jobs_sup` (CouchDB's couch_jobs_sup.erl): the supervisor of this node's couch_jobs processes.
 //!
 //! CouchDB's `couch_jobs_sup` is `rest_for_one` (intensity 3 / 10 s) over the monitor and
 //! notifier supervisors and `couch_jobs_server`. Here the per-type monitors and notifiers are

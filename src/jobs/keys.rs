@@ -1,4 +1,4 @@
-//! The couch_jobs key layout (digest A.2) under a configurable prefix.
+//! The couch_jobs key layout (CouchDB's couch_jobs.hrl key layout) under a configurable prefix.
 //!
 //! `prefix ‖ pack((51, Sub, ...))` with sub-spaces DATA 1, PENDING 2, WATCHES_PENDING 3,
 //! WATCHES_ACTIVITY 4, ACTIVITY_TIMEOUT 5, ACTIVITY 6. Types and job ids are encoded as tuple

@@ -1,4 +1,4 @@
-//! Job lifecycle operations inside a caller's transaction (digest A.5): add, resubmit,
+//! Job lifecycle operations inside a caller's transaction (CouchDB's couch_jobs.erl API): add, resubmit,
 //! remove, update, finish, reads of one job, type timeouts, and the small type-wide reads.
 //!
 //! Every function takes the key layout and a [`Tx`]; the [`Jobs`](super::Jobs) handle wraps
@@ -194,6 +194,25 @@ pub async fn remove(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<()> 
     tx.clear(&keys.data(ty, id));
     bump_activity_watch(keys, tx, ty);
     Ok(())
+}
+
+/// Puts a running job back into the pending queue at once, as the activity monitor does
+/// after a whole timeout without an update: its lock is cleared, so the old worker gets
+/// `Halt` on its next update/finish. For callers that know the worker is gone (the couch_workers RFC draft's
+/// neighbour rule: a node found dead by its neighbour). `false` when the job is not running.
+pub async fn requeue_running(keys: &Keys, tx: &Tx, ty: &str, id: &str) -> JobsResult<bool> {
+    let Some(mut row) = get_row(keys, tx, ty, id, false).await? else {
+        return Ok(false);
+    };
+    if row.state() != JobState::Running {
+        return Ok(false);
+    }
+    if let Some(vs) = row.running_vs() {
+        tx.clear(&keys.activity(ty, vs));
+    }
+    enqueue(keys, tx, ty, id, &mut row);
+    bump_activity_watch(keys, tx, ty);
+    Ok(true)
 }
 
 /// The job's data (`NotFound` if the job does not exist).

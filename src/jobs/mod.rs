@@ -1,5 +1,5 @@
-//! couch_jobs: the background-jobs framework on the transactional store (DESIGN.md section 1,
-//! digest A, RFC 007).
+//! couch_jobs: the background-jobs framework on the transactional store (docs/architecture.md, "What it is",
+//! CouchDB's couch_jobs, fdbarchive branch, RFC 007).
 //!
 //! A global pending queue per job type ordered by scheduled time, worker locks that fence
 //! stale workers, an activity monitor that re-enqueues jobs of dead workers, and
@@ -78,6 +78,8 @@ pub struct JobsOptions {
     /// The `[couch_jobs]` settings: activity monitor, type server and notifier timing and
     /// batch sizes.
     pub config: JobsConfig,
+    /// Seeds `accept`'s random choices (tests that replay histories); `None` = OS entropy.
+    pub rng_seed: Option<u64>,
 }
 
 impl Default for JobsOptions {
@@ -86,6 +88,7 @@ impl Default for JobsOptions {
             prefix: tuple::pack(&(tuple::Bytes::from(&b"couchdb"[..]),)),
             clock: Arc::new(SystemClock),
             config: JobsConfig::default(),
+            rng_seed: None,
         }
     }
 }
@@ -102,6 +105,7 @@ struct Inner {
     clock: SharedClock,
     config: JobsConfig,
     registry: Arc<type_server::Registry>,
+    rng: accept::AcceptRng,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -114,16 +118,18 @@ impl std::fmt::Debug for Jobs {
 }
 
 impl Jobs {
-    /// A handle on the jobs key space under `options.prefix` in `db`. Starts nothing: call
-    /// [`Jobs::start_background`] on each node that runs workers.
+    /// A handle on the jobs key space under `options.prefix` in `db` (its transaction ids go
+    /// under that prefix too). Starts nothing: call [`Jobs::start_background`] on each node
+    /// that runs workers.
     pub fn new(db: Db, options: JobsOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
-                db,
+                db: db.with_txid_prefix(&options.prefix),
                 keys: Keys::new(&options.prefix),
                 clock: options.clock,
                 config: options.config,
                 registry: Arc::new(type_server::Registry::default()),
+                rng: accept::AcceptRng::new(options.rng_seed),
             }),
         }
     }
@@ -146,6 +152,10 @@ impl Jobs {
     /// The `[couch_jobs]` settings this handle was built with.
     pub fn config(&self) -> &JobsConfig {
         &self.inner.config
+    }
+
+    pub(crate) fn rng(&self) -> &accept::AcceptRng {
+        &self.inner.rng
     }
 
     pub(crate) fn registry(&self) -> &Arc<type_server::Registry> {

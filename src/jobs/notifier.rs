@@ -1,4 +1,4 @@
-//! The per-type notifier (digest A.8/A.9): delivers job state changes to subscribers.
+//! The per-type notifier (CouchDB's couch_jobs_type_monitor.erl and couch_jobs_notifier.erl): delivers job state changes to subscribers.
 //!
 //! [`NotifierCore::round`] is one notification round, testable on its own: a cheap pass over
 //! the ACTIVITY entries written since the previous round (running jobs with new data), then
@@ -22,7 +22,7 @@ use crate::store::{Db, RangeOptions, StoreError};
 
 use super::Jobs;
 use super::config::{Aimd, JobsConfig};
-use super::error::{JobsError, JobsResult};
+use super::error::{JobsError, JobsResult, background_retryable};
 use super::event::{EventState, JobEvent};
 use super::job_data::{JobData, JobRow, decode_activity};
 use super::keys::Keys;
@@ -292,7 +292,7 @@ impl NotifierCore {
 
 /// Errors after which a smaller batch may succeed.
 fn shrinkable(e: &StoreError) -> bool {
-    matches!(e, StoreError::TooLarge(_)) || e.is_retryable()
+    matches!(e, StoreError::TooLarge(_)) || background_retryable(e)
 }
 
 /// Messages of the notifier actor.
@@ -409,7 +409,7 @@ impl Actor for NotifierActor {
                 state.round_queued = false;
                 match state.core.round().await {
                     Ok(_) => {}
-                    Err(JobsError::Store(e)) if e.is_retryable() => {
+                    Err(JobsError::Store(e)) if background_retryable(&e) => {
                         tracing::warn!(error = %e, "notifier round failed; retrying");
                         let holdoff = state.holdoff;
                         myself.send_after(holdoff, || NotifierMsg::Round);
@@ -440,7 +440,7 @@ fn queue_round(myself: &ActorRef<NotifierMsg>, state: &mut NotifierState) {
     }
 }
 
-/// The type monitor loop (digest A.8): watch WATCHES_ACTIVITY(Type) and tell the notifier
+/// The type monitor loop (CouchDB's couch_jobs_type_monitor.erl): watch WATCHES_ACTIVITY(Type) and tell the notifier
 /// when it changed, at most once per holdoff. Ends when the notifier is gone.
 async fn type_monitor(jobs: Jobs, ty: String, notifier: ActorRef<NotifierMsg>) {
     let holdoff = Duration::from_millis(jobs.config().type_monitor_holdoff_msec);

@@ -1,4 +1,4 @@
-//! Subscriptions to job state changes (digest A.5/A.9), caller side.
+//! Subscriptions to job state changes (CouchDB's couch_jobs.erl and couch_jobs_notifier.erl), caller side.
 //!
 //! [`Jobs::subscribe`] reads the job's state, and unless it is already finished registers
 //! with the type's notifier, which then sends [`JobEvent`]s: `pending`, `running` (again for

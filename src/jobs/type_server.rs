@@ -1,4 +1,4 @@
-//! The type server (digest A.10, `couch_jobs_server`): discovers job types and runs one
+//! The type server (CouchDB's couch_jobs_server.erl, `couch_jobs_server`): discovers job types and runs one
 //! activity monitor and one notifier per type.
 //!
 //! Every `type_check_period_msec` + jitter it reads the ACTIVITY_TIMEOUT range, starts the

@@ -1,4 +1,4 @@
-//! Endpoint authentication (digest D.6 `auth_plugins`): a `_session` cookie when the server
+//! Endpoint authentication (CouchDB's couch_replicator_httpc.erl `auth_plugins`): a `_session` cookie when the server
 //! grants one, refreshed on 401/403 or after `session_refresh_interval_sec`, else HTTP basic.
 //! Takes the endpoint's credentials; gives the header to put on each request.
 
@@ -9,8 +9,23 @@ use tokio::sync::Mutex;
 
 use super::endpoint::{Credentials, Endpoint};
 
-/// Refresh a cookie without max-age after this long.
-const SESSION_REFRESH: Duration = Duration::from_secs(550);
+/// How endpoints authenticate (`[replicator] auth_plugins`, `session_refresh_interval_sec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AuthPolicy {
+    /// Try a `_session` cookie first (`couch_replicator_auth_session` listed); else Basic only.
+    pub session: bool,
+    /// Refresh a cookie after this long (CouchDB: 550 s).
+    pub refresh: Duration,
+}
+
+impl Default for AuthPolicy {
+    fn default() -> Self {
+        Self {
+            session: true,
+            refresh: Duration::from_secs(550),
+        }
+    }
+}
 /// Do not refresh again within this window after a refresh.
 const MIN_REFRESH_GAP: Duration = Duration::from_secs(5);
 
@@ -29,6 +44,7 @@ pub struct Auth {
     creds: Option<Credentials>,
     basic: Option<String>,
     root: String,
+    refresh: Duration,
     mode: Mutex<Mode>,
 }
 
@@ -48,8 +64,13 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    /// Authentication for an endpoint (no-op when it has no credentials).
+    /// Authentication for an endpoint (no-op when it has no credentials), session first.
     pub fn new(ep: &Endpoint) -> Self {
+        Self::with_policy(ep, AuthPolicy::default())
+    }
+
+    /// Authentication for an endpoint under `policy`.
+    pub fn with_policy(ep: &Endpoint, policy: AuthPolicy) -> Self {
         let basic = ep.credentials.as_ref().map(|c| {
             let raw = format!("{}:{}", c.username, c.password);
             format!(
@@ -61,7 +82,12 @@ impl Auth {
             creds: ep.credentials.clone(),
             basic,
             root: ep.server_root(),
-            mode: Mutex::new(Mode::Unknown),
+            refresh: policy.refresh,
+            mode: Mutex::new(if policy.session {
+                Mode::Unknown
+            } else {
+                Mode::Basic
+            }),
         }
     }
 
@@ -71,7 +97,7 @@ impl Auth {
         let mut mode = self.mode.lock().await;
         let due = match &*mode {
             Mode::Unknown => true,
-            Mode::Session { at, .. } => at.elapsed() > SESSION_REFRESH,
+            Mode::Session { at, .. } => at.elapsed() > self.refresh,
             Mode::Basic => false,
         };
         if due {
@@ -141,5 +167,24 @@ mod tests {
             !shown.contains("pa55word") && !shown.contains("Basic"),
             "{shown}"
         );
+    }
+
+    #[tokio::test]
+    async fn basic_only_policy_never_asks_for_a_session() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let ep = Endpoint::parse(&format!("http://bob:pw@127.0.0.1:{port}/db")).unwrap();
+        let policy = AuthPolicy {
+            session: false,
+            ..AuthPolicy::default()
+        };
+        let a = Auth::with_policy(&ep, policy);
+        let (k, v) = a.header(&reqwest::Client::new()).await.unwrap();
+        assert_eq!(k, "authorization");
+        assert!(v.starts_with("Basic "));
+        // A session login would have connected (and waited for an answer) before `header`
+        // returned; the wait only bounds the check that nothing did.
+        let accepted = tokio::time::timeout(Duration::from_millis(200), l.accept()).await;
+        assert!(accepted.is_err(), "a connection was made");
     }
 }

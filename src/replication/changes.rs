@@ -1,4 +1,4 @@
-//! The changes reader (digest D.4): reads the source's `_changes` with `style=all_docs` from a
+//! The changes reader (CouchDB's couch_replicator_changes_reader.erl): reads the source's `_changes` with `style=all_docs` from a
 //! start sequence and hands batches of at most `worker_batch_size` rows to the workers,
 //! running ahead of them through a bounded channel. One-shot replications read the normal
 //! feed in one streamed request (resumed from the last batch if it breaks); continuous ones

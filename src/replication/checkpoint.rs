@@ -1,4 +1,4 @@
-//! Checkpoints (digest D.2 step 3-5, D.3): reading `_local/<rep id>` on both sides to find the
+//! Checkpoints (CouchDB's couch_replicator_scheduler_job.erl start-up; CouchDB's couch_replicator_scheduler_job.erl checkpoints): reading `_local/<rep id>` on both sides to find the
 //! start sequence (same session on both, else the newest common session in the histories,
 //! else from scratch), looking under the older id versions too and moving what is found there
 //! to the current id as CouchDB does, and writing them with the session history (newest

@@ -1,4 +1,4 @@
-//! The HTTP client of one endpoint (digest D.6): pooled reqwest client with gzip and an
+//! The HTTP client of one endpoint (CouchDB's couch_replicator_httpc.erl): pooled reqwest client with gzip and an
 //! inactivity timeout of `connection_timeout`, at most `http_connections` requests in flight,
 //! retries with doubling sleeps (250 ms, 500 ms, ...) for connection errors, timeouts, 408 and
 //! 5xx up to `retries_per_request` (bounded by 60 s since the first failure), and 429 handled
@@ -13,14 +13,14 @@ use tokio::sync::Semaphore;
 
 use crate::backoff::Backoff;
 
-use super::auth::Auth;
+use super::auth::{Auth, AuthPolicy};
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
+use super::tls::TlsOptions;
 use super::transport::{TransportKey, Transports};
 use crate::telemetry::{NodeMetrics, Series};
 
-/// First retry sleep.
 /// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
 /// scratch (system roots, providers): ~150 ms of CPU per client, and jobs build clients at
 /// every start, so a node rotating many jobs spent its time there. `None` if it cannot be
@@ -32,6 +32,7 @@ fn shared_tls() -> Option<native_tls::TlsConnector> {
         .clone()
 }
 
+/// First retry sleep.
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// Give up retrying once the first failure is older than this (`health_threshold / 2`).
 const RETRY_WINDOW: Duration = Duration::from_secs(60);
@@ -53,6 +54,10 @@ pub struct ClientConfig {
     pub tcp_nodelay: bool,
     /// Where requests, responses and connections are counted.
     pub metrics: Arc<NodeMetrics>,
+    /// TLS settings for an `https` endpoint.
+    pub tls: TlsOptions,
+    /// Session cookie or Basic.
+    pub auth: AuthPolicy,
 }
 
 /// A request to send: relative path (with query), optional body.
@@ -164,7 +169,7 @@ impl HttpClient {
         cfg: ClientConfig,
         limiter: Arc<dyn RateLimiter>,
     ) -> Self {
-        let auth = Auth::new(&ep);
+        let auth = Auth::with_policy(&ep, cfg.auth);
         let slots = Semaphore::new(cfg.http_connections.max(1));
         cfg.metrics.inc(Series::ConnectionCreates);
         Self {
@@ -392,7 +397,12 @@ fn build_http(
         .tcp_nodelay(cfg.tcp_nodelay)
         .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
     #[cfg(feature = "tls")]
-    if let Some(tls) = shared_tls() {
+    if ep.parsed_url().scheme() == "https" {
+        let tls = super::tls::connector(&cfg.tls)
+            .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: {e}")))?;
+        b = b.tls_backend_preconfigured(tls);
+    } else if let Some(tls) = shared_tls() {
+        // Only an https proxy uses it.
         b = b.tls_backend_preconfigured(tls);
     }
     b = match &cfg.proxy {
@@ -418,6 +428,7 @@ fn transport_key(ep: &Endpoint, cfg: &ClientConfig) -> TransportKey {
         connection_timeout: cfg.connection_timeout,
         tcp_nodelay: cfg.tcp_nodelay,
         gzip: !is_loopback(ep),
+        tls: cfg.tls.clone(),
     }
 }
 
@@ -462,12 +473,22 @@ pub fn describe(e: &reqwest::Error) -> String {
     } else {
         "request failed"
     };
-    let mut s = kind.to_string();
+    // The whole chain: the cause an operator needs ("certificate verify failed", "handshake
+    // failure") is usually several sources down.
+    let mut causes: Vec<String> = Vec::new();
     let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    if let Some(inner) = src.take() {
-        s.push_str(&format!(" ({inner})"));
+    while let Some(inner) = src {
+        let text = inner.to_string();
+        if !causes.iter().any(|c| c.contains(&text)) {
+            causes.push(text);
+        }
+        src = inner.source();
     }
-    s
+    if causes.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} ({})", causes.join(": "))
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The replication error type and its classification (digest D.7): which failures are worth
+//! The replication error type and its classification (CouchDB's replicator error outcomes, docs/architecture.md#errors): which failures are worth
 //! retrying with backoff (transient) and which will never succeed unchanged (permanent).
 //! Messages never contain credentials: every URL in them is rendered through
 //! [`crate::replication::endpoint::Endpoint`]'s redacting display.

@@ -1,5 +1,5 @@
-//! The CouchDB replication protocol over HTTP, without actors or jobs (DESIGN.md section 6,
-//! digest D): endpoints and their HTTP client, the changes reader, `_revs_diff`, fetching,
+//! The CouchDB replication protocol over HTTP, without actors or jobs (docs/architecture.md, "The life of a replication",
+//! CouchDB's replication protocol modules): endpoints and their HTTP client, the changes reader, `_revs_diff`, fetching,
 //! writing, checkpoints, the replication id, options, stats, and the pipeline that runs a
 //! replication. Entry points: [`replicate`] (one-shot) and [`start`] (a handle with stats,
 //! progress stream and checkpoint-then-stop, for continuous replications and job actors).
@@ -14,6 +14,7 @@ pub mod etf;
 pub mod fetch;
 pub mod id_endpoint;
 pub mod normal_feed;
+pub mod option_values;
 pub mod options;
 pub mod pipeline;
 pub mod rate_limit;
@@ -21,6 +22,7 @@ pub mod rep_id;
 pub mod revs_diff;
 pub mod selector;
 pub mod stats;
+pub mod tls;
 pub mod transport;
 pub mod write;
 

@@ -1,13 +1,18 @@
-//! Per-replication options (digest D.9) with CouchDB's names and defaults, parsed from the JSON
-//! a `_replicator` document or a `POST /_replicate` body carries, with clear validation errors.
-//! [`ReplicationSpec`] bundles source, target and options.
+//! Per-replication options with CouchDB's names and defaults, parsed from the JSON a
+//! `_replicator` document or a `POST /_replicate` body carries, over the node's per-job
+//! defaults (its `[replicator]` section), with clear validation errors. Every number has a
+//! range ([`super::option_values::LIMITS`]). [`ReplicationSpec`] bundles source, target and
+//! options.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::auth::AuthPolicy;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
+use super::option_values::{infinity_or, ranged, socket_nodelay};
+use super::tls::TlsOptions;
 
 /// Which changes to replicate.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +77,15 @@ pub struct ReplicationOptions {
     pub tcp_nodelay: bool,
     /// The request asked to cancel a running replication.
     pub cancel: bool,
+    /// TLS to `https` endpoints (node configuration only: CouchDB has no per-replication
+    /// TLS options).
+    pub tls: TlsOptions,
+    /// Endpoint URL schemes allowed (`valid_endpoint_protocols`, node configuration only).
+    pub endpoint_protocols: Vec<String>,
+    /// Proxy URL schemes allowed (`valid_proxy_protocols`, node configuration only).
+    pub proxy_protocols: Vec<String>,
+    /// How endpoints authenticate (`auth_plugins`, node configuration only).
+    pub auth: AuthPolicy,
 }
 
 impl Default for ReplicationOptions {
@@ -98,6 +112,10 @@ impl Default for ReplicationOptions {
             target_proxy: None,
             tcp_nodelay: false,
             cancel: false,
+            tls: TlsOptions::default(),
+            endpoint_protocols: vec!["http".into(), "https".into()],
+            proxy_protocols: vec!["http".into(), "https".into(), "socks5".into()],
+            auth: AuthPolicy::default(),
         }
     }
 }
@@ -123,8 +141,13 @@ impl ReplicationSpec {
         }
     }
 
-    /// Parses a `_replicator` document or `POST /_replicate` body.
+    /// Parses a `_replicator` document or `POST /_replicate` body over CouchDB's defaults.
     pub fn from_json(doc: &Value) -> Result<Self> {
+        Self::from_json_with(doc, &ReplicationOptions::default())
+    }
+
+    /// Parses a document over the node's per-job defaults `base`.
+    pub fn from_json_with(doc: &Value, base: &ReplicationOptions) -> Result<Self> {
         let m = doc
             .as_object()
             .ok_or_else(|| invalid("the replication document must be a JSON object"))?;
@@ -136,10 +159,20 @@ impl ReplicationSpec {
             m.get("target")
                 .ok_or_else(|| invalid("`target` is missing"))?,
         )?;
+        for (name, ep) in [("source", &source), ("target", &target)] {
+            let scheme = ep.parsed_url().scheme();
+            if !base.endpoint_protocols.iter().any(|p| p == scheme) {
+                return Err(invalid(format!(
+                    "`{name}` uses {scheme}, which this node does not allow \
+                     (valid_endpoint_protocols: {})",
+                    base.endpoint_protocols.join(",")
+                )));
+            }
+        }
         Ok(Self {
             source,
             target,
-            options: ReplicationOptions::from_json(m)?,
+            options: ReplicationOptions::from_json_with(m, base)?,
         })
     }
 }
@@ -180,17 +213,11 @@ fn get_bool(m: &Map<String, Value>, k: &str, default: bool) -> Result<bool> {
     }
 }
 
-fn get_int(m: &Map<String, Value>, k: &str, default: u64, min: u64) -> Result<u64> {
-    let v = match m.get(k) {
-        None | Some(Value::Null) => return Ok(default),
-        Some(Value::Number(n)) => n.as_u64(),
-        // CouchDB's config values are strings; accept numeric strings too.
-        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
-        Some(_) => None,
-    };
-    match v {
-        Some(v) if v >= min => Ok(v),
-        _ => Err(invalid(format!("`{k}` must be an integer >= {min}"))),
+/// A numeric option within its [`LIMITS`] range, or `default` when absent.
+fn get_int(m: &Map<String, Value>, k: &str, default: u64) -> Result<u64> {
+    match m.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => ranged(k, v),
     }
 }
 
@@ -203,10 +230,16 @@ fn get_str<'a>(m: &'a Map<String, Value>, k: &str) -> Result<Option<&'a str>> {
 }
 
 impl ReplicationOptions {
-    /// Parses options from the fields of a replication document (unknown fields are ignored,
-    /// as CouchDB ignores `_id`, `_rev`, `owner`, `_replication_*` and user fields).
+    /// Parses options from the fields of a replication document over CouchDB's defaults.
     pub fn from_json(m: &Map<String, Value>) -> Result<Self> {
-        let d = Self::default();
+        Self::from_json_with(m, &Self::default())
+    }
+
+    /// Parses options from the fields of a replication document (unknown fields are ignored,
+    /// as CouchDB ignores `_id`, `_rev`, `owner`, `_replication_*` and user fields); options
+    /// the document does not set come from `base`, the node's per-job defaults.
+    pub fn from_json_with(m: &Map<String, Value>, base: &ReplicationOptions) -> Result<Self> {
+        let d = base;
         let doc_ids = match m.get("doc_ids") {
             None | Some(Value::Null) => None,
             Some(Value::Array(a)) => {
@@ -274,46 +307,31 @@ impl ReplicationOptions {
             match p {
                 None | Some("") => Ok(None),
                 Some(p) => {
-                    let ok = ["http://", "https://", "socks5://"]
-                        .iter()
-                        .any(|s| p.starts_with(s));
-                    if ok {
+                    let scheme = p.split_once("://").map_or("", |(s, _)| s);
+                    if d.proxy_protocols.iter().any(|a| a == scheme) {
                         Ok(Some(p.to_owned()))
                     } else {
-                        Err(invalid("proxy must be http, https or socks5"))
+                        Err(invalid(format!(
+                            "proxy must be {}",
+                            d.proxy_protocols.join(", ")
+                        )))
                     }
                 }
             }
         };
         let source_proxy = check_proxy(get_str(m, "source_proxy")?.or(proxy.as_deref()))?;
         let target_proxy = check_proxy(get_str(m, "target_proxy")?.or(proxy.as_deref()))?;
-        let mut tcp_nodelay = d.tcp_nodelay;
-        if let Some(so) = m.get("socket_options") {
-            match so {
-                Value::Object(o) => {
-                    for (k, v) in o {
-                        match k.as_str() {
-                            "nodelay" => tcp_nodelay = v.as_bool().unwrap_or(false),
-                            "keepalive" | "buffer" | "priority" | "recbuf" | "sndbuf" => {}
-                            _ => {
-                                return Err(invalid(format!("socket option `{k}` is not allowed")));
-                            }
-                        }
-                    }
-                }
-                Value::Null => {}
-                _ => return Err(invalid("`socket_options` must be an object")),
-            }
-        }
+        let tcp_nodelay = match m.get("socket_options") {
+            None | Some(Value::Null) => d.tcp_nodelay,
+            Some(so) => socket_nodelay(so)?.unwrap_or(false),
+        };
         let request_timeout = match m.get("request_timeout") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s == "infinity" => None,
-            Some(_) => Some(Duration::from_millis(get_int(m, "request_timeout", 0, 1)?)),
+            None | Some(Value::Null) => d.request_timeout,
+            Some(v) => infinity_or(v, "request_timeout")?.map(Duration::from_millis),
         };
         let max_document_id_length = match m.get("max_document_id_length") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s == "infinity" => None,
-            Some(_) => Some(get_int(m, "max_document_id_length", 0, 1)? as usize),
+            None | Some(Value::Null) => d.max_document_id_length,
+            Some(v) => infinity_or(v, "max_document_id_length")?.map(|n| n as usize),
         };
         let create_target_params = match m.get("create_target_params") {
             None | Some(Value::Null) => Map::new(),
@@ -325,13 +343,16 @@ impl ReplicationOptions {
             Some(v @ (Value::String(_) | Value::Number(_) | Value::Array(_))) => Some(v.clone()),
             Some(_) => return Err(invalid("`since_seq` must be a sequence (string or number)")),
         };
-        let ms = |k: &str, def: Duration, min: u64| -> Result<Duration> {
+        let ms = |k: &str, def: Duration| -> Result<Duration> {
             Ok(Duration::from_millis(get_int(
                 m,
                 k,
                 def.as_millis() as u64,
-                min,
             )?))
+        };
+        let count = |k: &str, def: usize| -> Result<usize> {
+            // Within LIMITS, so the conversion cannot truncate.
+            Ok(get_int(m, k, def as u64)? as usize)
         };
         Ok(Self {
             continuous: get_bool(m, "continuous", d.continuous)?,
@@ -340,21 +361,29 @@ impl ReplicationOptions {
             filter,
             since_seq,
             winning_revs_only: get_bool(m, "winning_revs_only", false)?,
-            worker_processes: get_int(m, "worker_processes", 4, 1)? as usize,
-            worker_batch_size: get_int(m, "worker_batch_size", 500, 1)? as usize,
-            http_connections: get_int(m, "http_connections", 20, 1)? as usize,
-            connection_timeout: ms("connection_timeout", d.connection_timeout, 1)?,
-            retries_per_request: get_int(m, "retries_per_request", 5, 0)? as u32,
-            checkpoint_interval: ms("checkpoint_interval", d.checkpoint_interval, 1)?,
-            use_checkpoints: get_bool(m, "use_checkpoints", true)?,
-            use_bulk_get: get_bool(m, "use_bulk_get", true)?,
+            worker_processes: count("worker_processes", d.worker_processes)?,
+            worker_batch_size: count("worker_batch_size", d.worker_batch_size)?,
+            http_connections: count("http_connections", d.http_connections)?,
+            connection_timeout: ms("connection_timeout", d.connection_timeout)?,
+            retries_per_request: get_int(
+                m,
+                "retries_per_request",
+                u64::from(d.retries_per_request),
+            )? as u32,
+            checkpoint_interval: ms("checkpoint_interval", d.checkpoint_interval)?,
+            use_checkpoints: get_bool(m, "use_checkpoints", d.use_checkpoints)?,
+            use_bulk_get: get_bool(m, "use_bulk_get", d.use_bulk_get)?,
             request_timeout,
             max_document_id_length,
-            missing_doc_retry: ms("missing_doc_retry_msec", d.missing_doc_retry, 0)?,
+            missing_doc_retry: ms("missing_doc_retry_msec", d.missing_doc_retry)?,
             source_proxy,
             target_proxy,
             tcp_nodelay,
             cancel: get_bool(m, "cancel", false)?,
+            tls: d.tls.clone(),
+            endpoint_protocols: d.endpoint_protocols.clone(),
+            proxy_protocols: d.proxy_protocols.clone(),
+            auth: d.auth,
         })
     }
 }
@@ -413,5 +442,91 @@ mod tests {
         assert!(bad(json!({"socket_options": {"evil": 1}})).contains("evil"));
         assert!(bad(json!({"proxy": "http://p", "source_proxy": "http://q"})).contains("proxy"));
         assert!(ReplicationSpec::from_json(&json!({"source": "http://h/a"})).is_err());
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_refused_by_name() {
+        for (name, lo, hi) in super::super::option_values::LIMITS {
+            if matches!(
+                *name,
+                "ssl_certificate_max_depth" | "session_refresh_interval_sec"
+            ) {
+                continue; // node configuration only
+            }
+            let m = |v: Value| json!({ *name: v }).as_object().unwrap().clone();
+            assert!(
+                ReplicationOptions::from_json(&m(json!(*hi))).is_ok(),
+                "{name}"
+            );
+            assert!(ReplicationOptions::from_json(&m(json!(lo.to_string()))).is_ok());
+            assert!(
+                ReplicationOptions::from_json(&m(json!(hi + 1))).is_err(),
+                "{name}"
+            );
+        }
+        let e = ReplicationOptions::from_json(
+            json!({"worker_processes": 10_000_000}).as_object().unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`worker_processes` must be an integer from 1 to 256"),
+            "{e}"
+        );
+        let o = ReplicationOptions::from_json(
+            json!({"request_timeout": "infinity", "max_document_id_length": 100})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (o.request_timeout, o.max_document_id_length),
+            (None, Some(100))
+        );
+    }
+
+    #[test]
+    fn node_protocol_lists_are_enforced() {
+        let base = ReplicationOptions {
+            endpoint_protocols: vec!["https".into()],
+            proxy_protocols: vec!["http".into()],
+            ..ReplicationOptions::default()
+        };
+        let doc = json!({"source": "http://127.0.0.1:1/a", "target": "https://h/b"});
+        let e = ReplicationSpec::from_json_with(&doc, &base)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`source` uses http") && e.contains("valid_endpoint_protocols"),
+            "{e}"
+        );
+        let doc = json!({"source": "https://h/a", "target": "https://h/b",
+            "proxy": "socks5://127.0.0.1:1"});
+        let e = ReplicationSpec::from_json_with(&doc, &base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proxy must be http"), "{e}");
+        assert!(ReplicationSpec::from_json(&doc).is_ok());
+    }
+
+    #[test]
+    fn node_defaults_fill_what_the_document_leaves_out() {
+        let base = ReplicationOptions {
+            worker_processes: 8,
+            use_bulk_get: false,
+            checkpoint_interval: Duration::from_secs(5),
+            tcp_nodelay: true,
+            request_timeout: Some(Duration::from_secs(9)),
+            ..ReplicationOptions::default()
+        };
+        let o = ReplicationOptions::from_json_with(
+            json!({"worker_processes": 2}).as_object().unwrap(),
+            &base,
+        )
+        .unwrap();
+        assert_eq!(o.worker_processes, 2);
+        assert!(!o.use_bulk_get && o.tcp_nodelay);
+        assert_eq!(o.checkpoint_interval, Duration::from_secs(5));
+        assert_eq!(o.request_timeout, Some(Duration::from_secs(9)));
     }
 }

@@ -1,4 +1,4 @@
-//! A running replication: opens the endpoints (D.2), finds the start sequence, then runs the
+//! A running replication: opens the endpoints (CouchDB's couch_replicator_scheduler_job.erl start-up), finds the start sequence, then runs the
 //! pipeline — the changes reader running ahead, `worker_processes` workers each taking a batch
 //! through `_revs_diff` → `_bulk_get` (+ one for small attachments, + individual fetches) →
 //! `_bulk_docs`, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
@@ -172,12 +172,14 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         proxy: proxy.clone(),
         tcp_nodelay: o.tcp_nodelay,
         metrics: ctx.metrics.clone(),
+        tls: o.tls.clone(),
+        auth: o.auth,
     };
     let client = |ep: &Endpoint, cfg: ClientConfig| match &ctx.transports {
         Some(t) => HttpClient::shared(ep.clone(), cfg, ctx.limiter.clone(), t),
         None => HttpClient::new(ep.clone(), cfg, ctx.limiter.clone()),
     };
-    // The changes feed holds one source connection: never fewer than 2 (D.2).
+    // The changes feed holds one source connection: never fewer than 2 (CouchDB's couch_replicator_scheduler_job.erl start-up).
     let src = client(
         &spec.source,
         cfg(&o.source_proxy, o.http_connections.max(2)),
@@ -518,7 +520,7 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     if wanted.is_empty() {
         return Ok(());
     }
-    // Design documents are always fetched and written one by one (digest D.5).
+    // Design documents are always fetched and written one by one (CouchDB's couch_replicator_worker.erl).
     let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
         .into_iter()
         .partition(|w| w.id.starts_with("_design/"));

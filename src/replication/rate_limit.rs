@@ -1,5 +1,5 @@
 //! The 429 hook: every request asks a [`RateLimiter`] how long to wait first and reports
-//! success or 429 back. The actor tree plugs in its node-wide AIMD limiter (digest B.8);
+//! success or 429 back. The actor tree plugs in its node-wide AIMD limiter (CouchDB's couch_replicator_rate_limiter.erl);
 //! [`Aimd`] is a self-contained default with the same constants for standalone use.
 
 use std::collections::HashMap;
@@ -32,7 +32,7 @@ pub trait RateLimiter: Send + Sync {
     }
 }
 
-/// Default AIMD limiter (B.8): multiplicative increase on 429, additive decrease on success,
+/// Default AIMD limiter (CouchDB's couch_replicator_rate_limiter.erl): multiplicative increase on 429, additive decrease on success,
 /// updates within 80 ms of the previous one ignored, idle decay after 1 s.
 #[derive(Debug, Default)]
 pub struct Aimd {
@@ -110,7 +110,7 @@ mod tests {
         assert_eq!(l.interval(&k), Duration::from_millis(24));
         l.table.lock().unwrap().get_mut(&k).unwrap().1 -= Duration::from_millis(100);
         l.success(&k);
-        // 24 - 20 = 4, kept at the 20 ms floor (B.8).
+        // 24 - 20 = 4, kept at the 20 ms floor (CouchDB's couch_replicator_rate_limiter.erl).
         assert_eq!(l.interval(&k), Duration::from_millis(20));
     }
 }

@@ -1,5 +1,5 @@
 //! Replication statistics: lock-free counters the pipeline bumps, and the snapshot shape of
-//! `_active_tasks` / `_scheduler/jobs` `info` (digest D.8).
+//! `_active_tasks` / `_scheduler/jobs` `info` (CouchDB's couch_replicator_scheduler_job.erl task status).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -1,6 +1,6 @@
 //! Shared HTTP transports: one reqwest client (and so one connection pool) per transport key
-//! — scheme, host, port, proxy and the client-level settings (read timeout, TCP_NODELAY,
-//! compression) — handed to every [`HttpClient`](super::client::HttpClient) built with the
+//! — scheme, host, port, proxy, TLS settings and the client-level settings (read timeout,
+//! TCP_NODELAY, compression) — handed to every [`HttpClient`](super::client::HttpClient) built with the
 //! same key, so jobs against the same endpoint share sockets as CouchDB's
 //! `couch_replicator_connection` shares them per (host, port).
 //!
@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::tls::TlsOptions;
 
 /// What makes two clients interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -33,6 +35,8 @@ pub struct TransportKey {
     pub tcp_nodelay: bool,
     /// Whether responses may be compressed.
     pub gzip: bool,
+    /// CA file, client certificate, verification (never displayed).
+    pub tls: TlsOptions,
 }
 
 impl TransportKey {
@@ -179,6 +183,7 @@ mod tests {
             connection_timeout: Duration::from_secs(30),
             tcp_nodelay: false,
             gzip: false,
+            tls: TlsOptions::default(),
         }
     }
 
@@ -208,6 +213,16 @@ mod tests {
         let _b = t.client(key("b"), build).unwrap();
         tokio::time::advance(Duration::from_secs(20)).await;
         assert_eq!(t.sweep(), 0, "used again: the idle time restarts");
+    }
+
+    #[tokio::test]
+    async fn different_tls_settings_get_different_clients() {
+        let t = Transports::new(Duration::from_secs(10), 4);
+        let plain = t.client(key("a"), build).unwrap();
+        let mut k = key("a");
+        k.tls.verify = !k.tls.verify;
+        let other = t.client(k, build).unwrap();
+        assert!(!Arc::ptr_eq(&plain, &other));
     }
 
     #[test]

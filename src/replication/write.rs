@@ -1,4 +1,4 @@
-//! Writing to the target (digest D.5): `_bulk_docs` with `new_edits=false` for JSON documents
+//! Writing to the target (CouchDB's couch_replicator_worker.erl): `_bulk_docs` with `new_edits=false` for JSON documents
 //! (the raw bytes are spliced into the body, never re-encoded), split in halves on 413 down to
 //! single documents; per-document errors are counted, not fatal. Documents fetched as
 //! `multipart/related` are written one by one with `PUT doc?new_edits=false`.

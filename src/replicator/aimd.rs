@@ -1,4 +1,4 @@
-//! The AIMD interval table behind the 429 rate limiter (CouchDB 3.x constants, digest B.8).
+//! The AIMD interval table behind the 429 rate limiter (CouchDB 3.x constants, CouchDB's couch_replicator_rate_limiter.erl).
 //!
 //! Owns, per `(endpoint, method)` key, the current wait interval in milliseconds and when it
 //! was last updated. Pure arithmetic on caller-supplied millisecond timestamps, so it is tested

@@ -1,4 +1,4 @@
-//! Job-level error backoff and healing (digest C.5): how long a crashed replication waits
+//! Job-level error backoff and healing (CouchDB 4.x's couch_replicator_job.erl): how long a crashed replication waits
 //! before it may run again, and when its error count is forgiven.
 //!
 //! `wait = min_penalty * 2^min(errors, cap)` seconds, where the exponent cap keeps the wait at
@@ -43,7 +43,7 @@ pub fn is_healed(ran_for: Duration, health_threshold: Duration) -> bool {
 }
 
 /// After a `max_backoff` crash (429s pushed the AIMD interval to its ceiling) the job
-/// restarts gentler (digest C.5, 4.x values): each setting lowered to these, never raised.
+/// restarts gentler (CouchDB 4.x's couch_replicator_job.erl, 4.x values): each setting lowered to these, never raised.
 pub fn gentler_after_max_backoff(o: &mut ReplicationOptions) {
     o.checkpoint_interval = o.checkpoint_interval.min(Duration::from_millis(5000));
     o.worker_processes = o.worker_processes.min(2);

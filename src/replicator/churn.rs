@@ -1,4 +1,4 @@
-//! The job server's rotation arithmetic (digest C.4), kept free of actors and clocks so every
+//! The job server's rotation arithmetic (CouchDB 4.x's couch_replicator_job_server.erl), kept free of actors and clocks so every
 //! edge is unit-tested: how many idle acceptors to keep, which running jobs to trim, and how
 //! many extra acceptors to start when work is pending.
 //!

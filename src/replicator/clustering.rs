@@ -1,14 +1,16 @@
-//! clustering: node membership in the store (the 000 draft's model), cluster stability
-//! events, and dead-neighbour removal.
+//! clustering: the actor that keeps this node's membership alive (the rows and the
+//! transactions are [`super::membership`]'s), cluster stability events, and the couch_workers RFC draft's
+//! neighbour rules.
 //!
-//! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)` every
-//! `heartbeat` and bumps `(prefix, 55, "version")` (a versionstamped value) when it joins or
-//! leaves or removes another node. A watcher task waits on the version key and tells the actor
+//! Each node heart-beats every `heartbeat`. A watcher task waits on the version key and tells the actor
 //! ([`ClusterMsg::Changed`]); a membership different from the last one seen publishes
 //! `{cluster, unstable}` and `{cluster, stable}` follows after `quiet_period` without change
 //! (`start_period` for the first one). At every heartbeat a node checks its right-hand
 //! neighbour in sorted order and removes it when its heartbeat is older than `dead_after`, so
-//! each dead node is removed by exactly one live neighbour.
+//! each dead node is removed by exactly one live neighbour; the remover re-enqueues the dead
+//! node's running jobs in the same transaction, and a node that finds itself removed stops
+//! the jobs it still runs (the 000 draft's neighbour rules). Heartbeats never conflict with
+//! each other (see [`Membership::beat_tx`]).
 //!
 //! Messages: `Changed`, `Heartbeat`, `Quiet(generation)` (own timers), `Observe`.
 //! A graceful stop deregisters the node.
@@ -18,12 +20,10 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, ExitReason, Observable, Server};
 
-use crate::jobs::JobsError;
-use crate::store::tuple::{self, Bytes};
-use crate::store::{RangeOptions, Tx};
-
-use super::context::{NODES, NodeCtx};
+use super::context::{NodeCtx, ids};
 use super::event_bus::{ClusterStatus, ReplicatorEvent};
+use super::job_server::JobServerMsg;
+use super::membership::Membership;
 
 /// Messages of the clustering actor.
 #[derive(Debug)]
@@ -77,6 +77,8 @@ pub struct Clustering {
     pub quiet_period: Duration,
     /// `cluster_start_period`.
     pub start_period: Duration,
+    /// The membership rows.
+    pub membership: Membership,
 }
 
 impl Clustering {
@@ -85,118 +87,15 @@ impl Clustering {
     pub fn from_ctx(ctx: NodeCtx) -> Self {
         let s = ctx.settings();
         let timeout = Duration::from_secs(s.job_timeout_sec);
+        let membership = Membership::new(ctx.jobs().clone(), ctx.prefix(), ctx.node(), timeout);
         Self {
             heartbeat: (timeout / 6).max(Duration::from_secs(1)),
             dead_after: timeout,
             quiet_period: Duration::from_secs(s.cluster_quiet_period),
             start_period: Duration::from_secs(s.cluster_start_period),
+            membership,
             ctx,
         }
-    }
-
-    fn member_key(&self, node: &str) -> Vec<u8> {
-        self.ctx
-            .key(&(NODES, "member", Bytes::from(node.as_bytes())))
-    }
-
-    fn members_range(&self) -> (Vec<u8>, Vec<u8>) {
-        let begin = self.ctx.key(&(NODES, "member"));
-        let mut end = begin.clone();
-        end.push(0xFF);
-        (begin, end)
-    }
-
-    fn version_key(&self) -> Vec<u8> {
-        self.ctx.key(&(NODES, "version"))
-    }
-
-    fn bump_version(&self, tx: &Tx) {
-        let value = tuple::pack_with_versionstamp(&tuple::Versionstamp::incomplete(0));
-        tx.set_versionstamped_value(&self.version_key(), &value);
-    }
-
-    async fn members_tx(&self, tx: &Tx) -> Result<Vec<(String, i64)>, JobsError> {
-        let (b, e) = self.members_range();
-        let rows = tx.get_range(&b, &e, RangeOptions::all()).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for kv in rows {
-            let Some(rest) = kv.key.strip_prefix(b.as_slice()) else {
-                continue;
-            };
-            let Ok((name,)) = tuple::unpack::<(Bytes,)>(rest) else {
-                continue;
-            };
-            let Ok(name) = String::from_utf8(name.into_owned()) else {
-                continue;
-            };
-            let beat = kv
-                .value
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map_or(0, i64::from_le_bytes);
-            out.push((name, beat));
-        }
-        Ok(out)
-    }
-
-    /// Members and heartbeats, sorted by name.
-    pub async fn members(&self) -> Result<Vec<(String, i64)>, JobsError> {
-        self.ctx
-            .jobs()
-            .db()
-            .run(|tx| async move { self.members_tx(&tx).await })
-            .await
-    }
-
-    async fn beat(&self, join: bool) -> Result<Option<String>, JobsError> {
-        let now = self.ctx.jobs().clock().now_ms();
-        let me = self.ctx.node().to_owned();
-        let dead_ms = self.dead_after.as_millis() as i64;
-        self.ctx
-            .jobs()
-            .db()
-            .run(|tx| {
-                let me = me.clone();
-                async move {
-                    let members = self.members_tx(&tx).await?;
-                    let known = members.iter().any(|(n, _)| *n == me);
-                    tx.set(&self.member_key(&me), &now.to_le_bytes());
-                    if join || !known {
-                        self.bump_version(&tx);
-                    }
-                    // The right-hand neighbour in sorted order (wrapping), other than us.
-                    let right = members
-                        .iter()
-                        .filter(|(n, _)| *n != me)
-                        .find(|(n, _)| *n > me)
-                        .or_else(|| members.iter().find(|(n, _)| *n != me));
-                    match right {
-                        Some((n, beat)) if now - beat > dead_ms => {
-                            tx.clear(&self.member_key(n));
-                            self.bump_version(&tx);
-                            Ok(Some(n.clone()))
-                        }
-                        _ => Ok(None),
-                    }
-                }
-            })
-            .await
-    }
-
-    async fn leave(&self) -> Result<(), JobsError> {
-        let me = self.ctx.node().to_owned();
-        self.ctx
-            .jobs()
-            .db()
-            .run(|tx| {
-                let me = me.clone();
-                async move {
-                    tx.clear(&self.member_key(&me));
-                    self.bump_version(&tx);
-                    Ok::<_, JobsError>(())
-                }
-            })
-            .await
     }
 }
 
@@ -231,11 +130,11 @@ impl Server for Clustering {
     type Args = ();
 
     async fn init(&self, myself: ActorRef<ClusterMsg>, _: ()) -> Result<ClusterState, BoxError> {
-        self.beat(true).await?;
+        self.membership.beat(true).await?;
         let watcher = {
             let me = myself.clone();
             let db = self.ctx.jobs().db().clone();
-            let key = self.version_key();
+            let key = self.membership.version_key();
             tokio::spawn(async move {
                 loop {
                     let watch = db
@@ -270,7 +169,13 @@ impl Server for Clustering {
                 }
             })
         };
-        let members = self.members().await?.into_iter().map(|(n, _)| n).collect();
+        let members = self
+            .membership
+            .members()
+            .await?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         self.ctx
             .publish(ReplicatorEvent::Cluster(ClusterStatus::Unstable));
         after(&myself, self.start_period, ClusterMsg::Quiet(0));
@@ -291,7 +196,13 @@ impl Server for Clustering {
     ) -> Result<(), BoxError> {
         match msg {
             ClusterMsg::Changed => {
-                let now: Vec<String> = self.members().await?.into_iter().map(|(n, _)| n).collect();
+                let now: Vec<String> = self
+                    .membership
+                    .members()
+                    .await?
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect();
                 if now != state.members {
                     tracing::info!(node = self.ctx.node(), members = ?now, "cluster membership changed");
                     state.members = now;
@@ -307,9 +218,21 @@ impl Server for Clustering {
                 }
             }
             ClusterMsg::Heartbeat => {
-                if let Some(dead) = self.beat(false).await? {
-                    tracing::warn!(node = self.ctx.node(), %dead, "removed dead neighbour");
-                    state.removed.push(dead);
+                let beat = self.membership.beat(false).await?;
+                if let Some((dead, requeued)) = &beat.removed {
+                    tracing::warn!(node = self.ctx.node(), %dead, requeued,
+                        "removed dead neighbour and re-enqueued its jobs");
+                    state.removed.push(dead.clone());
+                }
+                if beat.was_removed {
+                    tracing::warn!(
+                        node = self.ctx.node(),
+                        "this node was removed as dead by a neighbour; stopping its jobs"
+                    );
+                    let _ = self
+                        .ctx
+                        .child::<JobServerMsg>(ids::JOB_SERVER)
+                        .cast(JobServerMsg::StopAll);
                 }
             }
             ClusterMsg::Quiet(generation) => {
@@ -339,7 +262,7 @@ impl Server for Clustering {
         if reason != ExitReason::Normal && !matches!(reason, ExitReason::Shutdown) {
             return;
         }
-        if let Err(e) = self.leave().await {
+        if let Err(e) = self.membership.leave().await {
             tracing::warn!(error = %e, "could not deregister the node");
         }
     }

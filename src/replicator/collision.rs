@@ -1,4 +1,4 @@
-//! The collision index (digest C.2): `(LayerPrefix, 54, RepId) -> JobId` records which job
+//! The collision index (CouchDB 4.x's couch_replicator_jobs.erl): `(LayerPrefix, 54, RepId) -> JobId` records which job
 //! owns a replication id, so the same replication never runs twice in a cluster.
 //!
 //! [`claim_tx`] runs inside the job's own start transaction and applies CouchDB's

@@ -1,5 +1,5 @@
-//! connection_pool: the node's shared HTTP clients and per-endpoint connection budget (digest
-//! B.9, CouchDB's `couch_replicator_connection`).
+//! connection_pool: the node's shared HTTP clients and per-endpoint connection budget (CouchDB's
+//! `couch_replicator_connection.erl`).
 //!
 //! The pool owns the node's [`Transports`]: one reqwest client per endpoint (scheme, host,
 //! port, proxy and client settings), shared by every job, handed out by [`PoolMsg::Clients`]

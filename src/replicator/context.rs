@@ -30,7 +30,7 @@ pub mod ids {
     pub const JOB_SUP: &str = "job_sup";
 }
 
-/// Sub-space tag of the collision index (digest C.2: `(LayerPrefix, 54, RepId)`).
+/// Sub-space tag of the collision index (CouchDB 4.x's couch_replicator_jobs.erl: `(LayerPrefix, 54, RepId)`).
 pub const REP_IDS: i64 = 54;
 /// Sub-space tag of node membership (our own; CouchDB 4.x had none).
 pub const NODES: i64 = 55;
@@ -114,6 +114,11 @@ impl NodeCtx {
     pub fn publish(&self, ev: ReplicatorEvent) {
         let bus = self.inner.children.get::<EventBusMsg>(ids::EVENT_BUS);
         publish(bus.as_ref(), ev);
+    }
+
+    /// The layer prefix the replicator's own keys live under.
+    pub fn prefix(&self) -> &[u8] {
+        &self.inner.prefix
     }
 
     /// `prefix ‖ pack((tag, ..))`: a key in one of the replicator's own sub-spaces.

@@ -1,4 +1,4 @@
-//! doc_processor (digest B.12, C.6): turns the documents of configured `_replicator`
+//! doc_processor (CouchDB's couch_replicator_doc_processor.erl; CouchDB 4.x's couch_replicator.erl frontend): turns the documents of configured `_replicator`
 //! databases (URLs of CouchDB/PouchDB servers) into persistent jobs, and writes terminal
 //! states back to them.
 //!
@@ -66,6 +66,8 @@ pub struct DocProcessorConfig {
     pub retry_delay: Duration,
     /// Period of the terminal-state rescan (jobs finished on other nodes).
     pub rescan_interval: Duration,
+    /// TLS to `https` replicator databases (the node's `[replicator]` TLS settings).
+    pub tls: crate::replication::tls::TlsOptions,
 }
 
 impl Default for DocProcessorConfig {
@@ -75,6 +77,7 @@ impl Default for DocProcessorConfig {
             poll_timeout: Duration::from_secs(10),
             retry_delay: Duration::from_secs(2),
             rescan_interval: Duration::from_secs(5),
+            tls: Default::default(),
         }
     }
 }
@@ -135,6 +138,8 @@ fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, Replicat
             // The processor's own reads and writes are not replication traffic: CouchDB's
             // `requests`/`responses` count only replications' requests.
             metrics: Arc::default(),
+            tls: cfg.tls.clone(),
+            auth: Default::default(),
         },
         Arc::new(Aimd::new()),
     )

@@ -1,4 +1,4 @@
-//! event_bus: the replicator's typed publish/subscribe (digest B.11, CouchDB's
+//! event_bus: the replicator's typed publish/subscribe (CouchDB's couch_replicator_notifier.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's
 //! `couch_replication` gen_event), the first child of the tree.
 //!
 //! Messages: [`EventBusMsg::Subscribe`] (a channel sender; the subscription dies with the
@@ -14,7 +14,7 @@ use serde_json::Value;
 use supervisors::{BoxError, Observable, Server};
 use tokio::sync::mpsc;
 
-/// Cluster stability (DESIGN.md 5.2).
+/// Cluster stability (docs/architecture.md, "The supervision tree", clustering).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterStatus {
     /// Membership changed less than `cluster_quiet_period` ago.

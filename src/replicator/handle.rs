@@ -238,7 +238,7 @@ impl Replicator {
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
     pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
         let clustering = super::clustering::Clustering::from_ctx(self.ctx.clone());
-        Ok(clustering.members().await?)
+        Ok(clustering.membership.members().await?)
     }
 
     /// The settings this node runs with.
@@ -277,7 +277,7 @@ impl Replicator {
     /// a pending/running one is a no-op returning that job; adding a persistent job replaces
     /// the job of the same doc unless its replication is unchanged and it is active.
     pub async fn add(&self, job: NewJob) -> ReplicatorResult<JobView> {
-        let spec = parse_rep(&job.rep)?;
+        let spec = parse_rep(&job.rep, &self.ctx.settings().job_defaults)?;
         let job_id = match &job.kind {
             JobKind::Persistent { db_name, doc_id } => persistent_job_id(db_name, doc_id),
             JobKind::Transient { user } => transient_job_id(&spec, user.as_deref()),

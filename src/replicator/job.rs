@@ -1,4 +1,4 @@
-//! job: one actor per running replication (digest C.5, CouchDB's `couch_replicator_job`).
+//! job: one actor per running replication (CouchDB 4.x's couch_replicator_job.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's `couch_replicator_job`).
 //!
 //! Started by `job_sup` for a job an acceptor took from couch_jobs. Messages: `Start` (sent to
 //! itself from `init`, so a failing start runs the terminate hook), `Tick` (stats timer:
@@ -6,14 +6,14 @@
 //! healing), `Done` (the replication ended), `Observe` (a snapshot for operators and tests).
 //!
 //! Start: parse the document (invalid → `failed`), compute the replication id, then in one
-//! transaction claim it in the collision index (C.2) and mark the job `running` (node, pid,
+//! transaction claim it in the collision index (CouchDB 4.x's couch_replicator_jobs.erl) and mark the job `running` (node, pid,
 //! `started` history), then run the protocol with the node's 429 limiter and a connection
 //! lease from the pool.
 //!
 //! The terminate hook decides what the job becomes:
 //! * handler error or panic → `reschedule_on_error`: transient jobs fail permanently (unless
 //!   the error is `max_backoff`); persistent ones get `error_count + 1`, state `crashing`,
-//!   history `crashed` + `pending`, and are resubmitted at `now + backoff` (C.5 formula with
+//!   history `crashed` + `pending`, and are resubmitted at `now + backoff` (CouchDB 4.x's couch_replicator_job.erl formula with
 //!   25 % jitter); a job that ran longer than `health_threshold` is healed first;
 //! * stop or shutdown → the replication writes a final checkpoint, the job goes back to
 //!   `pending` scheduled `interval` later (history `stopped` + `pending`);
@@ -258,12 +258,12 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let ctx = st.ctx.clone();
     let now = ctx.now_secs();
     let rep = st.data.get("rep").cloned().unwrap_or(Value::Null);
-    let mut spec = match parse_rep(&rep) {
+    let mut spec = match parse_rep(&rep, &ctx.settings().job_defaults) {
         Ok(s) => s,
         Err(e) => return fail(st, &e.to_string()).await,
     };
     if rep_job::str_field(&st.data, "last_error") == Some("max_backoff") {
-        // C.5: after a max_backoff crash, restart gentler.
+        // CouchDB 4.x's couch_replicator_job.erl: after a max_backoff crash, restart gentler.
         super::backoff::gentler_after_max_backoff(&mut spec.options);
     }
     let limiter = match ractor::call!(

@@ -12,7 +12,9 @@ use super::rep_job::parse_rep;
 
 /// The span every handler of the job enters (the engine's tasks inherit it).
 pub fn job_span(node: &str, job_id: &str, data: &JobData) -> tracing::Span {
-    let (source, target) = match data.get("rep").map(parse_rep) {
+    // Only the endpoints are shown: the node's per-job defaults do not change them.
+    let defaults = crate::replication::ReplicationOptions::default();
+    let (source, target) = match data.get("rep").map(|rep| parse_rep(rep, &defaults)) {
         Some(Ok(spec)) => (spec.source.to_string(), spec.target.to_string()),
         _ => ("invalid".to_owned(), "invalid".to_owned()),
     };

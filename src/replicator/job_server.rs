@@ -1,4 +1,4 @@
-//! job_server: the 4.x acceptor model (digest C.4, CouchDB's `couch_replicator_job_server`).
+//! job_server: the 4.x acceptor model (CouchDB 4.x's couch_replicator_job_server.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's `couch_replicator_job_server`).
 //!
 //! Keeps up to `max_acceptors` acceptor tasks waiting in `accept(max_sched_time = now)` while
 //! acceptors + running jobs < `max_jobs`; an acceptor that gets a job asks `job_sup` to start
@@ -70,6 +70,9 @@ pub enum JobServerMsg {
     Tick,
     /// The server's state.
     Observe(RpcReplyPort<JobServerObservation>),
+    /// This node was removed from the cluster as dead: stop every running job now (a
+    /// neighbour has re-enqueued them; each stop is fenced by its job lock).
+    StopAll,
 }
 
 /// What [`JobServerMsg::Observe`] answers.
@@ -418,6 +421,11 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
+            JobServerMsg::StopAll => {
+                for w in st.workers.values() {
+                    let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
+                }
+            }
             JobServerMsg::Observe(reply) => {
                 let mut jobs: Vec<RunningJobObservation> = st
                     .workers

@@ -1,5 +1,4 @@
-//! The replicator: the `rest_for_one` actor tree reproducing `couch_replicator_sup` (DESIGN.md
-//! section 5), and [`Replicator`], the handle a host embeds. The pure policy modules (AIMD
+//! The replicator: the `rest_for_one` actor tree reproducing `couch_replicator_sup` (docs/architecture.md, "The supervision tree"), and [`Replicator`], the handle a host embeds. The pure policy modules (AIMD
 //! intervals, job backoff, job-server rotation) are kept apart from the actors that apply
 //! them.
 
@@ -19,6 +18,7 @@ pub mod job;
 pub mod job_observe;
 pub mod job_server;
 pub mod job_sup;
+pub mod membership;
 pub mod rate_limiter;
 pub mod rep_doc;
 pub mod rep_job;

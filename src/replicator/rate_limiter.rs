@@ -1,4 +1,4 @@
-//! rate_limiter: the node-wide AIMD 429 limiter (digest B.8) as an actor around
+//! rate_limiter: the node-wide AIMD 429 limiter (CouchDB's couch_replicator_rate_limiter.erl) as an actor around
 //! [`super::aimd::AimdTable`].
 //!
 //! Like CouchDB's limiter process owning public ETS tables, the actor owns a [`SharedAimd`]

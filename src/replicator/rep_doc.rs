@@ -18,7 +18,7 @@ fn bad(msg: impl Into<String>) -> InvalidRepDoc {
     InvalidRepDoc(msg.into())
 }
 
-/// The `_replication_state` a document carries (digest B.12).
+/// The `_replication_state` a document carries (CouchDB's couch_replicator_doc_processor.erl).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DocState {
     /// No state field: a new or edited document to process.
@@ -132,7 +132,7 @@ pub enum DocAction {
     },
     /// A valid replication: create or update its job.
     Schedule(Box<RepDoc>),
-    /// Invalid: the document gets `failed` with this reason (terminal, digest B.12).
+    /// Invalid: the document gets `failed` with this reason (terminal, CouchDB's couch_replicator_doc_processor.erl).
     Fail {
         /// `_id`.
         doc_id: String,
@@ -305,6 +305,17 @@ mod tests {
         assert_eq!(d.spec.source.user(), Some("u"));
         assert_eq!(d.owner.as_deref(), Some("bob"));
         assert_eq!(d.user_ctx.unwrap().roles, vec!["r".to_string()]);
+    }
+
+    #[test]
+    fn out_of_range_numbers_fail_the_doc_naming_the_option() {
+        let doc = json!({"_id": "r", "source": "http://127.0.0.1:1/a",
+            "target": "http://127.0.0.1:1/b", "http_connections": 1_000_000_000u64});
+        let r = reason(doc);
+        assert!(
+            r.contains("`http_connections` must be an integer from 1 to 1000"),
+            "{r}"
+        );
     }
 
     #[test]

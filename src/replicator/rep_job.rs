@@ -1,5 +1,5 @@
-//! The replicator's job data inside couch_jobs (digest C.3, RFC 016) and the replicator
-//! states mapped onto couch_jobs states (C.7): `pending`/`crashing` are couch_jobs `pending`,
+//! The replicator's job data inside couch_jobs (CouchDB 4.x's couch_replicator_jobs.erl job data, RFC 016) and the replicator
+//! states mapped onto couch_jobs states (CouchDB 4.x's couch_replicator_httpd.erl): `pending`/`crashing` are couch_jobs `pending`,
 //! `running` is `running`, `completed`/`failed` are `finished`.
 //!
 //! Owns the JSON keys of a `rep_jobs` job, job-id computation (persistent `db|doc_id`,
@@ -11,14 +11,14 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobState};
-use crate::replication::{Filter, ReplicationSpec};
+use crate::replication::{Filter, ReplicationOptions, ReplicationSpec};
 
 use super::error::{ReplicatorError, ReplicatorResult};
 
 /// The couch_jobs type of replication jobs.
 pub const REP_JOBS: &str = "rep_jobs";
 
-/// A replicator job state (C.3).
+/// A replicator job state (CouchDB 4.x's couch_replicator_jobs.erl job data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RepState {
@@ -96,7 +96,7 @@ pub fn persistent_job_id(db_name: &str, doc_id: &str) -> String {
 }
 
 /// The job id of a transient job: MD5 over everything that makes it a different replication,
-/// without credentials and without network access (C.2).
+/// without credentials and without network access (CouchDB 4.x's couch_replicator_jobs.erl).
 pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> String {
     let o = &spec.options;
     let normalized = json!([
@@ -162,9 +162,11 @@ pub fn new_job_data(kind: &JobKind, rep: &Value, spec: &ReplicationSpec, now: i6
     d
 }
 
-/// Parses and validates a replication document / request body.
-pub fn parse_rep(rep: &Value) -> ReplicatorResult<ReplicationSpec> {
-    ReplicationSpec::from_json(rep).map_err(|e| ReplicatorError::BadRequest(e.to_string()))
+/// Parses and validates a replication document / request body over the node's per-job
+/// defaults.
+pub fn parse_rep(rep: &Value, defaults: &ReplicationOptions) -> ReplicatorResult<ReplicationSpec> {
+    ReplicationSpec::from_json_with(rep, defaults)
+        .map_err(|e| ReplicatorError::BadRequest(e.to_string()))
 }
 
 /// Prepends a history event (newest first), keeping at most `max_history` events.
@@ -285,6 +287,11 @@ pub struct JobView {
     pub retry_at: Option<i64>,
 }
 
+/// The node whose job actor last stamped the job (`None` before a first run).
+pub fn running_node(d: &JobData) -> Option<&str> {
+    d.get("node").and_then(Value::as_str)
+}
+
 impl JobView {
     /// Builds the view from a job's id and data.
     pub fn from_data(job_id: &str, d: &JobData) -> Self {
@@ -341,7 +348,7 @@ impl JobView {
         self.database.is_none()
     }
 
-    /// The job object of `GET /_scheduler/jobs` (C.7; timestamps ISO 8601).
+    /// The job object of `GET /_scheduler/jobs` (CouchDB 4.x's couch_replicator_httpd.erl; timestamps ISO 8601).
     pub fn scheduler_json(&self) -> Value {
         let history: Vec<Value> = self
             .history
@@ -382,7 +389,7 @@ mod tests {
 
     fn spec(src: &str, tgt: &str) -> (Value, ReplicationSpec) {
         let rep = json!({"source": src, "target": tgt, "continuous": true});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         (rep, s)
     }
 
@@ -403,7 +410,7 @@ mod tests {
     fn transient_ids_are_built_from_stable_json() {
         let rep = json!({"source": "http://127.0.0.1:1/a", "target": "http://127.0.0.1:1/b",
             "doc_ids": ["x"]});
-        let s = parse_rep(&rep).unwrap();
+        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         let text = r#"["http://127.0.0.1:1/a","http://127.0.0.1:1/b","bob",false,false,{"doc_ids":["x"]},false]"#;
         assert_eq!(
             transient_job_id(&s, Some("bob")),

@@ -1,5 +1,5 @@
-//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (digest C.8,
-//! B.2), in one place. Deserialised from the config file's `[replicator]` table; every field
+//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (CouchDB 4.x's [replicator] defaults,
+//! CouchDB 3.x's [replicator] defaults in default.ini), in one place. Deserialised from the config file's `[replicator]` table; every field
 //! has its default so a partial file works.
 
 use std::collections::BTreeMap;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::share::ShareParams;
+use crate::replication::ReplicationOptions;
 
 /// What a node does (CouchDB 4.x node types): `api_frontend` creates jobs (HTTP API,
 /// `_replicator` docs), `replication` runs them. A node may be both.
@@ -69,6 +70,11 @@ pub struct ReplicatorSettings {
     pub usage_coeff: f64,
     /// How much of a job's fair-share priority survives a cycle (0..=1).
     pub priority_coeff: f64,
+    /// Per-job defaults (`worker_processes`, `connection_timeout`, TLS, ...): what a
+    /// replication document does not set. Read from the `[replicator]` keys CouchDB uses for
+    /// them; not part of this table's own keys.
+    #[serde(skip)]
+    pub job_defaults: ReplicationOptions,
 }
 
 impl Default for ReplicatorSettings {
@@ -95,6 +101,7 @@ impl Default for ReplicatorSettings {
             shares: BTreeMap::new(),
             usage_coeff: 0.5,
             priority_coeff: 0.98,
+            job_defaults: ReplicationOptions::default(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! What a step's command does: the [`Action`] trait the host implements, the context a
 //! command runs in, its outcome, and the default [`DisabledAction`] that runs nothing.
 //!
-//! Command execution is off unless the host chooses an action (DESIGN.md section 7): the
+//! Command execution is off unless the host chooses an action (docs/architecture.md, "Steps jobs"): the
 //! library default fails every step with "command execution is disabled". The shell action
 //! ([`super::shell::ShellAction`]) and the in-process sleep action
 //! ([`super::sleep_action::SleepAction`]) must be chosen explicitly.

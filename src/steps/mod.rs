@@ -1,5 +1,5 @@
-//! Steps jobs: the thesis' multi-step, node-targeted job distributor (seed 003) rebuilt as
-//! job types on couch_jobs (DESIGN.md section 7).
+//! Steps jobs: the thesis' multi-step, node-targeted job distributor (the job-distribution thesis built on CouchDB replication) rebuilt as
+//! job types on couch_jobs (docs/architecture.md, "Steps jobs").
 //!
 //! A job is an ordered list of steps, each for a named node or `any`, run strictly in order
 //! and each exactly once, with retries and an alternative command. Where the thesis saved a

@@ -6,9 +6,13 @@
 //!   [`stop_network`] stops it before the process exits.
 //! - [`FdbStore`] opens a cluster and hands out [`FdbTx`] transactions.
 //! - Retries: [`crate::store::Db::run`] plays the part of FDB's `db.run`: every FDB error is
-//!   mapped to a [`StoreError`] that carries FDB's own "retryable" predicate, so the loop
-//!   retries exactly what FDB's loop would (1020 and 1007 become [`StoreError::Conflict`] and
-//!   [`StoreError::TooOld`]).
+//!   mapped by [`super::fdb_errors::classify`] with FDB's own "retryable" and
+//!   "maybe committed" predicates, so the loop retries exactly what FDB's loop would (1020,
+//!   1007, 1021/1039 and 1031 become [`StoreError::Conflict`], [`StoreError::TooOld`],
+//!   [`StoreError::CommitUnknown`] and [`StoreError::TimedOut`]).
+//! - Transaction options: every transaction gets CouchDB's `[fdb_tx_options]`
+//!   ([`FdbTxOptions`]: timeout, retry limit, max retry delay, size limit), the same limits
+//!   [`crate::store::RetryPolicy`] enforces for the other engines.
 //! - Reads and writes map one to one: snapshot flag, `add_conflict_range(Read)`,
 //!   `MutationType::{Add, SetVersionstampedKey, SetVersionstampedValue}`, `watch`. The
 //!   commit's versionstamp comes from `get_versionstamp`, requested before the commit.
@@ -18,29 +22,60 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use foundationdb::options::{ConflictRangeType, MutationType, StreamingMode};
+use foundationdb::options::{ConflictRangeType, MutationType, StreamingMode, TransactionOption};
 use foundationdb::{FdbError, RangeOption};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
+use super::fdb_errors::classify;
 use super::{CommitStamp, KeyValue, RangeOptions, Store, StoreError, Transaction, Watch};
 
-/// FDB error codes with a dedicated [`StoreError`] variant.
-const NOT_COMMITTED: i32 = 1020;
-const TRANSACTION_TOO_OLD: i32 = 1007;
-const TRANSACTION_TOO_LARGE: i32 = 2101;
-
-/// Maps an FDB error onto the contract's errors, keeping FDB's retry predicate.
+/// Maps an FDB error onto the contract's errors with FDB's own predicates.
 pub fn map_error(e: FdbError) -> StoreError {
-    match e.code() {
-        NOT_COMMITTED => StoreError::Conflict,
-        TRANSACTION_TOO_OLD => StoreError::TooOld,
-        TRANSACTION_TOO_LARGE => StoreError::TooLarge(e.message().to_string()),
-        code => StoreError::Fdb {
-            code,
-            message: e.message().to_string(),
-            retryable: e.is_retryable(),
-        },
+    classify(
+        e.code(),
+        e.message(),
+        e.is_retryable(),
+        e.is_maybe_committed(),
+    )
+}
+
+/// The transaction options set on every transaction (CouchDB's `[fdb_tx_options]`
+/// defaults). `timeout` and the retry limit span retries (API version ≥ 610).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdbTxOptions {
+    /// `timeout`: a transaction with its retries fails with 1031 after this (ms).
+    pub timeout_ms: i32,
+    /// `retry_limit`: retries before the last error is returned.
+    pub retry_limit: i32,
+    /// `max_retry_delay`: the ceiling of FDB's own retry backoff (ms).
+    pub max_retry_delay_ms: i32,
+    /// At most 10,000,000 (FDB's own ceiling).
+    pub size_limit: i32,
+}
+
+impl Default for FdbTxOptions {
+    fn default() -> Self {
+        Self {
+            timeout_ms: 60_000,
+            retry_limit: 100,
+            max_retry_delay_ms: 1_000,
+            size_limit: 10_000_000,
+        }
+    }
+}
+
+impl FdbTxOptions {
+    fn apply(&self, tx: &foundationdb::Transaction) -> Result<(), StoreError> {
+        for option in [
+            TransactionOption::Timeout(self.timeout_ms),
+            TransactionOption::RetryLimit(self.retry_limit),
+            TransactionOption::MaxRetryDelay(self.max_retry_delay_ms),
+            TransactionOption::SizeLimit(self.size_limit),
+        ] {
+            tx.set_option(option).map_err(map_error)?;
+        }
+        Ok(())
     }
 }
 
@@ -80,6 +115,7 @@ pub fn stop_network() {
 #[derive(Clone)]
 pub struct FdbStore {
     db: Arc<foundationdb::Database>,
+    options: FdbTxOptions,
 }
 
 impl std::fmt::Debug for FdbStore {
@@ -98,15 +134,25 @@ impl FdbStore {
             ));
         }
         let db = foundationdb::Database::new(cluster_file).map_err(map_error)?;
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            options: FdbTxOptions::default(),
+        })
+    }
+
+    /// Other transaction options than CouchDB's defaults.
+    pub fn with_tx_options(mut self, options: FdbTxOptions) -> Self {
+        self.options = options;
+        self
     }
 }
 
 impl Store for FdbStore {
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>> {
-        let result = self.db.create_trx().map_err(map_error).map(|tx| {
+        let result = self.db.create_trx().map_err(map_error).and_then(|tx| {
+            self.options.apply(&tx)?;
             let tx: Box<dyn Transaction> = Box::new(FdbTx::new(tx));
-            tx
+            Ok(tx)
         });
         futures::future::ready(result).boxed()
     }

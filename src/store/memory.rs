@@ -296,7 +296,9 @@ mod tests {
         })
         .await
         .unwrap();
-        assert_eq!(store.dump().len(), 1);
+        // The row, and the transaction id `Db::run` commits with every write.
+        assert_eq!(store.dump().len(), 2);
+        assert!(store.dump().iter().any(|kv| kv.key == b"a"));
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
 //! The transactional ordered key-value contract that couch_jobs is built on.
 //!
-//! The contract *is* FoundationDB's (DESIGN.md section 3): serializable interactive
+//! The contract *is* FoundationDB's (docs/architecture.md, "The store contract"): serializable interactive
 //! transactions that are retried on conflict, ordered keys, `get`/`get_range` (limit, reverse,
 //! snapshot), `set`/`clear`/`clear_range`, atomic `add`, versionstamped keys and values (a
 //! 10-byte commit version + batch order, unique and increasing per commit), explicit read
@@ -15,16 +15,19 @@
 //! placeholder, which is what [`tuple::pack_with_versionstamp`] produces. The engine replaces
 //! the placeholder with the commit's versionstamp and drops the offset.
 
+mod db;
 pub mod embedded;
+pub mod faulty;
 #[cfg(feature = "fdb")]
 pub mod fdb;
+pub mod fdb_errors;
+mod idempotent;
 pub mod memory;
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+pub use db::{Db, RetryPolicy};
+pub use idempotent::TX_IDS;
 
-use crate::backoff::Backoff;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
@@ -89,6 +92,16 @@ pub enum StoreError {
     /// The transaction's read version is too old to be served any more (FDB 1007).
     #[error("transaction too old")]
     TooOld,
+    /// The commit may or may not have been applied (FDB 1021 `commit_unknown_result`).
+    /// Retryable, but only by a loop that can tell whether the first attempt landed:
+    /// [`Db::run`] does, with a transaction id written in the same commit.
+    #[error("commit result unknown (it may or may not have been applied)")]
+    CommitUnknown,
+    /// The transaction ran past its timeout (FDB 1031 `transaction_timed_out`, or
+    /// [`RetryPolicy::timeout`] in [`Db::run`]). Not retried; a commit it interrupted may
+    /// or may not have been applied.
+    #[error("transaction timed out")]
+    TimedOut,
     /// The transaction writes more than the engine accepts in one commit (FDB 2101).
     #[error("transaction too large: {0}")]
     TooLarge(String),
@@ -117,7 +130,7 @@ impl StoreError {
     /// Whether running the transaction again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            StoreError::Conflict | StoreError::TooOld => true,
+            StoreError::Conflict | StoreError::TooOld | StoreError::CommitUnknown => true,
             StoreError::Fdb { retryable, .. } => *retryable,
             _ => false,
         }
@@ -201,122 +214,6 @@ pub trait Store: Send + Sync + 'static {
 
 /// A transaction handle that can be moved into async closures.
 pub type Tx = Arc<dyn Transaction>;
-
-/// How [`Db::run`] retries.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryPolicy {
-    /// Attempts before the last retryable error is returned (CouchDB's `retry_limit` 100).
-    pub max_attempts: u32,
-    /// First back-off sleep; doubled per attempt up to `max_delay`, with jitter.
-    pub initial_delay: Duration,
-    /// CouchDB's `max_retry_delay` (1 s).
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 100,
-            initial_delay: Duration::from_millis(1),
-            max_delay: Duration::from_secs(1),
-        }
-    }
-}
-
-/// A cheap-to-clone handle on a store, with the transaction retry loop.
-#[derive(Clone)]
-pub struct Db {
-    store: Arc<dyn Store>,
-    retry: RetryPolicy,
-    stats: Arc<crate::telemetry::StoreStats>,
-}
-
-impl std::fmt::Debug for Db {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Db")
-            .field("engine", &self.store.engine_name())
-            .finish()
-    }
-}
-
-impl Db {
-    /// A handle on `store` with the default [`RetryPolicy`].
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self {
-            store,
-            retry: RetryPolicy::default(),
-            stats: Arc::default(),
-        }
-    }
-
-    /// Commit latency and retries of [`Db::run`] on this handle and its clones.
-    pub fn stats(&self) -> &crate::telemetry::StoreStats {
-        &self.stats
-    }
-
-    /// Replaces the retry policy [`Db::run`] uses.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// The engine's short name, for logs (see [`Store::engine_name`]).
-    pub fn engine_name(&self) -> &'static str {
-        self.store.engine_name()
-    }
-
-    /// Starts a transaction that the caller commits itself.
-    pub async fn begin(&self) -> Result<Tx, StoreError> {
-        Ok(Arc::from(self.store.begin().await?))
-    }
-
-    /// Runs `body` in a transaction and commits it, retrying the whole body on retryable
-    /// errors (from the body or from the commit), like FoundationDB's `db.run`. The body may
-    /// run several times, so it must not have effects outside the transaction that matter.
-    pub async fn run<T, E, F, Fut>(&self, mut body: F) -> Result<T, E>
-    where
-        F: FnMut(Tx) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        E: RetryableError,
-    {
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            let result = match self.begin().await {
-                Ok(tx) => match body(tx.clone()).await {
-                    Ok(value) => {
-                        let started = std::time::Instant::now();
-                        match tx.commit().await {
-                            Ok(_) => {
-                                self.stats.committed(started.elapsed());
-                                return Ok(value);
-                            }
-                            Err(e) => E::from(e),
-                        }
-                    }
-                    Err(e) => e,
-                },
-                Err(e) => E::from(e),
-            };
-            if !result.is_retryable() {
-                return Err(result);
-            }
-            if attempt >= self.retry.max_attempts {
-                self.stats.failed();
-                return Err(result);
-            }
-            self.stats.retried();
-            tokio::time::sleep(self.backoff(attempt)).await;
-        }
-    }
-
-    fn backoff(&self, attempt: u32) -> Duration {
-        // Full jitter keeps retrying transactions from colliding again in lockstep.
-        Backoff::new(self.retry.initial_delay, self.retry.max_delay)
-            .full_jitter()
-            .nth(attempt)
-    }
-}
 
 /// The first key after every key that starts with `prefix` (FDB's `strinc`), or `None` when the
 /// prefix is empty or all `0xFF`.

@@ -1,4 +1,4 @@
-//! couch_jobs API semantics and return values (digest A.5-A.6, RFC 007 state diagram), on the
+//! couch_jobs API semantics and return values (CouchDB's couch_jobs.erl API and accept, RFC 007 state diagram), on the
 //! serial memory engine with paused time, plus the accept race on the embedded engine.
 
 use crate::support::deadline;

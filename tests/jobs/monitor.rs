@@ -1,4 +1,4 @@
-//! The activity monitor (digest A.7): direct `check_once` tests (CouchDB's one check per
+//! The activity monitor (CouchDB's couch_jobs_activity_monitor.erl): direct `check_once` tests (CouchDB's one check per
 //! timeout, and our default of two), and the supervised background (type server → per-type
 //! monitor) re-enqueueing a dead worker's job, with paused time on the memory engine.
 

@@ -1,4 +1,4 @@
-//! Subscriptions and the notifier (digest A.5/A.9): event sequences, auto-unsubscribe,
+//! Subscriptions and the notifier (CouchDB's couch_jobs.erl and couch_jobs_notifier.erl): event sequences, auto-unsubscribe,
 //! already-finished jobs, removal, subscriber death, and a notifier round driven directly.
 
 use crate::support::deadline;

@@ -22,6 +22,7 @@ fn fast(dbs: Vec<ReplicatorDb>) -> DocProcessorConfig {
         poll_timeout: Duration::from_millis(500),
         retry_delay: Duration::from_millis(200),
         rescan_interval: Duration::from_millis(300),
+        ..DocProcessorConfig::default()
     }
 }
 
@@ -157,6 +158,8 @@ fn client(url: &str) -> HttpClient {
             proxy: None,
             tcp_nodelay: true,
             metrics: Arc::default(),
+            tls: Default::default(),
+            auth: Default::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )
@@ -238,7 +241,7 @@ async fn terminal_states_are_written_once_through_conflicts() {
 }
 
 /// Two documents asking for the same continuous replication: one runs, the other is marked
-/// `failed` with the reason (digest C.2), and data flows through the one that runs.
+/// `failed` with the reason (CouchDB 4.x's couch_replicator_jobs.erl), and data flows through the one that runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_documents_fail_the_second_with_a_reason() {
     deadline(

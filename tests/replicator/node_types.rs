@@ -52,6 +52,7 @@ fn frontend(addr: SocketAddr, repdb: &str) -> Frontend {
             poll_timeout: Duration::from_millis(500),
             retry_delay: Duration::from_millis(200),
             rescan_interval: Duration::from_millis(300),
+            ..DocProcessorConfig::default()
         }),
         http: Some(http_at(addr)),
     }

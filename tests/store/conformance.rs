@@ -1,7 +1,9 @@
 //! The store contract's conformance suite: every promise of `couch_replicator::store`, written
 //! once and run against each engine. The embedded engine runs every case; the serial memory
 //! engine the cases that never hold two transactions open in one task; FoundationDB all of
-//! them when built with `--features fdb` and `FDB_CLUSTER_FILE` is set.
+//! them when built with `--features fdb` and `FDB_CLUSTER_FILE` is set; the fault-injecting
+//! wrapper (faults off) over the embedded engine all of them too. The fault cases themselves
+//! are in `store_faults.rs`.
 
 use crate::support::deadline;
 use std::collections::HashSet;
@@ -567,6 +569,27 @@ macro_rules! conformance {
 conformance!(
     embedded,
     async { Some(crate::support::store::Embedded::new().await) },
+    [
+        get_set_clear,
+        range_limits_and_reverse,
+        read_your_writes,
+        read_write_conflict,
+        run_retries_until_all_commit,
+        snapshot_reads_do_not_conflict,
+        explicit_read_conflict_ranges,
+        range_read_conflicts_on_covered_part,
+        blind_writes_and_atomic_adds_never_conflict,
+        versionstamps,
+        watch_fires_after_commit_not_before,
+        watch_fires_on_change,
+        watch_on_dropped_transaction_errors,
+        durable_across_reopen,
+    ]
+);
+
+conformance!(
+    faulty_embedded,
+    async { Some(crate::support::store::Faulty::new().await) },
     [
         get_set_clear,
         range_limits_and_reverse,

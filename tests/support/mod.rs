@@ -18,9 +18,11 @@ pub mod proxy;
 pub mod replicator;
 pub mod serve;
 pub mod server;
+pub mod socks;
 pub mod steps;
 pub mod store;
 pub mod tcp_count;
+pub mod tls;
 
 use std::future::Future;
 use std::time::Duration;

@@ -8,6 +8,7 @@ use couch_replicator::jobs::{JobsConfig, JobsOptions, TokioClock};
 use couch_replicator::replicator::{Replicator, ReplicatorConfig, ReplicatorSettings};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
+use couch_replicator::store::faulty::FaultyStore;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
@@ -132,11 +133,13 @@ pub struct Store {
 }
 
 impl Store {
+    /// The embedded engine in a temp dir; under `COUCH_STORE_FAULTS=RATE[:SEED]` wrapped in
+    /// the fault-injecting store, so whole suites run under FDB's failure modes.
     pub fn open() -> Store {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path().join("replicator.redb")).unwrap();
         Store {
-            db: Db::new(Arc::new(store)),
+            db: Db::new(FaultyStore::from_env(Arc::new(store))),
             dir,
         }
     }

@@ -6,11 +6,15 @@ use std::sync::Arc;
 
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::memory::MemoryStore;
-use couch_replicator::store::{Db, split_versionstamp_operand, tuple};
+use couch_replicator::store::{Db, Store, split_versionstamp_operand, tuple};
 
 /// One engine instance with a private key space.
 pub trait Harness: Send + 'static {
-    fn db(&self) -> Db;
+    /// The engine itself (what a wrapper wraps).
+    fn store(&self) -> Arc<dyn Store>;
+    fn db(&self) -> Db {
+        Db::new(self.store())
+    }
     /// Prefix of this test's keys (empty for private engines).
     fn prefix(&self) -> &[u8];
     /// Closes and reopens a durable engine.
@@ -60,8 +64,8 @@ impl Embedded {
 }
 
 impl Harness for Embedded {
-    fn db(&self) -> Db {
-        Db::new(Arc::new(self.store.clone()))
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
     }
 
     fn prefix(&self) -> &[u8] {
@@ -91,8 +95,8 @@ impl Memory {
 }
 
 impl Harness for Memory {
-    fn db(&self) -> Db {
-        Db::new(Arc::new(self.store.clone()))
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
     }
 
     fn prefix(&self) -> &[u8] {
@@ -104,6 +108,43 @@ impl Harness for Memory {
     }
 
     async fn finish(self) {}
+}
+
+/// The embedded engine seen through the fault-injecting wrapper with no faults: the wrapper
+/// itself must keep every promise of the contract.
+pub struct Faulty {
+    pub inner: Embedded,
+}
+
+impl Faulty {
+    pub async fn new() -> Self {
+        Self {
+            inner: Embedded::new().await,
+        }
+    }
+}
+
+impl Harness for Faulty {
+    fn store(&self) -> Arc<dyn Store> {
+        let rates = couch_replicator::store::faulty::FaultRates::none();
+        Arc::new(couch_replicator::store::faulty::FaultyStore::new(
+            self.inner.store(),
+            rates,
+            1,
+        ))
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        self.inner.reopen().await;
+    }
+
+    async fn finish(self) {
+        self.inner.finish().await;
+    }
 }
 
 // Only the conformance suite uses it; the other store tests share this module.
@@ -141,8 +182,13 @@ mod fdb_harness {
     }
 
     impl Harness for Fdb {
+        fn store(&self) -> Arc<dyn Store> {
+            Arc::new(self.store.clone())
+        }
+
         fn db(&self) -> Db {
-            Db::new(Arc::new(self.store.clone()))
+            // Transaction ids inside the test's subspace, so `finish` clears them too.
+            Db::new(self.store()).with_txid_prefix(&self.prefix)
         }
 
         fn prefix(&self) -> &[u8] {

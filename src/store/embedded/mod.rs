@@ -1,5 +1,5 @@
 //! The embedded engine: FoundationDB's transaction semantics in one process, durable on disk
-//! with `redb` (DESIGN.md section 3).
+//! with `redb` (docs/architecture.md, "The store contract").
 //!
 //! - [`EmbeddedStore`] (this file) opens the file, hands out transactions that read from the
 //!   latest committed snapshot, and owns the committer thread.

@@ -1,0 +1,199 @@
+//! TLS for endpoint tests: a throwaway CA with a server certificate for `127.0.0.1` and a
+//! client certificate (its key encrypted with a password), written as PEM files, and a
+//! TLS-terminating proxy in front of a plain HTTP server that can require a client
+//! certificate from that CA. Built on OpenSSL, which native-tls already links.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use openssl::asn1::Asn1Time;
+use openssl::bn::BigNum;
+use openssl::ec::{EcGroup, EcKey};
+use openssl::hash::MessageDigest;
+use openssl::nid::Nid;
+use openssl::pkey::{PKey, Private};
+use openssl::ssl::{Ssl, SslAcceptor, SslMethod, SslVerifyMode};
+use openssl::symm::Cipher;
+use openssl::x509::extension::{
+    BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName,
+};
+use openssl::x509::{X509, X509NameBuilder};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The password of the client key file.
+pub const CLIENT_KEY_PASSWORD: &str = "k3y-p4ss";
+
+/// PEM files of a test CA, a server certificate for 127.0.0.1/localhost and a client
+/// certificate, in a temp dir that lives as long as this value.
+pub struct TestPki {
+    dir: tempfile::TempDir,
+    ca: X509,
+    server: (X509, PKey<Private>),
+}
+
+fn key() -> PKey<Private> {
+    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+    PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap()
+}
+
+fn cert(
+    cn: &str,
+    key: &PKey<Private>,
+    issuer: Option<(&X509, &PKey<Private>)>,
+    client: bool,
+) -> X509 {
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_text("CN", cn).unwrap();
+    let name = name.build();
+    let mut b = X509::builder().unwrap();
+    b.set_version(2).unwrap();
+    let serial = BigNum::from_u32(rand::random::<u32>() >> 1).unwrap();
+    b.set_serial_number(&serial.to_asn1_integer().unwrap())
+        .unwrap();
+    b.set_subject_name(&name).unwrap();
+    b.set_pubkey(key).unwrap();
+    b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    b.set_not_after(&Asn1Time::days_from_now(2).unwrap())
+        .unwrap();
+    match issuer {
+        None => {
+            b.set_issuer_name(&name).unwrap();
+            b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+                .unwrap();
+            b.append_extension(
+                KeyUsage::new()
+                    .critical()
+                    .key_cert_sign()
+                    .crl_sign()
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+            b.sign(key, MessageDigest::sha256()).unwrap();
+        }
+        Some((ca, ca_key)) => {
+            b.set_issuer_name(ca.subject_name()).unwrap();
+            b.append_extension(BasicConstraints::new().build().unwrap())
+                .unwrap();
+            let eku = if client {
+                ExtendedKeyUsage::new().client_auth().build().unwrap()
+            } else {
+                ExtendedKeyUsage::new().server_auth().build().unwrap()
+            };
+            b.append_extension(eku).unwrap();
+            if !client {
+                let san = SubjectAlternativeName::new()
+                    .ip("127.0.0.1")
+                    .dns("localhost")
+                    .build(&b.x509v3_context(Some(ca), None))
+                    .unwrap();
+                b.append_extension(san).unwrap();
+            }
+            b.sign(ca_key, MessageDigest::sha256()).unwrap();
+        }
+    }
+    b.build()
+}
+
+impl TestPki {
+    /// A new CA and its certificates, written to `ca.pem`, `server.pem`/`server-key.pem`,
+    /// `client.pem`/`client-key.pem` (encrypted with [`CLIENT_KEY_PASSWORD`]).
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = key();
+        let ca = cert("couch-replicator test CA", &ca_key, None, false);
+        let server_key = key();
+        let server = cert("127.0.0.1", &server_key, Some((&ca, &ca_key)), false);
+        let client_key = key();
+        let client = cert("replicator", &client_key, Some((&ca, &ca_key)), true);
+        let w = |n: &str, b: Vec<u8>| std::fs::write(dir.path().join(n), b).unwrap();
+        w("ca.pem", ca.to_pem().unwrap());
+        w("server.pem", server.to_pem().unwrap());
+        w(
+            "server-key.pem",
+            server_key.private_key_to_pem_pkcs8().unwrap(),
+        );
+        w("client.pem", client.to_pem().unwrap());
+        w(
+            "client-key.pem",
+            client_key
+                .private_key_to_pem_pkcs8_passphrase(
+                    Cipher::aes_256_cbc(),
+                    CLIENT_KEY_PASSWORD.as_bytes(),
+                )
+                .unwrap(),
+        );
+        Self {
+            dir,
+            ca,
+            server: (server, server_key),
+        }
+    }
+
+    /// The path of one of the PEM files.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A TLS-terminating proxy to a plain HTTP server; stops when dropped.
+pub struct TlsProxy {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsProxy {
+    /// Listens on a free loopback port with the PKI's server certificate and forwards each
+    /// connection to `upstream`; with `require_client_cert`, handshakes without a client
+    /// certificate from the PKI's CA fail.
+    pub async fn start(pki: &TestPki, upstream: SocketAddr, require_client_cert: bool) -> Self {
+        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+        b.set_certificate(&pki.server.0).unwrap();
+        b.set_private_key(&pki.server.1).unwrap();
+        b.add_extra_chain_cert(pki.ca.clone()).unwrap();
+        if require_client_cert {
+            b.cert_store_mut().add_cert(pki.ca.clone()).unwrap();
+            b.add_client_ca(&pki.ca).unwrap();
+            b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+        }
+        let acceptor = b.build();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let ssl = Ssl::new(acceptor.context()).unwrap();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = tokio_openssl::SslStream::new(ssl, tcp) else {
+                        return;
+                    };
+                    if Pin::new(&mut tls).accept().await.is_err() {
+                        return;
+                    }
+                    let Ok(mut up) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                });
+            }
+        });
+        Self { addr, task }
+    }
+
+    /// `https://127.0.0.1:PORT/db`.
+    pub fn db_url(&self, db: &str) -> String {
+        format!("https://127.0.0.1:{}/{db}", self.addr.port())
+    }
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
