@@ -17,9 +17,9 @@ use hmac::{Hmac, Mac as _};
 use rand::RngCore as _;
 use sha2::Sha256;
 
+use super::cookie::{self, SessionSettings, SessionUsers};
 use super::error::HttpError;
 use super::password::{Prf, StoredPassword, same_bytes};
-use super::session::{self, SessionSettings};
 use crate::replicator::rep_doc::UserCtx;
 
 /// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
@@ -212,6 +212,11 @@ impl Users {
         &self.inner.session
     }
 
+    /// The salt and context of `name` for cookies (see [`SessionUsers`]).
+    pub(crate) fn session_user(&self, name: &str) -> Option<(&str, UserCtx)> {
+        self.session_user_of(name)
+    }
+
     fn digest(&self, password: &str) -> [u8; 32] {
         // Any key length is valid for HMAC.
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.inner.cache_key)
@@ -260,7 +265,7 @@ impl Users {
     }
 
     /// The account's cookie salt and user context, for a name an `AuthSession` cookie names.
-    pub(crate) fn session_user(&self, name: &str) -> Option<(&str, UserCtx)> {
+    fn session_user_of(&self, name: &str) -> Option<(&str, UserCtx)> {
         let acct = self
             .inner
             .admins
@@ -290,8 +295,8 @@ impl Users {
         &self,
         headers: &axum::http::HeaderMap,
     ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
-        if let Some(cookie) = session::cookie_value(headers)
-            && let Some(u) = session::verify(self, &cookie, session::now_secs())?
+        if let Some(cookie) = cookie::cookie_value(headers)
+            && let Some(u) = cookie::verify(self, &cookie, cookie::now_secs())?
         {
             return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
         }
@@ -304,6 +309,16 @@ impl Users {
         let caller = self.authenticate(h)?;
         let how = matches!(caller, Caller::User(_)).then_some(AuthMethod::Basic);
         Ok((caller, how))
+    }
+}
+
+impl SessionUsers for Users {
+    fn session(&self) -> &SessionSettings {
+        Users::session(self)
+    }
+
+    fn session_user(&self, name: &str) -> Option<(&str, UserCtx)> {
+        self.session_user_of(name)
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod active_tasks;
 pub mod auth;
+pub mod cookie;
 pub mod error;
 pub mod health;
 pub mod mask;

@@ -1,135 +1,21 @@
 //! Cookie login, CouchDB's `/_session`: `POST` (JSON or form `name`/`password`) answers
-//! `{"ok":true,"name","roles"}` with an `AuthSession` cookie, `GET` describes the caller,
-//! `DELETE` clears the cookie. The cookie is CouchDB's: base64url of `NAME:HEXTIME:MAC`, MAC
-//! the raw HMAC-SHA256 of `NAME:HEXTIME` under the `[chttpd_auth] secret` followed by the
-//! user's password salt (so changing a password ends its sessions); it is valid for
-//! `[chttpd_auth] timeout` seconds from HEXTIME. SHA-1 MACs are accepted too, as CouchDB's
-//! default `hash_algorithms = sha256, sha` does. A request carrying a cookie older than a
+//! `{"ok":true,"name","roles"}` with an `AuthSession` cookie (made in `cookie.rs`), `GET`
+//! describes the caller, `DELETE` clears the cookie. A request carrying a cookie older than a
 //! tenth of its lifetime gets a fresh one, as in CouchDB.
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::header::{CONTENT_TYPE, COOKIE, SET_COOKIE};
+use axum::http::header::{CONTENT_TYPE, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use bytes::Bytes;
-use hmac::{Hmac, Mac as _};
-use rand::RngCore as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sha1::Sha1;
-use sha2::Sha256;
 
 use super::AppState;
 use super::auth::{AuthMethod, Caller, HasUsers, Users};
+use super::cookie::{cookie_value, mint, now_secs, set_cookie, verify_issued};
 use super::error::HttpError;
-use super::password::same_bytes;
-use crate::replicator::rep_doc::UserCtx;
-
-/// Cookie signing settings. `Debug` hides the secret.
-#[derive(Clone)]
-pub struct SessionSettings {
-    /// `[chttpd_auth] secret` (random per start when not configured).
-    pub secret: String,
-    /// `[chttpd_auth] timeout`, seconds.
-    pub timeout_secs: u64,
-}
-
-impl Default for SessionSettings {
-    fn default() -> Self {
-        let mut raw = [0u8; 16];
-        rand::rng().fill_bytes(&mut raw);
-        Self {
-            secret: hex::encode(raw),
-            timeout_secs: 600,
-        }
-    }
-}
-
-impl std::fmt::Debug for SessionSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionSettings")
-            .field("timeout_secs", &self.timeout_secs)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Seconds since the epoch.
-pub fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-fn mac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut m = Hmac::<Sha256>::new_from_slice(key)
-        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-    m.update(data);
-    m.finalize().into_bytes().to_vec()
-}
-
-fn mac_sha1(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut m = Hmac::<Sha1>::new_from_slice(key)
-        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-    m.update(data);
-    m.finalize().into_bytes().to_vec()
-}
-
-fn key(s: &SessionSettings, salt: &str) -> Vec<u8> {
-    let mut k = s.secret.as_bytes().to_vec();
-    k.extend_from_slice(salt.as_bytes());
-    k
-}
-
-/// The cookie value for `name` (whose password salt is `salt`) issued at `now`.
-pub fn mint(s: &SessionSettings, name: &str, salt: &str, now: u64) -> String {
-    let data = format!("{name}:{now:X}");
-    let mut raw = data.clone().into_bytes();
-    raw.push(b':');
-    raw.extend(mac_sha256(&key(s, salt), data.as_bytes()));
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
-}
-
-/// The user a cookie stands for: `None` when it is expired, forged or names an unknown
-/// user (the request is then anonymous, as in CouchDB); 400 when it cannot be decoded.
-pub fn verify(users: &Users, cookie: &str, now: u64) -> Result<Option<UserCtx>, HttpError> {
-    Ok(verify_issued(users, cookie, now)?.map(|(ctx, _)| ctx))
-}
-
-/// [`verify`], with the time the cookie was issued.
-fn verify_issued(
-    users: &Users,
-    cookie: &str,
-    now: u64,
-) -> Result<Option<(UserCtx, u64)>, HttpError> {
-    let malformed =
-        || HttpError::bad_request("Malformed AuthSession cookie. Please clear your cookies.");
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(cookie.trim_end_matches('='))
-        .map_err(|_| malformed())?;
-    let mut parts = raw.splitn(3, |b| *b == b':');
-    let (Some(name), Some(time), Some(mac)) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(malformed());
-    };
-    let name = std::str::from_utf8(name).map_err(|_| malformed())?;
-    let time_str = std::str::from_utf8(time).map_err(|_| malformed())?;
-    let Some((salt, ctx)) = users.session_user(name) else {
-        return Ok(None);
-    };
-    let s = users.session();
-    let Ok(issued) = u64::from_str_radix(time_str, 16) else {
-        return Ok(None);
-    };
-    if now >= issued.saturating_add(s.timeout_secs) {
-        return Ok(None);
-    }
-    let k = key(s, salt);
-    let data = format!("{name}:{time_str}");
-    let ok = same_bytes(&mac_sha256(&k, data.as_bytes()), mac)
-        || same_bytes(&mac_sha1(&k, data.as_bytes()), mac);
-    Ok(ok.then_some((ctx, issued)))
-}
 
 /// A fresh cookie for a request authenticated by a cookie older than a tenth of its
 /// lifetime, as CouchDB sends one, so active sessions do not expire.
@@ -160,34 +46,6 @@ pub async fn refresh_cookie(
         resp.headers_mut().insert(SET_COOKIE, v);
     }
     resp
-}
-
-/// The `AuthSession` value of the request's cookies, if any and not empty.
-pub fn cookie_value(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == "AuthSession")
-        .map(|(_, v)| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
-}
-
-/// A `Set-Cookie` value with CouchDB's attributes (`value` empty clears the session).
-pub fn set_cookie(value: &str, timeout_secs: u64, now: u64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(now + timeout_secs);
-    // httpdate writes `Mon, 23 Nov 2026 11:53:58 GMT`; cookies carry `23-Nov-2026`.
-    let d = httpdate::fmt_http_date(at);
-    let p: Vec<&str> = d.split(' ').collect();
-    let expires = match p.as_slice() {
-        [wd, day, mon, year, time, tz] => format!("{wd} {day}-{mon}-{year} {time} {tz}"),
-        _ => d.clone(),
-    };
-    format!(
-        "AuthSession={value}; Version=1; Expires={expires}; Max-Age={timeout_secs}; Path=/; HttpOnly"
-    )
 }
 
 fn with_cookie(status: StatusCode, cookie: String, body: Value) -> Response {
@@ -304,6 +162,9 @@ pub async fn delete_session(State(state): State<AppState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::cookie::{SessionSettings, verify};
+    use axum::http::header::COOKIE;
+    use base64::Engine as _;
 
     fn users() -> Users {
         let settings = super::super::auth::AuthSettings {

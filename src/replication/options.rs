@@ -240,87 +240,8 @@ impl ReplicationOptions {
     /// the document does not set come from `base`, the node's per-job defaults.
     pub fn from_json_with(m: &Map<String, Value>, base: &ReplicationOptions) -> Result<Self> {
         let d = base;
-        let doc_ids = match m.get("doc_ids") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(a)) => {
-                let mut ids = Vec::with_capacity(a.len());
-                for v in a {
-                    // Percent-escapes are decoded (and `+` read as a space), as CouchDB does.
-                    ids.push(unquote(
-                        v.as_str()
-                            .ok_or_else(|| invalid("`doc_ids` must be strings"))?,
-                    ));
-                }
-                ids.sort();
-                ids.dedup();
-                Some(ids)
-            }
-            Some(_) => return Err(invalid("`doc_ids` must be an array of strings")),
-        };
-        let selector = match m.get("selector") {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => {
-                super::selector::normalize(v).map_err(|e| invalid(e.to_string()))?;
-                Some(v.clone())
-            }
-            Some(_) => return Err(invalid("`selector` must be a JSON object")),
-        };
-        let filter_name = get_str(m, "filter")?.filter(|s| !s.is_empty());
-        let query_params = match m.get("query_params") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(q)) => q.clone(),
-            Some(_) => return Err(invalid("`query_params` must be an object")),
-        };
-        let filter = match (doc_ids, selector, filter_name) {
-            (Some(_), Some(_), _) | (_, Some(_), Some(_)) => {
-                return Err(invalid(
-                    "`selector` cannot be combined with `doc_ids` or `filter`",
-                ));
-            }
-            (Some(_), None, Some(_)) => {
-                return Err(invalid("`doc_ids` cannot be combined with `filter`"));
-            }
-            (Some(ids), None, None) => Filter::DocIds(ids),
-            (None, Some(s), None) => Filter::Selector(s),
-            (None, None, Some(name)) => {
-                if !name.starts_with('_') && !name.contains('/') {
-                    return Err(invalid(
-                        "`filter` must be `ddoc/name` or a built-in `_name`",
-                    ));
-                }
-                Filter::Named {
-                    name: name.to_owned(),
-                    query_params,
-                }
-            }
-            (None, None, None) => Filter::None,
-        };
-        if m.contains_key("proxy")
-            && (m.contains_key("source_proxy") || m.contains_key("target_proxy"))
-        {
-            return Err(invalid(
-                "`proxy` cannot be combined with `source_proxy`/`target_proxy`",
-            ));
-        }
-        let proxy = get_str(m, "proxy")?.map(str::to_owned);
-        let check_proxy = |p: Option<&str>| -> Result<Option<String>> {
-            match p {
-                None | Some("") => Ok(None),
-                Some(p) => {
-                    let scheme = p.split_once("://").map_or("", |(s, _)| s);
-                    if d.proxy_protocols.iter().any(|a| a == scheme) {
-                        Ok(Some(p.to_owned()))
-                    } else {
-                        Err(invalid(format!(
-                            "proxy must be {}",
-                            d.proxy_protocols.join(", ")
-                        )))
-                    }
-                }
-            }
-        };
-        let source_proxy = check_proxy(get_str(m, "source_proxy")?.or(proxy.as_deref()))?;
-        let target_proxy = check_proxy(get_str(m, "target_proxy")?.or(proxy.as_deref()))?;
+        let filter = parse_filter(m)?;
+        let (source_proxy, target_proxy) = parse_proxies(m, &d.proxy_protocols)?;
         let tcp_nodelay = match m.get("socket_options") {
             None | Some(Value::Null) => d.tcp_nodelay,
             Some(so) => socket_nodelay(so)?.unwrap_or(false),
@@ -386,6 +307,93 @@ impl ReplicationOptions {
             auth: d.auth,
         })
     }
+}
+
+/// The one filter of a document: `doc_ids`, a Mango `selector`, a named `filter` with its
+/// `query_params`, or none; combinations are refused as CouchDB refuses them.
+fn parse_filter(m: &Map<String, Value>) -> Result<Filter> {
+    let doc_ids = match m.get("doc_ids") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => {
+            let mut ids = Vec::with_capacity(a.len());
+            for v in a {
+                // Percent-escapes are decoded (and `+` read as a space), as CouchDB does.
+                ids.push(unquote(
+                    v.as_str()
+                        .ok_or_else(|| invalid("`doc_ids` must be strings"))?,
+                ));
+            }
+            ids.sort();
+            ids.dedup();
+            Some(ids)
+        }
+        Some(_) => return Err(invalid("`doc_ids` must be an array of strings")),
+    };
+    let selector = match m.get("selector") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => {
+            super::selector::normalize(v).map_err(|e| invalid(e.to_string()))?;
+            Some(v.clone())
+        }
+        Some(_) => return Err(invalid("`selector` must be a JSON object")),
+    };
+    let filter_name = get_str(m, "filter")?.filter(|s| !s.is_empty());
+    let query_params = match m.get("query_params") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(q)) => q.clone(),
+        Some(_) => return Err(invalid("`query_params` must be an object")),
+    };
+    match (doc_ids, selector, filter_name) {
+        (Some(_), Some(_), _) | (_, Some(_), Some(_)) => Err(invalid(
+            "`selector` cannot be combined with `doc_ids` or `filter`",
+        )),
+        (Some(_), None, Some(_)) => Err(invalid("`doc_ids` cannot be combined with `filter`")),
+        (Some(ids), None, None) => Ok(Filter::DocIds(ids)),
+        (None, Some(s), None) => Ok(Filter::Selector(s)),
+        (None, None, Some(name)) => {
+            if !name.starts_with('_') && !name.contains('/') {
+                return Err(invalid(
+                    "`filter` must be `ddoc/name` or a built-in `_name`",
+                ));
+            }
+            Ok(Filter::Named {
+                name: name.to_owned(),
+                query_params,
+            })
+        }
+        (None, None, None) => Ok(Filter::None),
+    }
+}
+
+/// The source and target proxies (`proxy` for both, or one each), each checked against the
+/// allowed proxy protocols.
+fn parse_proxies(
+    m: &Map<String, Value>,
+    protocols: &[String],
+) -> Result<(Option<String>, Option<String>)> {
+    if m.contains_key("proxy") && (m.contains_key("source_proxy") || m.contains_key("target_proxy"))
+    {
+        return Err(invalid(
+            "`proxy` cannot be combined with `source_proxy`/`target_proxy`",
+        ));
+    }
+    let proxy = get_str(m, "proxy")?.map(str::to_owned);
+    let check_proxy = |p: Option<&str>| -> Result<Option<String>> {
+        match p {
+            None | Some("") => Ok(None),
+            Some(p) => {
+                let scheme = p.split_once("://").map_or("", |(s, _)| s);
+                if protocols.iter().any(|a| a == scheme) {
+                    Ok(Some(p.to_owned()))
+                } else {
+                    Err(invalid(format!("proxy must be {}", protocols.join(", "))))
+                }
+            }
+        }
+    };
+    let source = check_proxy(get_str(m, "source_proxy")?.or(proxy.as_deref()))?;
+    let target = check_proxy(get_str(m, "target_proxy")?.or(proxy.as_deref()))?;
+    Ok((source, target))
 }
 
 #[cfg(test)]

@@ -82,13 +82,23 @@ impl Pouch {
         let docs: Vec<Value> = (0..n)
             .map(|i| json!({"_id": format!("{prefix}{i:05}"), "value": i}))
             .collect();
-        let r = self
-            .http
-            .post(format!("{}/_bulk_docs", self.url(db)))
-            .json(&json!({ "docs": docs }))
-            .send()
-            .await
-            .unwrap();
+        // A pouchdb-server under load sometimes resets a connection; the write is
+        // idempotent (a repeated doc is a conflict), so try again a few times.
+        let mut tries = 0;
+        let r = loop {
+            let sent = self
+                .http
+                .post(format!("{}/_bulk_docs", self.url(db)))
+                .json(&json!({ "docs": docs }))
+                .send()
+                .await;
+            match sent {
+                Ok(r) => break r,
+                Err(e) if tries < 3 && (e.is_connect() || e.is_request()) => tries += 1,
+                Err(e) => panic!("writing docs to {db}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         assert!(r.status().is_success(), "{}", r.status());
     }
 

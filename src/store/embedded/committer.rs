@@ -204,6 +204,53 @@ impl Committer {
         let now = Instant::now();
         self.history.trim(now);
         let version = self.version + 1;
+        let (accepted, batch_writes, wrote) = self.admit(batch, version);
+        if accepted.is_empty() {
+            return;
+        }
+        let mut accepted = accepted;
+        let outcome = if wrote {
+            self.write_batch(version, &mut accepted, &batch_writes)
+                .inspect_err(|e| tracing::error!(error = %e, "embedded store: commit batch failed"))
+        } else {
+            self.read_latest(&mut accepted)
+        };
+        let current = match outcome {
+            Ok(current) => current,
+            Err(e) => {
+                for a in accepted {
+                    let _ = a.request.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        if wrote {
+            self.publish(version, now, batch_writes);
+        }
+        for a in accepted {
+            let Accepted {
+                request,
+                stamp,
+                seen,
+                ..
+            } = a;
+            for (watch, seen) in request.watches.into_iter().zip(seen) {
+                self.watches.add(watch.key, seen, watch.fire);
+            }
+            let _ = request.reply.send(Ok(stamp));
+        }
+        self.watches.settle(current);
+    }
+
+    /// Conflict-checks each request of the batch in order (against commits after its read
+    /// version, and against the writes of requests admitted before it in this batch) and
+    /// stamps the writers. Rejected requests are answered here. Returns the admitted
+    /// requests, the batch's writes, and whether any of them writes.
+    fn admit(
+        &mut self,
+        batch: Vec<CommitRequest>,
+        version: u64,
+    ) -> (Vec<Accepted>, Vec<Written>, bool) {
         let mut batch_writes: Vec<Written> = Vec::new();
         let mut accepted: Vec<Accepted> = Vec::with_capacity(batch.len());
         let mut order: u16 = 0;
@@ -248,57 +295,22 @@ impl Committer {
                 }
             }
         }
-        if accepted.is_empty() {
-            return;
-        }
-        let wrote = order > 0;
-        let current = if wrote {
-            match self.write_batch(version, &mut accepted, &batch_writes) {
-                Ok(current) => current,
-                Err(e) => {
-                    tracing::error!(error = %e, "embedded store: commit batch failed");
-                    for a in accepted {
-                        let _ = a.request.reply.send(Err(e.clone()));
-                    }
-                    return;
-                }
-            }
-        } else {
-            match self.read_latest(&mut accepted) {
-                Ok(current) => current,
-                Err(e) => {
-                    for a in accepted {
-                        let _ = a.request.reply.send(Err(e.clone()));
-                    }
-                    return;
-                }
-            }
-        };
-        if wrote {
-            self.version = version;
-            self.history.push(version, now, batch_writes);
-            if let (Some(db), Some(shared)) = (&self.db, self.shared.upgrade()) {
-                match open_snapshot(db, version) {
-                    Ok(snapshot) => shared.publish(Some(Arc::new(snapshot))),
-                    // Readers keep the previous snapshot: still consistent, since conflicts
-                    // are checked against their (older) read version.
-                    Err(e) => tracing::error!(error = %e, "embedded store: no new snapshot"),
-                }
+        (accepted, batch_writes, order > 0)
+    }
+
+    /// Makes `version` the committed one: its writes join the conflict history and readers
+    /// get a snapshot at it.
+    fn publish(&mut self, version: u64, now: Instant, batch_writes: Vec<Written>) {
+        self.version = version;
+        self.history.push(version, now, batch_writes);
+        if let (Some(db), Some(shared)) = (&self.db, self.shared.upgrade()) {
+            match open_snapshot(db, version) {
+                Ok(snapshot) => shared.publish(Some(Arc::new(snapshot))),
+                // Readers keep the previous snapshot: still consistent, since conflicts
+                // are checked against their (older) read version.
+                Err(e) => tracing::error!(error = %e, "embedded store: no new snapshot"),
             }
         }
-        for a in accepted {
-            let Accepted {
-                request,
-                stamp,
-                seen,
-                ..
-            } = a;
-            for (watch, seen) in request.watches.into_iter().zip(seen) {
-                self.watches.add(watch.key, seen, watch.fire);
-            }
-            let _ = request.reply.send(Ok(stamp));
-        }
-        self.watches.settle(current);
     }
 
     /// Applies the accepted requests in one redb write transaction and makes it durable: by

@@ -176,21 +176,10 @@ impl EmbeddedTx {
                 }
             }
         }
-        if !options.snapshot {
-            let covered = match rows.last() {
-                Some(last) if rows.len() >= limit => {
-                    if options.reverse {
-                        (last.key.clone(), end.to_vec())
-                    } else {
-                        (begin.to_vec(), key_after(&last.key))
-                    }
-                }
-                _ if limit == 0 => (begin.to_vec(), begin.to_vec()),
-                _ => (begin.to_vec(), end.to_vec()),
-            };
-            if covered.0 < covered.1 {
-                state.reads.push(covered);
-            }
+        if !options.snapshot
+            && let Some(covered) = read_conflict_range(begin, end, &rows, limit, options.reverse)
+        {
+            state.reads.push(covered);
         }
         Ok(rows)
     }
@@ -320,4 +309,27 @@ impl Drop for EmbeddedTx {
     fn drop(&mut self) {
         self.uncount();
     }
+}
+
+/// The keys a non-snapshot range read depended on: the whole range, or up to the last row
+/// returned when the limit cut it short (FDB records the same). `None` when empty.
+fn read_conflict_range(
+    begin: &[u8],
+    end: &[u8],
+    rows: &[KeyValue],
+    limit: usize,
+    reverse: bool,
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    let covered = match rows.last() {
+        Some(last) if rows.len() >= limit => {
+            if reverse {
+                (last.key.clone(), end.to_vec())
+            } else {
+                (begin.to_vec(), key_after(&last.key))
+            }
+        }
+        _ if limit == 0 => return None,
+        _ => (begin.to_vec(), end.to_vec()),
+    };
+    (covered.0 < covered.1).then_some(covered)
 }
