@@ -1,4 +1,4 @@
-//! The replicator actor tree: actors, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor.
+//! The replicator actor tree: actors, the shared connection pool, fair share, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor.
 
 mod support;
 
@@ -10,5 +10,7 @@ mod replicator {
     mod lifecycle;
     mod neighbours;
     mod node_types;
+    mod pool;
     mod scale;
+    mod share;
 }

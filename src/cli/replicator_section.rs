@@ -39,6 +39,9 @@ const SCHEDULER: &[&str] = &[
     "node_types",
 ];
 
+/// Fair-share coefficients (fractions, 0..=1); the shares themselves are `[replicator.shares]`.
+const FAIR_SHARE: &[&str] = &["usage_coeff", "priority_coeff"];
+
 /// Per-job defaults: document option names, also CouchDB's `[replicator]` key names.
 const PER_JOB_NUMBERS: &[&str] = &[
     "worker_processes",
@@ -80,14 +83,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("ibrowse_options", "ibrowse is CouchDB's HTTP client"),
     ("valid_ibrowse_options", "ibrowse is CouchDB's HTTP client"),
     (
-        "usage_coeff",
-        "no fair-share scheduling ([replicator.shares])",
-    ),
-    (
-        "priority_coeff",
-        "no fair-share scheduling ([replicator.shares])",
-    ),
-    (
         "update_docs",
         "_replicator documents always get CouchDB's terminal states",
     ),
@@ -113,6 +108,7 @@ pub struct ReplicatorSection {
 /// Every key this section understands (applied or deliberately ignored).
 pub fn is_known(key: &str) -> bool {
     SCHEDULER.contains(&key)
+        || FAIR_SHARE.contains(&key)
         || PER_JOB_NUMBERS.contains(&key)
         || PER_JOB_BOOLS.contains(&key)
         || TLS_AND_PROTOCOLS.contains(&key)
@@ -199,6 +195,27 @@ fn scheduler(cfg: &ConfigFile) -> Result<ReplicatorSettings, String> {
             number(k, v)?
         };
         m.insert(k.clone(), val);
+    }
+    for k in FAIR_SHARE {
+        if let Some(v) = cfg.get("replicator", k) {
+            let x: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("[replicator] {k} must be a number, not `{v}`"))?;
+            m.insert((*k).into(), Value::from(x));
+        }
+    }
+    // `[replicator.shares]`: fair-share weight per `_replicator` database.
+    let mut shares = Map::new();
+    for (db, v) in cfg.section("replicator.shares") {
+        let n: u32 = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("[replicator.shares] {db} must be a number of shares"))?;
+        shares.insert(db.clone(), Value::from(n));
+    }
+    if !shares.is_empty() {
+        m.insert("shares".into(), Value::Object(shares));
     }
     serde_json::from_value(Value::Object(m)).map_err(|e| format!("[replicator]: {e}"))
 }
@@ -305,7 +322,8 @@ mod tests {
              worker_processes = 8\nuse_bulk_get = false\nconnection_timeout = 45000\n\
              socket_options = [{keepalive, true}, {nodelay, true}]\nrequest_timeout = infinity\n\
              auth_plugins = couch_replicator_auth_noop\nvalid_endpoint_protocols = https\n\
-             session_refresh_interval_sec = 60\nusage_coeff = 0.4\n",
+             session_refresh_interval_sec = 60\nusage_coeff = 0.4\nupdate_docs = true\n\
+             [replicator.shares]\nbig/_replicator = 900\n",
         )
         .unwrap();
         let st = &s.settings;
@@ -321,8 +339,10 @@ mod tests {
         assert_eq!(d.endpoint_protocols, vec!["https".to_string()]);
         assert!(!d.auth.session);
         assert_eq!(d.auth.refresh, Duration::from_secs(60));
+        assert_eq!((st.usage_coeff, st.priority_coeff), (0.4, 0.98));
+        assert_eq!(st.shares["big/_replicator"], 900);
         assert!(
-            s.notes.iter().any(|n| n.contains("usage_coeff")),
+            s.notes.iter().any(|n| n.contains("update_docs")),
             "{:?}",
             s.notes
         );

@@ -235,6 +235,8 @@ fn is_used(section: &str, key: &str) -> bool {
     match section {
         "admins" | "users" | "replicator_dbs" => true,
         "replicator" => replicator_section::is_known(key),
+        // Database names: every key is a fair-share weight.
+        "replicator.shares" => true,
         "chttpd" => matches!(key, "port" | "bind_address" | "max_http_request_size"),
         "couchdb" => matches!(key, "uuid" | "node_name"),
         "chttpd_auth" | "couch_httpd_auth" => {

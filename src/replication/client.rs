@@ -18,6 +18,7 @@ use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
 use super::tls::TlsOptions;
+use super::transport::{TransportKey, Transports};
 use crate::telemetry::{NodeMetrics, Series};
 
 /// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
@@ -121,7 +122,7 @@ impl Resp {
 
 /// HTTP access to one endpoint.
 pub struct HttpClient {
-    http: reqwest::Client,
+    http: Arc<reqwest::Client>,
     ep: Endpoint,
     auth: Auth,
     limiter: Arc<dyn RateLimiter>,
@@ -142,45 +143,43 @@ impl Drop for HttpClient {
 }
 
 impl HttpClient {
-    /// Builds the client for an endpoint.
+    /// Builds the client for an endpoint with its own connection pool.
     pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
-        let mut b = reqwest::Client::builder()
-            .gzip(!is_loopback(&ep))
-            .read_timeout(cfg.connection_timeout)
-            .connect_timeout(cfg.connection_timeout)
-            .pool_max_idle_per_host(cfg.http_connections)
-            .tcp_nodelay(cfg.tcp_nodelay)
-            .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
-        #[cfg(feature = "tls")]
-        if ep.parsed_url().scheme() == "https" {
-            let tls = super::tls::connector(&cfg.tls)
-                .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: {e}")))?;
-            b = b.tls_backend_preconfigured(tls);
-        } else if let Some(tls) = shared_tls() {
-            // Only an https proxy uses it.
-            b = b.tls_backend_preconfigured(tls);
-        }
-        b = match &cfg.proxy {
-            Some(p) => b.proxy(
-                reqwest::Proxy::all(p)
-                    .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
-            ),
-            None => b.no_proxy(),
-        };
-        let http = b.build().map_err(|e| {
-            ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
-        })?;
+        let builder = reqwest::Client::builder().pool_max_idle_per_host(cfg.http_connections);
+        let http = Arc::new(build_http(&ep, &cfg, builder)?);
+        Ok(Self::assemble(http, ep, cfg, limiter))
+    }
+
+    /// Builds the client for an endpoint on the shared client of its transport key (see
+    /// [`Transports`]): its sockets are shared with every other client of that key, and
+    /// `http_connections` only bounds this client's own requests in flight.
+    pub fn shared(
+        ep: Endpoint,
+        cfg: ClientConfig,
+        limiter: Arc<dyn RateLimiter>,
+        transports: &Transports,
+    ) -> Result<Self> {
+        let http = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
+        Ok(Self::assemble(http, ep, cfg, limiter))
+    }
+
+    fn assemble(
+        http: Arc<reqwest::Client>,
+        ep: Endpoint,
+        cfg: ClientConfig,
+        limiter: Arc<dyn RateLimiter>,
+    ) -> Self {
         let auth = Auth::with_policy(&ep, cfg.auth);
         let slots = Semaphore::new(cfg.http_connections.max(1));
         cfg.metrics.inc(Series::ConnectionCreates);
-        Ok(Self {
+        Self {
             http,
             ep,
             auth,
             limiter,
             cfg,
             slots,
-        })
+        }
     }
 
     /// The endpoint this client talks to.
@@ -382,6 +381,54 @@ impl HttpClient {
             headers,
             body,
         }))
+    }
+}
+
+/// The reqwest client of an endpoint: everything but the pool sizing, which `b` carries.
+fn build_http(
+    ep: &Endpoint,
+    cfg: &ClientConfig,
+    b: reqwest::ClientBuilder,
+) -> Result<reqwest::Client> {
+    let mut b = b
+        .gzip(!is_loopback(ep))
+        .read_timeout(cfg.connection_timeout)
+        .connect_timeout(cfg.connection_timeout)
+        .tcp_nodelay(cfg.tcp_nodelay)
+        .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
+    #[cfg(feature = "tls")]
+    if ep.parsed_url().scheme() == "https" {
+        let tls = super::tls::connector(&cfg.tls)
+            .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: {e}")))?;
+        b = b.tls_backend_preconfigured(tls);
+    } else if let Some(tls) = shared_tls() {
+        // Only an https proxy uses it.
+        b = b.tls_backend_preconfigured(tls);
+    }
+    b = match &cfg.proxy {
+        Some(p) => b.proxy(
+            reqwest::Proxy::all(p)
+                .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
+        ),
+        None => b.no_proxy(),
+    };
+    b.build().map_err(|e| {
+        ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
+    })
+}
+
+/// Everything [`build_http`] reads: clients with equal keys are interchangeable.
+fn transport_key(ep: &Endpoint, cfg: &ClientConfig) -> TransportKey {
+    let url = ep.parsed_url();
+    TransportKey {
+        scheme: url.scheme().to_owned(),
+        host: url.host_str().unwrap_or("").to_owned(),
+        port: url.port_or_known_default().unwrap_or(0),
+        proxy: cfg.proxy.clone(),
+        connection_timeout: cfg.connection_timeout,
+        tcp_nodelay: cfg.tcp_nodelay,
+        gzip: !is_loopback(ep),
+        tls: cfg.tls.clone(),
     }
 }
 

@@ -23,6 +23,7 @@ pub mod revs_diff;
 pub mod selector;
 pub mod stats;
 pub mod tls;
+pub mod transport;
 pub mod write;
 
 pub use endpoint::Endpoint;

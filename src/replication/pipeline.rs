@@ -27,6 +27,7 @@ use super::rate_limit::{Aimd, RateLimiter};
 use super::rep_id::{RepId, checkpoint_ids, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::{Counters, ReplicationStats, unix_now};
+use super::transport::Transports;
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
 use crate::telemetry::{NodeMetrics, Series};
 
@@ -42,6 +43,9 @@ pub struct Context {
     pub server_uuid: String,
     /// The 429 hook.
     pub limiter: Arc<dyn RateLimiter>,
+    /// Shared per-endpoint clients (a node's connection pool); `None`: each replication
+    /// opens its own connections.
+    pub transports: Option<Arc<Transports>>,
     /// The host's metrics (requests, checkpoints, workers, documents).
     pub metrics: Arc<NodeMetrics>,
 }
@@ -51,6 +55,7 @@ impl Default for Context {
         Self {
             server_uuid: "couch-replicator-standalone".into(),
             limiter: Arc::new(Aimd::new()),
+            transports: None,
             metrics: Arc::default(),
         }
     }
@@ -170,17 +175,16 @@ fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Ar
         tls: o.tls.clone(),
         auth: o.auth,
     };
+    let client = |ep: &Endpoint, cfg: ClientConfig| match &ctx.transports {
+        Some(t) => HttpClient::shared(ep.clone(), cfg, ctx.limiter.clone(), t),
+        None => HttpClient::new(ep.clone(), cfg, ctx.limiter.clone()),
+    };
     // The changes feed holds one source connection: never fewer than 2 (CouchDB's couch_replicator_scheduler_job.erl start-up).
-    let src = HttpClient::new(
-        spec.source.clone(),
+    let src = client(
+        &spec.source,
         cfg(&o.source_proxy, o.http_connections.max(2)),
-        ctx.limiter.clone(),
     )?;
-    let tgt = HttpClient::new(
-        spec.target.clone(),
-        cfg(&o.target_proxy, o.http_connections),
-        ctx.limiter.clone(),
-    )?;
+    let tgt = client(&spec.target, cfg(&o.target_proxy, o.http_connections))?;
     Ok((Arc::new(src), Arc::new(tgt)))
 }
 

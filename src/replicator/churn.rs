@@ -3,8 +3,8 @@
 //! many extra acceptors to start when work is pending.
 //!
 //! A node runs about `max_jobs` jobs, with spikes up to `max_jobs + max_churn`: extra
-//! acceptors start pending jobs, and the next cycle trims the longest-running continuous jobs
-//! back to `max_jobs`. One-shot jobs are never trimmed (they would lose their snapshot
+//! acceptors start pending jobs, and the next cycle trims continuous jobs back to `max_jobs`:
+//! the highest fair-share priority first, then the longest running. One-shot jobs are never trimmed (they would lose their snapshot
 //! semantics), nor jobs younger than `min_run_time`.
 
 use std::time::Duration;
@@ -18,6 +18,8 @@ pub struct RunningJob<Id> {
     pub continuous: bool,
     /// How long it has been running.
     pub ran_for: Duration,
+    /// Its fair-share priority (higher: its database had more than its share).
+    pub priority: u64,
 }
 
 /// Idle acceptors to add so that up to `max_acceptors` wait while there is room below
@@ -32,8 +34,9 @@ pub fn acceptors_to_add(
     max_acceptors.saturating_sub(acceptors).min(room)
 }
 
-/// The jobs to stop this cycle: the longest-running continuous jobs that ran at least
-/// `min_run_time`, at most `workers - max_jobs` of them. Returns the victims; the caller adds
+/// The jobs to stop this cycle: the continuous jobs that ran at least `min_run_time` with the
+/// highest fair-share priority, the longest-running first among equals (CouchDB 3.2+), at most
+/// `workers - max_jobs` of them. Returns the victims; the caller adds
 /// the excess (not the victim count) to its churn, as CouchDB does.
 pub fn trim_victims<Id: Clone>(
     running: &[RunningJob<Id>],
@@ -48,7 +51,7 @@ pub fn trim_victims<Id: Clone>(
         .iter()
         .filter(|j| j.continuous && j.ran_for >= min_run_time)
         .collect();
-    candidates.sort_by_key(|j| std::cmp::Reverse(j.ran_for));
+    candidates.sort_by_key(|j| std::cmp::Reverse((j.priority, j.ran_for)));
     candidates
         .into_iter()
         .take(excess)
@@ -79,6 +82,7 @@ mod tests {
             id,
             continuous,
             ran_for: Duration::from_secs(secs),
+            priority: 0,
         }
     }
 
@@ -107,6 +111,18 @@ mod tests {
         );
         assert_eq!(trim_victims(&running, 4, Duration::from_secs(60)), vec![4]);
         assert!(trim_victims(&running, 5, Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn trim_takes_the_highest_priority_first() {
+        let mut running = vec![job(1, true, 600), job(2, true, 100), job(3, true, 300)];
+        running[1].priority = 50;
+        running[2].priority = 50;
+        assert_eq!(
+            trim_victims(&running, 1, Duration::from_secs(60)),
+            vec![3, 2],
+            "the over-served database first, the longest running among equals"
+        );
     }
 
     #[test]

@@ -1,5 +1,13 @@
-//! connection_pool: the node-wide per-endpoint connection budget (CouchDB's couch_replicator_connection.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's
-//! `couch_replicator_connection`), on top of reqwest's own pool.
+//! connection_pool: the node's shared HTTP clients and per-endpoint connection budget (CouchDB's
+//! `couch_replicator_connection.erl`).
+//!
+//! The pool owns the node's [`Transports`]: one reqwest client per endpoint (scheme, host,
+//! port, proxy and client settings), shared by every job, handed out by [`PoolMsg::Clients`]
+//! (a job asks once at start; requests never wait on this actor). A job's `http_connections`
+//! bounds its own requests in flight on top of the shared client. Idle sockets close after
+//! `connection_close_interval`, and a client no job uses any more is dropped (closing its
+//! sockets) by the sweep once unused that long; a dead job's clients go with it, so its share
+//! of the sockets returns to the others.
 //!
 //! Messages: [`PoolMsg::Acquire`] (an owner actor asks for up to `want` connections to an
 //! endpoint and gets what is left of the budget; when nothing is left it still gets one, as
@@ -12,10 +20,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use ractor::{ActorCell, ActorId, ActorRef, ActorStatus, RpcReplyPort};
 use supervisors::{BoxError, Observable, Server};
 use tokio::time::Instant;
 
+use crate::replication::transport::{TransportUse, Transports};
 use crate::telemetry::Series;
 
 /// How often dead owners and idle endpoints are looked for.
@@ -57,6 +68,8 @@ pub enum PoolMsg {
     },
     /// Release every lease of `owner`.
     Release(ActorId),
+    /// The node's shared HTTP clients.
+    Clients(RpcReplyPort<Arc<Transports>>),
     /// The pool's state.
     Observe(RpcReplyPort<PoolObservation>),
     /// Timer tick.
@@ -73,6 +86,10 @@ pub struct PoolObservation {
     /// The use of every endpoint the pool knows, by [`endpoint_key`] (a forgotten endpoint
     /// is absent).
     pub endpoints: BTreeMap<String, Usage>,
+    /// The shared HTTP clients and how many job clients hold each.
+    pub clients: Vec<TransportUse>,
+    /// Shared clients dropped after being unused for `close_interval`.
+    pub clients_closed: u64,
 }
 
 impl Observable for PoolMsg {
@@ -119,6 +136,8 @@ impl Endpoint {
 /// The pool's state.
 pub struct PoolState {
     endpoints: HashMap<String, Endpoint>,
+    transports: Arc<Transports>,
+    clients_closed: u64,
     timer: tokio::task::JoinHandle<()>,
 }
 
@@ -163,6 +182,8 @@ impl Server for ConnectionPool {
         });
         Ok(PoolState {
             endpoints: HashMap::new(),
+            transports: Arc::new(Transports::new(self.close_interval, self.budget)),
+            clients_closed: 0,
             timer,
         })
     }
@@ -209,6 +230,9 @@ impl Server for ConnectionPool {
                     self.metrics.inc(Series::ConnectionReleases);
                 }
             }
+            PoolMsg::Clients(reply) => {
+                let _ = reply.send(state.transports.clone());
+            }
             PoolMsg::Observe(reply) => {
                 let endpoints = state.endpoints.iter().map(|(key, ep)| {
                     let usage = Usage {
@@ -222,6 +246,8 @@ impl Server for ConnectionPool {
                     budget: self.budget,
                     close_interval: self.close_interval,
                     endpoints: endpoints.collect(),
+                    clients: state.transports.usage(),
+                    clients_closed: state.clients_closed,
                 });
             }
             PoolMsg::Sweep => {
@@ -237,6 +263,7 @@ impl Server for ConnectionPool {
                     tracing::debug!(%owner, "connection owner died; releasing its connections");
                     state.release(owner);
                 }
+                state.clients_closed += state.transports.sweep() as u64;
                 let close = self.close_interval;
                 state
                     .endpoints

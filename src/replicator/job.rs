@@ -31,6 +31,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
 use crate::jobs::{Job, JobsError};
+use crate::replication::transport::Transports;
 use crate::replication::{self, Context, ReplicationError, ReplicationStats};
 
 use super::backoff::{is_healed, jittered, penalty};
@@ -287,6 +288,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let engine = Context {
         server_uuid: ctx.server_uuid().to_owned(),
         limiter: std::sync::Arc::new(limiter) as std::sync::Arc<SharedAimd>,
+        transports: shared_clients(&ctx).await,
         metrics: ctx.metrics().clone(),
     };
     let rep_id = match replication::compute_id(&spec, &engine).await {
@@ -396,6 +398,12 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
 /// `Claim::Owned` is matched before; kept total without panicking.
 fn unreachable_claim() -> Result<(), BoxError> {
     Err("collision claim in an impossible state".into())
+}
+
+/// The node's shared HTTP clients; without a pool (it is restarting) the job opens its own.
+async fn shared_clients(ctx: &NodeCtx) -> Option<std::sync::Arc<Transports>> {
+    let pool = ctx.child::<PoolMsg>(ids::CONNECTION_POOL).get()?;
+    ractor::call!(pool, PoolMsg::Clients).ok()
 }
 
 /// Leases connections for both endpoints; the job uses the smaller grant.

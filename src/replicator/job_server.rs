@@ -10,6 +10,12 @@
 //! Trimmed jobs go back to pending after one interval per `max_churn` waiting jobs (see
 //! `rotation_delay`; CouchDB waits one interval) so that no job starves.
 //!
+//! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
+//! (transient jobs to one group) every tick; trimming stops the highest fair-share priority
+//! first, and a trimmed job's rotation delay is scaled by its priority against the running
+//! jobs' mean ([`delay_factor`]), so jobs of an under-served database become eligible in
+//! couch_jobs' queue sooner and those of an over-served one later.
+//!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
 use std::collections::HashMap;
@@ -29,6 +35,7 @@ use super::job::{JobArgs, JobMsg};
 use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
+use super::share::{FairShare, ShareKey, delay_factor};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
@@ -52,6 +59,8 @@ pub enum JobServerMsg {
         job_id: String,
         /// One-shot jobs are never trimmed.
         continuous: bool,
+        /// Its fair-share group.
+        group: ShareKey,
     },
     /// Acceptor `acceptor` ended without a job.
     AcceptorEnded(u64),
@@ -77,6 +86,8 @@ pub struct JobServerObservation {
     pub churn: usize,
     /// The `max_jobs` setting.
     pub max_jobs: usize,
+    /// Jobs the fair-share tables remember (running, or waiting with a priority left).
+    pub share_jobs: usize,
 }
 
 /// One running job as the job server sees it.
@@ -88,6 +99,10 @@ pub struct RunningJobObservation {
     pub continuous: bool,
     /// Time since its actor was accepted.
     pub running_for: Duration,
+    /// Its fair-share group.
+    pub group: ShareKey,
+    /// Its fair-share priority (higher: stopped first, waits longer).
+    pub priority: u64,
 }
 
 impl Observable for JobServerMsg {
@@ -110,6 +125,7 @@ struct Worker {
     actor: ActorRef<JobMsg>,
     job_id: String,
     continuous: bool,
+    group: ShareKey,
     started: Instant,
 }
 
@@ -120,6 +136,7 @@ pub struct JobServerState {
     workers: HashMap<ActorId, Worker>,
     churn: usize,
     timer: Option<JoinHandle<()>>,
+    share: FairShare<String>,
 }
 
 impl Drop for JobServerState {
@@ -173,9 +190,17 @@ impl JobServer {
     async fn tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
         let s = self.ctx.settings();
         // A job that ended before its Accepted arrived leaves a stale entry.
-        st.workers
-            .retain(|_, w| w.actor.get_status() < ractor::ActorStatus::Stopping);
-        // 1. trim
+        let now = Instant::now();
+        let share = &mut st.share;
+        st.workers.retain(|_, w| {
+            let alive = w.actor.get_status() < ractor::ActorStatus::Stopping;
+            if !alive {
+                share.stopped(&w.job_id, now);
+            }
+            alive
+        });
+        // 1. fair-share accounting, then trim
+        st.share.update(now);
         let running: Vec<RunningJob<ActorId>> = st
             .workers
             .iter()
@@ -183,14 +208,18 @@ impl JobServer {
                 id: *id,
                 continuous: w.continuous,
                 ran_for: w.started.elapsed(),
+                priority: st.share.priority(&w.job_id),
             })
             .collect();
         let victims = trim_victims(&running, s.max_jobs, s.min_run_time());
         if !victims.is_empty() {
             let delay = self.rotation_delay().await;
+            let mean = running.iter().map(|j| j.priority as f64).sum::<f64>()
+                / running.len().max(1) as f64;
             for v in &victims {
                 if let Some(w) = st.workers.get(v) {
-                    let _ = w.actor.send_message(JobMsg::Rotate(delay));
+                    let factor = delay_factor(st.share.priority(&w.job_id), mean);
+                    let _ = w.actor.send_message(JobMsg::Rotate(delay.mul_f64(factor)));
                 }
             }
         }
@@ -294,6 +323,10 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
                     }
                 };
                 let continuous = record.continuous;
+                let group = match &record.origin.db_name {
+                    Some(db) => ShareKey::Db(db.clone()),
+                    None => ShareKey::Transient,
+                };
                 for _ in 0..HANDOFF_ATTEMPTS {
                     let args = JobArgs {
                         ctx: ctx.clone(),
@@ -306,6 +339,7 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
                             actor,
                             job_id: job.id.clone(),
                             continuous,
+                            group: group.clone(),
                         });
                         return;
                     }
@@ -344,6 +378,7 @@ impl Server for JobServer {
             workers: HashMap::new(),
             churn: 0,
             timer: None,
+            share: FairShare::new(self.ctx.settings().share_params()),
         };
         self.refill(&myself, &mut st);
         self.schedule_tick(&myself, &mut st);
@@ -362,15 +397,19 @@ impl Server for JobServer {
                 actor,
                 job_id,
                 continuous,
+                group,
             } => {
                 st.acceptors.remove(&acceptor);
+                let now = Instant::now();
+                st.share.started(job_id.clone(), group.clone(), now);
                 st.workers.insert(
                     actor.get_id(),
                     Worker {
                         actor,
                         job_id,
                         continuous,
-                        started: Instant::now(),
+                        group,
+                        started: now,
                     },
                 );
                 st.churn += 1;
@@ -381,7 +420,9 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::WorkerExited(id) => {
-                st.workers.remove(&id);
+                if let Some(w) = st.workers.remove(&id) {
+                    st.share.stopped(&w.job_id, Instant::now());
+                }
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
@@ -398,6 +439,8 @@ impl Server for JobServer {
                         job_id: w.job_id.clone(),
                         continuous: w.continuous,
                         running_for: w.started.elapsed(),
+                        group: w.group.clone(),
+                        priority: st.share.priority(&w.job_id),
                     })
                     .collect();
                 jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
@@ -406,6 +449,7 @@ impl Server for JobServer {
                     jobs,
                     churn: st.churn,
                     max_jobs: self.ctx.settings().max_jobs,
+                    share_jobs: st.share.len(),
                 });
             }
         }

@@ -25,6 +25,7 @@ pub mod rate_limiter;
 pub mod rep_doc;
 pub mod rep_job;
 pub mod settings;
+pub mod share;
 mod start;
 pub mod tree;
 pub mod validate_ddoc;

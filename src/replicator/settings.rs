@@ -2,10 +2,12 @@
 //! CouchDB 3.x's [replicator] defaults in default.ini), in one place. Deserialised from the config file's `[replicator]` table; every field
 //! has its default so a partial file works.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::share::ShareParams;
 use crate::replication::ReplicationOptions;
 
 /// What a node does (CouchDB 4.x node types): `api_frontend` creates jobs (HTTP API,
@@ -61,6 +63,13 @@ pub struct ReplicatorSettings {
     pub connection_close_interval: u64,
     /// What this node runs.
     pub node_types: Vec<NodeType>,
+    /// Fair-share weight per `_replicator` database (`[replicator.shares]`, 1..=1000, others
+    /// 100).
+    pub shares: BTreeMap<String, u32>,
+    /// How much of a database's fair-share usage survives a cycle (0..=1).
+    pub usage_coeff: f64,
+    /// How much of a job's fair-share priority survives a cycle (0..=1).
+    pub priority_coeff: f64,
     /// Per-job defaults (`worker_processes`, `connection_timeout`, TLS, ...): what a
     /// replication document does not set. Read from the `[replicator]` keys CouchDB uses for
     /// them; not part of this table's own keys.
@@ -89,6 +98,9 @@ impl Default for ReplicatorSettings {
             rate_limiter_max_interval_msec: 25_000,
             connection_close_interval: 90_000,
             node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
+            shares: BTreeMap::new(),
+            usage_coeff: 0.5,
+            priority_coeff: 0.98,
             job_defaults: ReplicationOptions::default(),
         }
     }
@@ -131,6 +143,15 @@ impl ReplicatorSettings {
         Duration::from_millis(self.connection_close_interval)
     }
 
+    /// The fair-share parameters.
+    pub fn share_params(&self) -> ShareParams {
+        ShareParams {
+            shares: self.shares.clone(),
+            usage_coeff: self.usage_coeff,
+            priority_coeff: self.priority_coeff,
+        }
+    }
+
     /// Whether this node has `node_type` in its `node_types`.
     pub fn runs(&self, node_type: NodeType) -> bool {
         self.node_types.contains(&node_type)
@@ -166,6 +187,14 @@ impl ReplicatorSettings {
                 "[replicator] min_backoff_penalty_sec must not exceed max_backoff_penalty_sec"
                     .into(),
             );
+        }
+        for (name, v) in [
+            ("usage_coeff", self.usage_coeff),
+            ("priority_coeff", self.priority_coeff),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("[replicator] {name} must be between 0 and 1"));
+            }
         }
         Ok(())
     }

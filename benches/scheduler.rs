@@ -1,0 +1,165 @@
+//! Scheduler benchmark (issue 14): N continuous replications (`BENCH_JOBS`, default 10,000)
+//! on one node, each of one document (`doc_ids`) from one source database of a real CouchDB
+//! 3.4.3 endpoint into a target database there; half the jobs in `_replicator` database
+//! `a/_replicator` (100 shares), half in `b/_replicator` (900 shares). The same N jobs run
+//! first on our node (in this process, on an embedded store), then on a second CouchDB 3.4.3
+//! whose own scheduler is given the same documents and settings (`max_jobs`, `max_churn`,
+//! `interval`). Each run warms up for two intervals, then for `BENCH_SECS` (default 60) it
+//! samples every 2 s which jobs run and how many TCP connections the scheduler's process holds
+//! to the endpoint, and probes the latency of a document update reaching the target for a
+//! running job. Printed: a table, then the ratios as `RESULT` lines.
+//!
+//! Settings: `BENCH_MAX_JOBS` (default min(500, N/4)), `BENCH_CHURN` (default `max_jobs`),
+//! `BENCH_INTERVAL` seconds (default 5). Needs `COUCHDB_PEER_SCRIPT` (the CouchDB peer script).
+
+#[path = "replication/measure.rs"]
+#[allow(dead_code)]
+mod measure;
+#[path = "scheduler/peers.rs"]
+mod peers;
+#[path = "scheduler/runs.rs"]
+mod runs;
+
+use peers::Couch;
+use runs::{Measured, Plan};
+use serde_json::{Value, json};
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("scheduler bench: cannot start tokio: {e}");
+            std::process::exit(1);
+        }
+    };
+    let outcome = rt.block_on(async {
+        tokio::select! {
+            r = run() => r,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
+        }
+    });
+    if let Err(e) = outcome {
+        eprintln!("scheduler bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let jobs = env_num("BENCH_JOBS", 10_000).max(2);
+    let max_jobs = env_num("BENCH_MAX_JOBS", (jobs / 4).clamp(1, 500));
+    let plan = Plan {
+        jobs,
+        max_jobs,
+        max_churn: env_num("BENCH_CHURN", max_jobs),
+        interval_sec: env_num("BENCH_INTERVAL", 5) as u64,
+        window_sec: env_num("BENCH_SECS", 60) as u64,
+    };
+    eprintln!("plan: {plan:?}");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let endpoint = Couch::start()?;
+    for db in ["src", "tgt_ours", "tgt_couch"] {
+        put(&http, &endpoint.url(db), json!({})).await?;
+    }
+    fill(&http, &endpoint, jobs).await?;
+    eprintln!("endpoint filled with {jobs} documents");
+
+    let ours = runs::ours(&http, &endpoint, &plan).await?;
+    eprintln!("ours: {ours:?}");
+    let scheduler = Couch::start()?;
+    let theirs = runs::couchdb(&http, &endpoint, &scheduler, &plan).await?;
+    eprintln!("couchdb: {theirs:?}");
+    report(&plan, &ours, &theirs);
+    Ok(())
+}
+
+/// Writes documents `d0..d{n}` to the endpoint's `src`.
+async fn fill(http: &reqwest::Client, endpoint: &Couch, n: usize) -> Result<(), String> {
+    for start in (0..n).step_by(1000) {
+        let docs: Vec<Value> = (start..(start + 1000).min(n))
+            .map(|i| json!({"_id": format!("d{i}"), "v": 0}))
+            .collect();
+        let url = endpoint.url("src/_bulk_docs");
+        let r = http
+            .post(url)
+            .json(&json!({ "docs": docs }))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("_bulk_docs: {}", r.status()));
+        }
+    }
+    Ok(())
+}
+
+/// PUT `body` to `url`, accepting 2xx and 412 (exists).
+pub async fn put(http: &reqwest::Client, url: &str, body: Value) -> Result<Value, String> {
+    let r = http
+        .put(url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    if status.is_success() || status.as_u16() == 412 {
+        Ok(v)
+    } else {
+        Err(format!("PUT {status}: {v}"))
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { f64::INFINITY }
+}
+
+fn report(plan: &Plan, ours: &Measured, theirs: &Measured) {
+    println!(
+        "\nscheduler: {} continuous jobs, max_jobs {}, max_churn {}, interval {} s, window {} s",
+        plan.jobs, plan.max_jobs, plan.max_churn, plan.interval_sec, plan.window_sec
+    );
+    println!(
+        "{:<10} {:>8} {:>9} {:>8} {:>12} {:>11} {:>10} {:>9}",
+        "scheduler", "cpu s", "rss MiB", "conns", "fair max/min", "share err", "p99 ms", "probes"
+    );
+    for (name, m) in [("ours", ours), ("couchdb", theirs)] {
+        println!(
+            "{:<10} {:>8.2} {:>9.1} {:>8.1} {:>12.2} {:>11.3} {:>10.0} {:>9}",
+            name, m.cpu_s, m.rss_mb, m.connections, m.fairness, m.share_error, m.p99_ms, m.probes
+        );
+    }
+    println!(
+        "RESULT scheduler_cpu_ours_over_couchdb = {:.3}",
+        ratio(ours.cpu_s, theirs.cpu_s)
+    );
+    println!(
+        "RESULT scheduler_rss_ours_over_couchdb = {:.3}",
+        ratio(ours.rss_mb, theirs.rss_mb)
+    );
+    println!(
+        "RESULT scheduler_connections_ours_over_couchdb = {:.3}",
+        ratio(ours.connections, theirs.connections)
+    );
+    println!(
+        "RESULT scheduler_fairness_max_over_min = {:.3}",
+        ours.fairness
+    );
+    println!("RESULT fair_share_error = {:.3}", ours.share_error);
+    println!(
+        "RESULT change_latency_p99_ours_over_couchdb = {:.3}",
+        ratio(ours.p99_ms, theirs.p99_ms)
+    );
+}

@@ -1,0 +1,123 @@
+//! The connection pool's shared clients, counted in real sockets through a TCP relay in front
+//! of pouchdb-server: jobs against one endpoint reuse one client's connections, idle ones are
+//! closed by the replicator after `connection_close_interval`, and a killed job's sockets and
+//! share of the client go with it.
+
+use std::time::Duration;
+
+use crate::support::replicator::*;
+use crate::support::tcp_count::TcpCounter;
+use crate::support::{deadline, wait_for};
+use couch_replicator::replicator::connection_pool::PoolMsg;
+use couch_replicator::replicator::{NewJob, ReplicatorSettings, WaitFor};
+use supervisors::observe;
+
+/// Short idle close; a long activity timeout so a killed job is not re-run during the test.
+fn pool_settings() -> ReplicatorSettings {
+    ReplicatorSettings {
+        connection_close_interval: 1_000,
+        job_timeout_sec: 120,
+        ..test_settings()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_share_connections_and_idle_ones_close() {
+    deadline(180, "jobs share connections and idle ones close", async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "d", 10).await;
+        let relay = TcpCounter::start(pouch.port).await;
+        let store = Store::open();
+        let n = node(&store.db, "n1", pool_settings()).await;
+        let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
+        const JOBS: usize = 6;
+        for i in 0..JOBS {
+            let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
+                .create_target()
+                .option("http_connections", 2);
+            let id = n.add(job).await.unwrap().job_id;
+            n.wait(&id, WaitFor::Completed, Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        for i in 0..JOBS {
+            pouch
+                .wait_count(&format!("tgt{i}"), 10, Duration::from_secs(10))
+                .await;
+        }
+        // With a client per job, each job would open at least one connection for its source
+        // and one for its target: 2 x JOBS. Shared, later jobs reuse the first ones' sockets.
+        let accepted = relay.accepted();
+        assert!(accepted < JOBS, "{JOBS} jobs opened {accepted} connections");
+        // Idle: the replicator closes the sockets itself (pouchdb-server would only after
+        // 5 s) and the pool drops the unused client.
+        wait_for(30, "idle connections closed", || async {
+            (relay.open() == 0).then_some(())
+        })
+        .await;
+        assert!(relay.closed_by_client() >= 1, "the replicator closed none");
+        let seen = wait_for(30, "the unused client dropped", || async {
+            observe(&pool)
+                .await
+                .filter(|s| s.clients.is_empty() && s.clients_closed >= 1)
+        })
+        .await;
+        assert!(seen.endpoints.values().all(|u| u.owners == 0), "{seen:?}");
+        n.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_job_releases_its_share() {
+    deadline(180, "a killed job releases its share", async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "d", 5).await;
+        let relay = TcpCounter::start(pouch.port).await;
+        let store = Store::open();
+        let n = node(&store.db, "n1", pool_settings()).await;
+        let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
+        let add = |tgt: &str| {
+            NewJob::transient(relay.url("src"), relay.url(tgt))
+                .continuous()
+                .create_target()
+        };
+        let a = n.add(add("tgt_a")).await.unwrap().job_id;
+        let b = n.add(add("tgt_b")).await.unwrap().job_id;
+        pouch.wait_count("tgt_a", 5, Duration::from_secs(60)).await;
+        pouch.wait_count("tgt_b", 5, Duration::from_secs(60)).await;
+        // Two jobs, each a source and a target client, on one shared client.
+        let seen = wait_for(30, "both jobs on the shared client", || async {
+            observe(&pool)
+                .await
+                .filter(|s| s.clients.len() == 1 && s.clients[0].users == 4)
+        })
+        .await;
+        assert_eq!(
+            seen.clients[0].endpoint,
+            format!("http://127.0.0.1:{}", relay.port)
+        );
+        let open_before = relay.open();
+        assert!(open_before >= 2, "two changes feeds: {open_before} sockets");
+        n.job_sup().which_child(&a).unwrap().kill();
+        // Its HTTP clients and its lease go; its changes feed socket is closed by us.
+        wait_for(30, "the killed job's share released", || async {
+            let s = observe(&pool).await?;
+            let owners: usize = s.endpoints.values().map(|u| u.owners).sum();
+            (s.clients.len() == 1 && s.clients[0].users == 2 && owners == 1).then_some(())
+        })
+        .await;
+        wait_for(30, "the killed job's sockets closed", || async {
+            (relay.open() < open_before && relay.closed_by_client() >= 1).then_some(())
+        })
+        .await;
+        // The other job still replicates.
+        pouch.put_docs("src", "e", 3).await;
+        pouch.wait_count("tgt_b", 8, Duration::from_secs(60)).await;
+        n.cancel(&b).await.unwrap();
+        n.shutdown().await;
+    })
+    .await;
+}
