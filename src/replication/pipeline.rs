@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -23,7 +22,7 @@ use super::client::{ClientConfig, HttpClient, Req};
 use super::endpoint::{Endpoint, encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
-use super::options::{Filter, ReplicationOptions, ReplicationSpec};
+use super::options::{Filter, ReplicationSpec};
 use super::rate_limit::{Aimd, RateLimiter};
 use super::rep_id::{RepId, checkpoint_ids, replication_id};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
@@ -298,8 +297,25 @@ async fn run(
     }
     let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
     let (rep_id, checkpoint_ids) = compute_ids_with(&src, &spec, &ctx).await?;
-    let (mut checkpointer, start_point) =
-        find_start(&src, &tgt, &o, [&src_info, &tgt_info], &checkpoint_ids).await?;
+    let mut checkpointer = None;
+    let mut start_point = StartPoint {
+        seq: json!(0),
+        seed: None,
+    };
+    if o.use_checkpoints {
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &checkpoint_ids).await?;
+        cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
+        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
+        checkpointer = Some(cp);
+        start_point = sp;
+    }
+    // `since_seq` overrides the checkpoint's sequence; its history and counters are kept (3.4).
+    if let Some(since) = &o.since_seq {
+        start_point.seq = since.clone();
+        if let Some(cp) = checkpointer.as_mut() {
+            cp.set_start_seq(since.clone());
+        }
+    }
     tracing::info!(rep_id = %rep_id, source = %spec.source, target = %spec.target, since = %start_point.seq, "replication starting");
     let counters = Arc::new(Counters::default());
     if let Some(seed) = &start_point.seed {
@@ -340,8 +356,51 @@ async fn run(
     };
     stats_tx.send_replace(snapshot(&mut base, &shared));
 
-    let (mut tasks, reader_stop_tx) =
-        spawn_tasks(&shared, &o, &counters, &ctx, start_point.seq.clone());
+    // The queue holds two batches per worker so workers never wait on the feed.
+    let (tx, rx) = mpsc::channel::<Batch>(o.worker_processes * 2);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
+    let sh = shared.clone();
+    let on_batch = Arc::new(move |b: &Batch| {
+        lock(&sh.tracker).register(b.index, b.last_seq.clone());
+        let mut seq = lock(&sh.source_seq);
+        match (seq.as_u64(), b.last_seq.as_u64()) {
+            (Some(cur), Some(new)) if new <= cur => {}
+            _ => *seq = b.last_seq.clone(),
+        }
+    });
+    let reader = ChangesReader::new(src.clone(), o.clone(), counters.clone(), on_batch);
+    let mut tasks: JoinSet<Result<()>> = JoinSet::new();
+    let m = ctx.metrics.clone();
+    let reading = reader.run(start_point.seq.clone(), tx, reader_stop_rx);
+    tasks.spawn(
+        async move {
+            tracing::debug!("changes reader started");
+            let r = reading.await;
+            if r.is_err() {
+                m.inc(Series::ChangesReadFailures);
+                m.inc(Series::ChangesReaderDeaths);
+            }
+            r
+        }
+        .in_current_span(),
+    );
+    for _ in 0..o.worker_processes {
+        ctx.metrics.inc(Series::WorkersStarted);
+        let m = ctx.metrics.clone();
+        let working = worker(shared.clone(), rx.clone());
+        tasks.spawn(
+            async move {
+                tracing::debug!("worker started");
+                let r = working.await;
+                if r.is_err() {
+                    m.inc(Series::WorkerDeaths);
+                }
+                r
+            }
+            .in_current_span(),
+        );
+    }
 
     let mut ckpt_timer = tokio::time::interval(o.checkpoint_interval);
     ckpt_timer.reset();
@@ -399,96 +458,6 @@ async fn run(
     Ok(s)
 }
 
-/// Where the replication starts: the checkpoint found on both sides (under the current id or
-/// an older one) and its sequence, unless checkpoints are off; `since_seq` overrides the
-/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4).
-async fn find_start(
-    src: &Arc<HttpClient>,
-    tgt: &Arc<HttpClient>,
-    o: &ReplicationOptions,
-    [src_info, tgt_info]: [&Value; 2],
-    checkpoint_ids: &[String],
-) -> Result<(Option<Checkpointer>, StartPoint)> {
-    let mut checkpointer = None;
-    let mut start_point = StartPoint {
-        seq: json!(0),
-        seed: None,
-    };
-    if o.use_checkpoints {
-        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), checkpoint_ids).await?;
-        cp.expect_instance_start(instance_start_of(src_info), instance_start_of(tgt_info));
-        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
-        checkpointer = Some(cp);
-        start_point = sp;
-    }
-    if let Some(since) = &o.since_seq {
-        start_point.seq = since.clone();
-        if let Some(cp) = checkpointer.as_mut() {
-            cp.set_start_seq(since.clone());
-        }
-    }
-    Ok((checkpointer, start_point))
-}
-
-/// Starts the changes reader (from `since`) and `worker_processes` workers on a queue of two
-/// batches per worker; returns their tasks and the reader's stop switch.
-fn spawn_tasks(
-    shared: &Arc<Shared>,
-    o: &ReplicationOptions,
-    counters: &Arc<Counters>,
-    ctx: &Context,
-    since: Value,
-) -> (JoinSet<Result<()>>, watch::Sender<bool>) {
-    let src = shared.src.clone();
-    // The queue holds two batches per worker so workers never wait on the feed.
-    let (tx, rx) = mpsc::channel::<Batch>(o.worker_processes * 2);
-    let rx = Arc::new(tokio::sync::Mutex::new(rx));
-    let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
-    let sh = shared.clone();
-    let on_batch = Arc::new(move |b: &Batch| {
-        lock(&sh.tracker).register(b.index, b.last_seq.clone());
-        let mut seq = lock(&sh.source_seq);
-        match (seq.as_u64(), b.last_seq.as_u64()) {
-            (Some(cur), Some(new)) if new <= cur => {}
-            _ => *seq = b.last_seq.clone(),
-        }
-    });
-    let reader = ChangesReader::new(src.clone(), o.clone(), counters.clone(), on_batch);
-    let mut tasks: JoinSet<Result<()>> = JoinSet::new();
-    let m = ctx.metrics.clone();
-    let reading = reader.run(since, tx, reader_stop_rx);
-    tasks.spawn(
-        async move {
-            tracing::debug!("changes reader started");
-            let r = reading.await;
-            if r.is_err() {
-                m.inc(Series::ChangesReadFailures);
-                m.inc(Series::ChangesReaderDeaths);
-            }
-            r
-        }
-        .in_current_span(),
-    );
-    for _ in 0..o.worker_processes {
-        ctx.metrics.inc(Series::WorkersStarted);
-        let m = ctx.metrics.clone();
-        let working = worker(shared.clone(), rx.clone());
-        tasks.spawn(
-            async move {
-                tracing::debug!("worker started");
-                let r = working.await;
-                if r.is_err() {
-                    m.inc(Series::WorkerDeaths);
-                }
-                r
-            }
-            .in_current_span(),
-        );
-    }
-
-    (tasks, reader_stop_tx)
-}
-
 async fn checkpoint(
     cp: &mut Checkpointer,
     base: &mut ReplicationStats,
@@ -524,36 +493,6 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
         return Ok(());
     }
     let c = &sh.counters;
-    let wanted = missing_revisions(sh, batch).await?;
-    if wanted.is_empty() {
-        return Ok(());
-    }
-    // Design documents are always fetched and written one by one (CouchDB's couch_replicator_worker.erl).
-    let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
-        .into_iter()
-        .partition(|w| w.id.starts_with("_design/"));
-    let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
-    let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
-        fetch_in_bulk(sh, wanted).await?
-    } else {
-        (Vec::new(), wanted)
-    };
-    refetch.extend(design);
-    let mut read = docs.len() as u64;
-    let mut result = fetch_one_by_one(sh, refetch, &mut docs, &mut read).await?;
-    Counters::add(&c.docs_read, read);
-    result += write_docs(&sh.tgt, &docs).await?;
-    Counters::add(&c.docs_written, result.written);
-    Counters::add(&c.doc_write_failures, result.failures);
-    NodeMetrics::add(&sh.metrics.docs_written, result.written);
-    NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
-    Ok(())
-}
-
-/// The revisions of the batch the target lacks (`_revs_diff`, unless the skipper says the
-/// target lacks nearly everything anyway), counted as checked and found.
-async fn missing_revisions(sh: &Shared, batch: &Batch) -> Result<Vec<Wanted>> {
-    let c = &sh.counters;
     let checked: u64 = batch.changes.iter().map(|ch| ch.revs.len() as u64).sum();
     Counters::add(&c.revisions_checked, checked);
     NodeMetrics::add(&sh.metrics.revisions_checked, checked);
@@ -579,47 +518,42 @@ async fn missing_revisions(sh: &Shared, batch: &Batch) -> Result<Vec<Wanted>> {
         .collect();
     Counters::add(&c.missing_revisions_found, wanted.len() as u64);
     NodeMetrics::add(&sh.metrics.missing_revisions_found, wanted.len() as u64);
-    Ok(wanted)
-}
-
-/// `_bulk_get` for the wanted revisions (then once more with inline attachments for those that
-/// have small ones): the documents ready to write, and the revisions to fetch one by one.
-async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<(Vec<Bytes>, Vec<Wanted>)> {
-    let c = &sh.counters;
-    let n = wanted.len();
-    let mut out = bulk_get(&sh.src, wanted, false).await?;
-    let failed = if out.supported { out.refetch.len() } else { n };
-    lock(&sh.bulk_get).record(n, failed);
-    if out.supported {
-        Counters::add(&c.bulk_get_attempts, n as u64);
-        Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
-    } else {
-        tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
+    if wanted.is_empty() {
+        return Ok(());
     }
-    // Documents with small attachments: one more `_bulk_get` for all of them.
-    if !out.inline.is_empty() {
-        let n = out.inline.len() as u64;
-        let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
-        if again.supported {
-            Counters::add(&c.bulk_get_attempts, n);
-            Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
+    // Design documents are always fetched and written one by one (CouchDB's couch_replicator_worker.erl).
+    let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
+        .into_iter()
+        .partition(|w| w.id.starts_with("_design/"));
+    let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
+    let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
+        let n = wanted.len();
+        let mut out = bulk_get(&sh.src, wanted, false).await?;
+        let failed = if out.supported { out.refetch.len() } else { n };
+        lock(&sh.bulk_get).record(n, failed);
+        if out.supported {
+            Counters::add(&c.bulk_get_attempts, n as u64);
+            Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
+        } else {
+            tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
         }
-        out.docs.extend(again.docs);
-        out.refetch.extend(again.refetch);
-        out.refetch.extend(again.inline);
-    }
-    Ok((out.docs, out.refetch))
-}
-
-/// Fetches the remaining revisions individually (`open_revs`, attachments streamed to the
-/// target where possible), a few at a time. JSON documents join `docs` for one `_bulk_docs`;
-/// design documents and documents with attachments are written here. `read` counts them.
-async fn fetch_one_by_one(
-    sh: &Shared,
-    refetch: Vec<Wanted>,
-    docs: &mut Vec<Bytes>,
-    read: &mut u64,
-) -> Result<WriteResult> {
+        // Documents with small attachments: one more `_bulk_get` for all of them.
+        if !out.inline.is_empty() {
+            let n = out.inline.len() as u64;
+            let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
+            if again.supported {
+                Counters::add(&c.bulk_get_attempts, n);
+                Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
+            }
+            out.docs.extend(again.docs);
+            out.refetch.extend(again.refetch);
+            out.refetch.extend(again.inline);
+        }
+        (out.docs, out.refetch)
+    } else {
+        (Vec::new(), wanted)
+    };
+    refetch.extend(design);
     let mut result = WriteResult::default();
     let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
     let retry_after = sh.spec.options.missing_doc_retry;
@@ -653,10 +587,11 @@ async fn fetch_one_by_one(
             }
         })
         .buffered(INDIVIDUAL_FETCHES);
+    let mut read = docs.len() as u64;
     while let Some(f) = fetched.next().await {
         let (id, got) = f?;
         for doc in got {
-            *read += 1;
+            read += 1;
             match doc {
                 Fetched::Json(b) if id.starts_with("_design/") => {
                     result += put_json(&sh.tgt, &id, &b).await?
@@ -669,7 +604,13 @@ async fn fetch_one_by_one(
             }
         }
     }
-    Ok(result)
+    Counters::add(&c.docs_read, read);
+    result += write_docs(&sh.tgt, &docs).await?;
+    Counters::add(&c.docs_written, result.written);
+    Counters::add(&c.doc_write_failures, result.failures);
+    NodeMetrics::add(&sh.metrics.docs_written, result.written);
+    NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -349,8 +349,10 @@ async fn a_source_deleted_and_recreated_mid_run_is_replicated_from_scratch() {
         // CouchDB ends the `_changes` feeds of a deleted database; pouchdb-server keeps them
         // open on the old database (heartbeats only, never an error, never the new one's
         // changes), so the proxy does what CouchDB would.
-        rig.proxy.cut_streams();
+        // CouchDB ends every feed of the deleted database, also one the reader opened just
+        // before the delete reached the server: keep cutting until the job notices.
         let crashed = wait_for(30, "the job to notice the deleted source", || async {
+            rig.proxy.cut_streams();
             let v = rig.node.get(&id).await.ok()?;
             (v.error_count > 0 || v.state == RepState::Crashing).then_some(v)
         })
