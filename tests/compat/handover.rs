@@ -15,19 +15,6 @@ use serde_json::{Value, json};
 
 const UUID: &str = "5a1c0ffee5a1c0ffee5a1c0ffee5a1c0";
 
-/// A fresh CouchDB creates its cookie secret at the first `_session` login; two first logins
-/// at once (our source and target clients) can race and get a cookie it then rejects. One
-/// login first, as any CouchDB in service has long had its secret.
-async fn warm_up_sessions(peer: &CouchPeer) {
-    let r = reqwest::Client::new()
-        .post(format!("{}/_session", peer.url()))
-        .json(&json!({"name": "admin", "password": "admin"}))
-        .send()
-        .await
-        .expect("POST _session");
-    assert!(r.status().is_success(), "_session: {}", r.status());
-}
-
 struct Node {
     peer: CouchPeer,
     c: Couch,
@@ -38,7 +25,7 @@ impl Node {
     async fn start(test: &str) -> Option<Self> {
         let peer = CouchPeer::start(test, Some(UUID))?;
         let c = Couch::new(&peer.admin_url());
-        warm_up_sessions(&peer).await;
+        peer.warm_up_sessions().await;
         Some(Self {
             peer,
             c,

@@ -70,6 +70,18 @@ impl CouchPeer {
         format!("http://admin:admin@127.0.0.1:{}", self.port)
     }
 
+    /// Logs in once before replicating: a fresh CouchDB creates its cookie secret at the
+    /// first login, and concurrent first logins (source and target clients) can race.
+    pub async fn warm_up_sessions(&self) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/_session", self.url()))
+            .json(&serde_json::json!({"name": "admin", "password": "admin"}))
+            .send()
+            .await
+            .expect("POST _session");
+        assert!(r.status().is_success(), "_session: {}", r.status());
+    }
+
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
