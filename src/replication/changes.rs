@@ -228,7 +228,9 @@ impl ChangesReader {
             let before = since.clone();
             match self.stream_normal(&mut since, &tx, &stop).await {
                 Ok(()) => return Ok(()),
-                Err(e @ ReplicationError::MaxBackoff(_)) => return Err(e),
+                Err(e @ (ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_))) => {
+                    return Err(e);
+                }
                 Err(e) => {
                     if since != before {
                         failures = 0;
@@ -257,6 +259,9 @@ impl ChangesReader {
             .client
             .send_streaming(&self.request("normal", since, None))
             .await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Err(gone(&self.client));
+        }
         if !resp.status().is_success() {
             return Err(ReplicationError::ChangesReqFailed(format!(
                 "{}: _changes answered {}",
@@ -320,7 +325,10 @@ impl ChangesReader {
                     progressed = p;
                 }
                 Err(e) => {
-                    if matches!(e, ReplicationError::MaxBackoff(_)) {
+                    if matches!(
+                        e,
+                        ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_)
+                    ) {
                         return Err(e);
                     }
                     tracing::debug!(error = %e, "changes feed interrupted");
@@ -350,6 +358,9 @@ impl ChangesReader {
             .client
             .send_streaming(&self.request("continuous", since, None))
             .await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Err(gone(&self.client));
+        }
         if !resp.status().is_success() {
             return Err(ReplicationError::ChangesReqFailed(format!(
                 "{}: _changes answered {}",
@@ -416,4 +427,12 @@ impl ChangesReader {
 /// progress.
 fn reconnect_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(250), Duration::from_secs(60))
+}
+
+/// The error for a `_changes` request answered 404: the source database was deleted (CouchDB
+/// ends its feeds too). Retrying the same feed cannot help, so the job ends at once and the
+/// scheduler's crash backoff decides when to try again (a re-created database is then
+/// replicated from scratch).
+fn gone(client: &HttpClient) -> ReplicationError {
+    ReplicationError::DbNotFound(format!("{} (its _changes answered 404)", client.endpoint()))
 }

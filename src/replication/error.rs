@@ -64,7 +64,7 @@ pub enum ReplicationError {
 }
 
 impl ReplicationError {
-    /// The D.7 class of this error.
+    /// The class of this error (transient or permanent).
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::InvalidOptions(_) | Self::InvalidEndpoint(_) => ErrorClass::Permanent,

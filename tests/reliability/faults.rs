@@ -358,7 +358,7 @@ async fn a_source_deleted_and_recreated_mid_run_is_replicated_from_scratch() {
         })
         .await;
         eprintln!("after delete: {:?} {:?}", crashed.state, crashed.state_info);
-        rig.couch.create_db("s").await;
+        recreate_empty(&rig.couch, "s").await;
         rig.couch.bulk_insert("s", &numbered_docs("new", 50)).await;
         rig.pouch
             .wait_count("t", 150, Duration::from_secs(60))
@@ -390,6 +390,25 @@ async fn a_source_deleted_and_recreated_mid_run_is_replicated_from_scratch() {
                 >= 2
         );
         rig.node.shutdown().await;
+    })
+    .await;
+}
+
+/// Creates `db` again after its deletion. pouchdb-server can bring a deleted database back
+/// (empty) when a request for it races with the delete; an empty database is what the test
+/// needs, but one that kept its old documents is deleted again.
+async fn recreate_empty(couch: &Couch, db: &str) {
+    wait_for(30, "an empty re-created source", || async {
+        let s = couch.try_create_db(db).await;
+        if s == 201 || s == 202 {
+            return Some(());
+        }
+        let (_, info) = couch.db_info(db).await;
+        if info["doc_count"] == 0 && info["doc_del_count"].as_u64().unwrap_or(0) == 0 {
+            return Some(());
+        }
+        couch.delete_db(db).await;
+        None
     })
     .await;
 }

@@ -55,6 +55,18 @@ impl Couch {
         assert!(s == 201 || s == 202, "PUT /{db} answered {s}: {v}");
     }
 
+    /// `PUT /db`: the status (201, or 412 when it exists).
+    pub async fn try_create_db(&self, db: &str) -> u16 {
+        self.call(self.http.put(self.url(db)), "create db").await.0
+    }
+
+    /// `DELETE /db`: the status.
+    pub async fn delete_db(&self, db: &str) -> u16 {
+        self.call(self.http.delete(self.url(db)), "delete db")
+            .await
+            .0
+    }
+
     /// `GET /db`: `(status, body)`.
     pub async fn db_info(&self, db: &str) -> (u16, Value) {
         self.call(self.http.get(self.url(db)), "db info").await
