@@ -24,6 +24,7 @@ pub mod selector;
 pub mod stats;
 pub mod tls;
 pub mod transport;
+mod worker;
 pub mod write;
 
 pub use endpoint::Endpoint;

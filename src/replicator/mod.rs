@@ -18,6 +18,7 @@ pub mod handle;
 pub mod job;
 pub mod job_observe;
 pub mod job_record;
+mod job_runner;
 pub mod job_server;
 pub mod job_sup;
 pub mod membership;
