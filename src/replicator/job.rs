@@ -368,7 +368,11 @@ fn launch(
         let _ = me.send_message(JobMsg::Done(Box::new(result)));
     });
     st.runner = Some(Runner::start(spec, engine, on_end));
-    let period = Duration::from_secs(st.ctx.settings().stats_update_interval_sec.max(1));
+    let period = st
+        .ctx
+        .settings()
+        .stats_update_interval
+        .max(Duration::from_secs(1));
     let me = myself.clone();
     st.timer = Some(job_runner::every(period, move || {
         me.send_message(JobMsg::Tick).is_ok()
@@ -421,10 +425,7 @@ fn halt(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxErro
 
 fn heal(st: &mut JobActorState, now: i64) {
     let ran = st.last_start.map_or(0, |s| now - s).max(0) as u64;
-    if is_healed(
-        Duration::from_secs(ran),
-        st.ctx.settings().health_threshold(),
-    ) {
+    if is_healed(Duration::from_secs(ran), st.ctx.settings().health_threshold) {
         st.record.error_count = 0;
         st.record.last_error = None;
     }
@@ -501,7 +502,7 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     if let Some(started) = st.last_start
         && is_healed(
             Duration::from_secs((now - started).max(0) as u64),
-            st.ctx.settings().health_threshold(),
+            st.ctx.settings().health_threshold,
         )
     {
         st.record.error_count = 0;
@@ -519,7 +520,7 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     let errors = st.record.error_count.saturating_add(1);
     let s = st.ctx.settings();
     let wait = jittered(
-        penalty(errors, s.min_backoff_penalty(), s.max_backoff_penalty()),
+        penalty(errors, s.min_backoff_penalty, s.max_backoff_penalty),
         &mut rand::rng(),
     );
     let max_history = s.max_history;
@@ -554,9 +555,7 @@ async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
     r.set_state(RepState::Pending, None, now);
     r.push_history(HistoryKind::Stopped, now, None, max_history);
     r.push_history(HistoryKind::Pending, now, None, max_history);
-    let delay = st
-        .resubmit_delay
-        .unwrap_or_else(|| st.ctx.settings().interval());
+    let delay = st.resubmit_delay.unwrap_or(st.ctx.settings().interval);
     let stime = now + delay.as_secs().max(1) as i64;
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Stopped {

@@ -37,4 +37,4 @@ pub use frontend::{Frontend, ServiceFn, ServiceFuture};
 pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
 pub use job_record::{HistoryKind, JobError, RepJobRecord};
 pub use rep_job::{JobKind, JobView, RepState};
-pub use settings::{NodeType, ReplicatorSettings};
+pub use settings::{NodeType, ReplicatorSettings, SettingsError};

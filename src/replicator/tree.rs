@@ -104,7 +104,7 @@ fn replication_children(
     // 3. Per-endpoint connection budget; owner death releases.
     let pool = ConnectionPool {
         budget: ENDPOINT_BUDGET,
-        close_interval: s.connection_close_interval(),
+        close_interval: s.connection_close_interval,
         metrics: ctx.metrics().clone(),
     };
     sup.child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
@@ -112,7 +112,7 @@ fn replication_children(
         .child(ChildSpec::server(
             ids::RATE_LIMITER,
             RateLimiterServer {
-                max_interval: s.rate_limiter_max_interval(),
+                max_interval: s.rate_limiter_max_interval,
             },
             |_| (),
         ))

@@ -15,8 +15,8 @@ use supervisors::observe;
 /// Short idle close; a long activity timeout so a killed job is not re-run during the test.
 fn pool_settings() -> ReplicatorSettings {
     ReplicatorSettings {
-        connection_close_interval: 1_000,
-        job_timeout_sec: 120,
+        connection_close_interval: Duration::from_secs(1),
+        job_timeout: Duration::from_secs(120),
         ..test_settings()
     }
 }
