@@ -2,21 +2,21 @@
 //! [`AppState`]; each endpoint group has its own file. Every reply is JSON (except the
 //! status page's HTML and the Prometheus text); errors are `{"error", "reason"}`
 //! ([`error::HttpError`]); callers are identified by HTTP Basic ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
-//! passes through [`mask`] so no password leaves the node.
+//! passes through `mask` so no password leaves the node.
 
-pub mod active_tasks;
+pub(crate) mod active_tasks;
 pub mod auth;
-pub mod cookie;
+pub(crate) mod cookie;
 pub mod couch_json;
 pub mod error;
-pub mod health;
-pub mod mask;
+pub(crate) mod health;
+pub(crate) mod mask;
 pub mod node_stats;
 pub mod password;
 pub mod replicate;
-pub mod scheduler;
+pub(crate) mod scheduler;
 pub mod session;
-pub mod status_page;
+pub(crate) mod status_page;
 pub mod steps;
 
 use std::sync::Arc;

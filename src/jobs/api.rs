@@ -138,7 +138,7 @@ impl Jobs {
             .await
     }
 
-    /// Folds `f` over every job of `ty`, one transaction per page of [`FOLD_PAGE_SIZE`].
+    /// Folds `f` over every job of `ty`, one transaction per page of `FOLD_PAGE_SIZE`.
     pub async fn fold_jobs<A, F>(&self, ty: &str, acc: A, f: F) -> JobsResult<A>
     where
         F: FnMut(A, JobInfo) -> A,

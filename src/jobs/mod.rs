@@ -18,17 +18,17 @@ pub mod accept;
 pub mod activity_monitor;
 mod api;
 pub mod clock;
-pub mod config;
+pub(crate) mod config;
 pub mod error;
-pub mod event;
-pub mod fold;
+pub(crate) mod event;
+pub(crate) mod fold;
 pub mod job_data;
-pub mod jobs_sup;
-pub mod keys;
+pub(crate) mod jobs_sup;
+pub(crate) mod keys;
 pub mod lifecycle;
 pub mod notifier;
 pub mod subscription;
-pub mod type_server;
+pub(crate) mod type_server;
 
 use std::sync::Arc;
 

@@ -87,17 +87,6 @@ impl Registry {
             let _ = ractor::call!(server, TypeServerMsg::CheckNow);
         }
     }
-
-    /// Types with running monitors (empty when the background is not running).
-    pub async fn running_types(&self) -> Vec<String> {
-        match self.server() {
-            Some(server) => supervisors::observe(&server)
-                .await
-                .map(|o| o.types)
-                .unwrap_or_default(),
-            None => Vec::new(),
-        }
-    }
 }
 
 /// Messages of the type server.

@@ -242,19 +242,9 @@ impl Checkpointer {
         &self.record
     }
 
-    /// This run's session id.
-    pub fn session_id(&self) -> &str {
-        &self.session_id
-    }
-
     /// Overrides the start sequence recorded in history (`since_seq`).
     pub fn set_start_seq(&mut self, seq: Value) {
         self.start_seq = seq;
-    }
-
-    /// The last sequence written, if any.
-    pub fn last_written(&self) -> Option<&Value> {
-        self.last_written.as_ref()
     }
 
     /// Writes a checkpoint at `through` to both sides. Skipped when nothing changed.

@@ -15,19 +15,19 @@
 //! - [`Action`]: what a command does — [`DisabledAction`] by default, [`ShellAction`] or
 //!   [`SleepAction`] when chosen, or the host's own.
 
-pub mod action;
-pub mod api;
-pub mod config;
+pub(crate) mod action;
+pub(crate) mod api;
+pub(crate) mod config;
 pub mod error;
-pub mod execute;
-pub mod keys;
+pub(crate) mod execute;
+pub(crate) mod keys;
 pub mod model;
 pub mod node;
 pub mod retry;
 pub mod shell;
 pub mod sleep_action;
-pub mod stats;
-pub mod txn;
+pub(crate) mod stats;
+pub(crate) mod txn;
 pub mod worker;
 pub mod worker_actor;
 

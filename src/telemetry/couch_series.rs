@@ -149,7 +149,7 @@ series! {
     WorkersStarted => ["workers_started"], Counter, "number of replicator workers started";
 }
 
-/// One node's values of [`TABLE`].
+/// One node's values of `TABLE`.
 #[derive(Debug)]
 pub struct CouchStats {
     values: Vec<AtomicU64>,

@@ -1,18 +1,18 @@
 //! What operators watch: one node's metrics ([`NodeMetrics`]: CouchDB's `couch_replicator`
 //! series plus our own node-wide counters), their Prometheus text and CouchDB stats-JSON
-//! renderings, bounded per-job aggregates ([`job_gauges`]), a latency histogram, and the
+//! renderings, bounded per-job aggregates (`job_gauges`), a latency histogram, and the
 //! log/span setup ([`logging`]). A leaf module: every layer may report here, it imports none.
 //!
 //! Metrics are per node, not in a process-global recorder, so several nodes in one process
 //! (tests, embedded hosts) each report their own numbers.
 
-pub mod couch_series;
-pub mod exposition;
-pub mod histogram;
-pub mod job_gauges;
+pub(crate) mod couch_series;
+pub(crate) mod exposition;
+pub(crate) mod histogram;
+pub(crate) mod job_gauges;
 pub mod logging;
-pub mod stats_json;
-pub mod store_stats;
+pub(crate) mod stats_json;
+pub(crate) mod store_stats;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -4,9 +4,9 @@
 //! are embedded in the binary; there is no build step. Anonymous callers get a Basic
 //! challenge so a browser asks for the admin's credentials.
 
-pub mod job_cache;
+pub(crate) mod job_cache;
 pub mod model;
-pub mod render;
+pub(crate) mod render;
 
 use axum::Json;
 use axum::extract::{Query, State};
