@@ -22,7 +22,7 @@ use super::keys::Keys;
 use super::lifecycle::{get_row, stamp_running};
 
 /// `RANGE_LIMIT`: how many candidates the random pick chooses among.
-pub const ACCEPT_RANGE_LIMIT: usize = 1024;
+pub(crate) const ACCEPT_RANGE_LIMIT: usize = 1024;
 
 /// Default `max_sched_time`: 2^36 seconds (far future).
 pub const MAX_SCHED_TIME: i64 = 1 << 36;
@@ -59,7 +59,7 @@ impl AcceptOpts {
     }
 
     /// The effective `max_sched_time`, or the `no_schedule` error.
-    pub fn effective_max_sched_time(&self) -> JobsResult<i64> {
+    pub(crate) fn effective_max_sched_time(&self) -> JobsResult<i64> {
         match (self.no_schedule, self.max_sched_time) {
             (true, None | Some(0)) => Ok(0),
             (true, Some(_)) => Err(JobsError::NoScheduleRequiresZeroMaxSchedTime),
@@ -178,7 +178,7 @@ async fn probe_random(
 /// How long an empty accept waits on the pending watch (CouchDB's couch_jobs_fdb/couch_jobs_pending accept): the time until
 /// `max_sched_time` (at least 100 ms; infinite in `no_schedule` mode or when ≥ 2^32-1 ms),
 /// capped by the caller's remaining timeout. `None` = forever.
-pub fn wait_timeout(
+pub(crate) fn wait_timeout(
     no_schedule: bool,
     max_sched_time: i64,
     now_ms: i64,

@@ -30,7 +30,7 @@ use super::keys::Keys;
 use super::lifecycle::{bump_activity_watch, enqueue, get_row, get_type_timeout};
 
 /// Poll interval while the type has no timeout.
-pub const NO_TIMEOUT_POLL: Duration = Duration::from_millis(5000);
+pub(crate) const NO_TIMEOUT_POLL: Duration = Duration::from_millis(5000);
 
 /// Give up a check (and try again next period) after this many shrinking retries.
 const MAX_BATCH_FAILURES: u32 = 30;

@@ -43,7 +43,7 @@ impl RetryableError for JobsError {
 /// `COUCH_JOBS_RETRYABLE` in apache/couchdb `src/couch_jobs/src/couch_jobs.hrl`): every
 /// retryable store error plus a transaction timeout (FDB 1031), after which the activity
 /// monitor and the notifier try again later, with a smaller batch, instead of crashing.
-pub fn background_retryable(e: &StoreError) -> bool {
+pub(crate) fn background_retryable(e: &StoreError) -> bool {
     e.is_retryable() || matches!(e, StoreError::TimedOut)
 }
 

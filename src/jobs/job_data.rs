@@ -139,7 +139,7 @@ impl JobRow {
 }
 
 /// Job data as stored: compact JSON.
-pub fn encode_data(data: &JobData) -> Vec<u8> {
+pub(crate) fn encode_data(data: &JobData) -> Vec<u8> {
     // A map with string keys always serializes; an empty object is the safe fallback.
     serde_json::to_vec(data).unwrap_or_else(|_| b"{}".to_vec())
 }
@@ -150,7 +150,7 @@ pub fn decode_data(bytes: &[u8]) -> JobsResult<JobData> {
 }
 
 /// The ACTIVITY value `(JobId, JobDataJSON)`.
-pub fn encode_activity(id: &str, data: &JobData) -> Vec<u8> {
+pub(crate) fn encode_activity(id: &str, data: &JobData) -> Vec<u8> {
     tuple::pack(&(
         Bytes(Cow::Borrowed(id.as_bytes())),
         Bytes(Cow::Owned(encode_data(data))),
@@ -167,7 +167,7 @@ pub fn decode_activity(bytes: &[u8]) -> JobsResult<(String, JobData)> {
 }
 
 /// A fresh job lock: 32 lowercase hex characters (16 random bytes).
-pub fn new_jlock() -> String {
+pub(crate) fn new_jlock() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 

@@ -28,7 +28,7 @@ pub async fn get_row(
 }
 
 /// Writes a DATA row (versionstamped when its `Seq` is incomplete).
-pub fn write_row(keys: &Keys, tx: &Tx, ty: &str, id: &str, row: &JobRow) {
+pub(crate) fn write_row(keys: &Keys, tx: &Tx, ty: &str, id: &str, row: &JobRow) {
     let (value, stamped) = row.encode();
     if stamped {
         tx.set_versionstamped_value(&keys.data(ty, id), &value);
@@ -38,13 +38,13 @@ pub fn write_row(keys: &Keys, tx: &Tx, ty: &str, id: &str, row: &JobRow) {
 }
 
 /// Wakes acceptors waiting on the type's pending watch (blind atomic add).
-pub fn bump_pending_watch(keys: &Keys, tx: &Tx, ty: &str) {
+pub(crate) fn bump_pending_watch(keys: &Keys, tx: &Tx, ty: &str) {
     tx.atomic_add(&keys.watches_pending(ty), 1);
 }
 
 /// Tells notifiers and activity monitors that the type's activity changed (blind
 /// versionstamped write).
-pub fn bump_activity_watch(keys: &Keys, tx: &Tx, ty: &str) {
+pub(crate) fn bump_activity_watch(keys: &Keys, tx: &Tx, ty: &str) {
     tx.set_versionstamped_value(&keys.watches_activity(ty), &keys.watches_activity_value());
 }
 
@@ -60,7 +60,7 @@ pub fn enqueue(keys: &Keys, tx: &Tx, ty: &str, id: &str, row: &mut JobRow) {
 
 /// Gives a running row a fresh `Seq` and ACTIVITY key (replacing the old one), and bumps the
 /// activity watch.
-pub fn stamp_running(keys: &Keys, tx: &Tx, ty: &str, id: &str, row: &mut JobRow) {
+pub(crate) fn stamp_running(keys: &Keys, tx: &Tx, ty: &str, id: &str, row: &mut JobRow) {
     if let Some(old) = row.running_vs() {
         tx.clear(&keys.activity(ty, old));
     }

@@ -12,7 +12,6 @@ use futures::FutureExt;
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 
-use crate::store::Tx;
 use crate::store::tuple::Versionstamp;
 
 use super::Jobs;
@@ -126,12 +125,6 @@ impl Jobs {
             .db()
             .run(|tx| async move { get_row(self.keys(), &tx, ty, id, false).await })
             .await?;
-        self.register(ty, id, row).await
-    }
-
-    /// [`Jobs::subscribe`] reading the job in the caller's transaction.
-    pub async fn subscribe_tx(&self, tx: &Tx, ty: &str, id: &str) -> JobsResult<Subscribed> {
-        let row = get_row(self.keys(), tx, ty, id, false).await?;
         self.register(ty, id, row).await
     }
 

@@ -40,7 +40,7 @@ enum Mode {
 }
 
 /// Per-endpoint authentication state. `Debug` shows only the mode, never the secrets.
-pub struct Auth {
+pub(crate) struct Auth {
     creds: Option<Credentials>,
     basic: Option<String>,
     root: String,
@@ -64,13 +64,8 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    /// Authentication for an endpoint (no-op when it has no credentials), session first.
-    pub fn new(ep: &Endpoint) -> Self {
-        Self::with_policy(ep, AuthPolicy::default())
-    }
-
     /// Authentication for an endpoint under `policy`.
-    pub fn with_policy(ep: &Endpoint, policy: AuthPolicy) -> Self {
+    pub(crate) fn with_policy(ep: &Endpoint, policy: AuthPolicy) -> Self {
         let basic = ep.credentials.as_ref().map(|c| {
             let raw = format!("{}:{}", c.username, c.password);
             format!(
@@ -111,7 +106,7 @@ impl Auth {
 
     /// Called on 401/403: refresh the cookie unless it was just refreshed. Returns true when
     /// a retry with a new cookie makes sense.
-    pub async fn on_rejected(&self, http: &reqwest::Client) -> bool {
+    pub(crate) async fn on_rejected(&self, http: &reqwest::Client) -> bool {
         let Some(creds) = self.creds.as_ref() else {
             return false;
         };
@@ -160,7 +155,7 @@ mod tests {
     #[test]
     fn debug_shows_no_secret() {
         let ep = Endpoint::parse("http://bob:pa55word@127.0.0.1:5984/db").unwrap();
-        let a = Auth::new(&ep);
+        let a = Auth::with_policy(&ep, AuthPolicy::default());
         let shown = format!("{a:?}");
         assert!(shown.contains("bob"), "{shown}");
         assert!(

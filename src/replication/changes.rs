@@ -67,7 +67,7 @@ pub struct Row {
 }
 
 /// Called for each batch before it is queued (the checkpoint tracker registers it).
-pub type OnBatch = Arc<dyn Fn(&Batch) + Send + Sync>;
+pub(crate) type OnBatch = Arc<dyn Fn(&Batch) + Send + Sync>;
 
 /// Reads the feed and feeds the workers.
 pub struct ChangesReader {
@@ -92,7 +92,7 @@ pub fn parse_feed_line(line: &[u8]) -> Result<Option<Row>> {
 }
 
 /// Encodes a sequence for the `since` query argument: strings raw, others as JSON.
-pub fn seq_arg(seq: &Value) -> String {
+pub(crate) fn seq_arg(seq: &Value) -> String {
     match seq {
         Value::String(s) => encode_query(s),
         other => encode_query(&other.to_string()),

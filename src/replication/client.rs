@@ -200,7 +200,7 @@ impl HttpClient {
 
     /// Sends a request and returns the response once its headers arrived (the body is read
     /// by the caller, e.g. a streamed `_changes` feed). Retries only up to the headers.
-    pub async fn send_streaming(&self, req: &Req) -> Result<reqwest::Response> {
+    pub(crate) async fn send_streaming(&self, req: &Req) -> Result<reqwest::Response> {
         match self.run(req, false).await? {
             Outcome::Stream(r) => Ok(r),
             Outcome::Full(_) => Err(ReplicationError::BadResponse(
@@ -278,7 +278,7 @@ impl HttpClient {
     /// One try. Err(text) = retryable transport failure.
     /// Sends `req` once with a streamed body (which cannot be replayed, hence no retries):
     /// the caller falls back to a buffered, retried path when this fails.
-    pub async fn send_once(&self, req: &Req, body: reqwest::Body) -> Result<Resp> {
+    pub(crate) async fn send_once(&self, req: &Req, body: reqwest::Body) -> Result<Resp> {
         let key: RateKey = (self.ep.url().to_owned(), req.method.as_str().to_owned());
         let pause = self.limiter.interval(&key);
         if !pause.is_zero() {

@@ -204,12 +204,12 @@ impl Endpoint {
 
     /// The URL as CouchDB shows it in `_scheduler/*` and `_active_tasks`: credentials
     /// stripped (not masked) and a trailing slash.
-    pub fn couch_url(&self) -> String {
+    pub(crate) fn couch_url(&self) -> String {
         format!("{}/", self.url.as_str().trim_end_matches('/'))
     }
 
     /// The parsed database URL.
-    pub fn parsed_url(&self) -> &Url {
+    pub(crate) fn parsed_url(&self) -> &Url {
         &self.url
     }
 
@@ -219,14 +219,14 @@ impl Endpoint {
     }
 
     /// The server root (scheme://host:port/), for `_session`.
-    pub fn server_root(&self) -> String {
+    pub(crate) fn server_root(&self) -> String {
         let mut u = self.url.clone();
         u.set_path("/");
         u.to_string()
     }
 
     /// The endpoint as CouchDB's replication ids see it.
-    pub fn id_view(&self) -> &IdEndpoint {
+    pub(crate) fn id_view(&self) -> &IdEndpoint {
         &self.id
     }
 
@@ -252,7 +252,7 @@ impl fmt::Display for Endpoint {
 }
 
 /// Masks the password of a URL-like string that could not be parsed.
-pub fn redact_str(s: &str) -> String {
+pub(crate) fn redact_str(s: &str) -> String {
     match (s.find("://"), s.rfind('@')) {
         (Some(i), Some(j)) if j > i => format!("{}://*****@{}", &s[..i], &s[j + 1..]),
         _ => s.to_owned(),
@@ -275,7 +275,7 @@ fn decode_basic(v: &str) -> Option<Credentials> {
 }
 
 /// Percent-encodes a document id for use as a path segment (`_design/x` keeps its slash).
-pub fn encode_doc_id(id: &str) -> String {
+pub(crate) fn encode_doc_id(id: &str) -> String {
     use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
     const SEG: &AsciiSet = &NON_ALPHANUMERIC
         .remove(b'-')
@@ -292,7 +292,7 @@ pub fn encode_doc_id(id: &str) -> String {
 }
 
 /// Percent-encodes a query parameter value.
-pub fn encode_query(v: &str) -> String {
+pub(crate) fn encode_query(v: &str) -> String {
     use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
     const Q: &AsciiSet = &NON_ALPHANUMERIC
         .remove(b'-')

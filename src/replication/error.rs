@@ -79,7 +79,7 @@ impl ReplicationError {
 
     /// The error that ends a changes reader after its retries: `changes_req_failed` with the
     /// last failure's text, without repeating the tag when that failure already was one.
-    pub fn into_changes_failure(self) -> Self {
+    pub(crate) fn into_changes_failure(self) -> Self {
         match self {
             e @ Self::ChangesReqFailed(_) => e,
             other => Self::ChangesReqFailed(other.to_string()),
@@ -88,7 +88,7 @@ impl ReplicationError {
 
     /// Whether the replication could not get going (endpoints unusable, options or filter
     /// invalid) rather than failing while running: counted as a failed start.
-    pub fn is_start_failure(&self) -> bool {
+    pub(crate) fn is_start_failure(&self) -> bool {
         matches!(
             self,
             Self::InvalidOptions(_)

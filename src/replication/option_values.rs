@@ -54,7 +54,7 @@ pub fn ranged(k: &str, v: &Value) -> Result<u64> {
 }
 
 /// `infinity` (as CouchDB writes it) or a number within the option's range.
-pub fn infinity_or(v: &Value, k: &str) -> Result<Option<u64>> {
+pub(crate) fn infinity_or(v: &Value, k: &str) -> Result<Option<u64>> {
     match v {
         Value::String(s) if s.trim() == "infinity" => Ok(None),
         v => ranged(k, v).map(Some),
@@ -64,7 +64,7 @@ pub fn infinity_or(v: &Value, k: &str) -> Result<Option<u64>> {
 /// `nodelay` from `socket_options`: CouchDB's Erlang-term string
 /// (`[{keepalive, true}, {nodelay, false}]`, options outside its valid list dropped, as
 /// CouchDB does) or our JSON object form (unknown keys refused). `None` when not set.
-pub fn socket_nodelay(v: &Value) -> Result<Option<bool>> {
+pub(crate) fn socket_nodelay(v: &Value) -> Result<Option<bool>> {
     const VALID: [&str; 6] = [
         "buffer",
         "keepalive",

@@ -13,11 +13,11 @@ use super::etf::{Term, term_to_binary};
 use super::options::{Filter, ReplicationSpec};
 
 /// The id version CouchDB 3.4 writes (`replication_id_version` in checkpoints).
-pub const REP_ID_VERSION: u32 = 4;
+pub(crate) const REP_ID_VERSION: u32 = 4;
 
 /// The port CouchDB 3.4's version-2 ids use when its node-local HTTP server is off (the
 /// default): the `[httpd] port` setting, 5986 in its default configuration.
-pub const V2_HTTPD_PORT: i128 = 5986;
+pub(crate) const V2_HTTPD_PORT: i128 = 5986;
 
 /// A replication id: the base (used for `_local/<base>` checkpoints) and the extension.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +128,7 @@ fn old_endpoint(ep: &Endpoint) -> Term {
 
 /// A filter function's code as CouchDB hashes it: its `^ *(.*?) *$` rewrite, which trims
 /// spaces (not other white space) only when no line break is left inside.
-pub fn trim_filter_code(code: &str) -> String {
+pub(crate) fn trim_filter_code(code: &str) -> String {
     let (body, tail) = match code.strip_suffix('\n') {
         Some(b) => (b, "\n"),
         None => (code, ""),

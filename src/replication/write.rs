@@ -120,7 +120,7 @@ pub fn bulk_docs<'a>(
 }
 
 /// Builds a `multipart/related` body: the JSON part then each attachment part.
-pub fn related_body(
+pub(crate) fn related_body(
     json: &Bytes,
     parts: &[(Vec<(String, String)>, Bytes)],
     boundary: &str,
@@ -145,7 +145,7 @@ pub fn related_body(
 /// Streams one `multipart/related` document (`ctype` carries its boundary) into
 /// `PUT {id}?new_edits=false`, once: a transport failure is an error for the caller to
 /// retry on its buffered path.
-pub async fn put_related_stream(
+pub(crate) async fn put_related_stream(
     target: &HttpClient,
     id: &str,
     ctype: &str,

@@ -11,17 +11,17 @@
 use std::collections::HashMap;
 
 /// The additive step and the floor of a non-empty interval.
-pub const BASE_INTERVAL_MS: u64 = 20;
+pub(crate) const BASE_INTERVAL_MS: u64 = 20;
 /// Multiplicative increase on a 429.
-pub const BACKOFF_FACTOR: f64 = 1.2;
+pub(crate) const BACKOFF_FACTOR: f64 = 1.2;
 /// The ceiling; a request that would wait this long fails the job with `max_backoff`.
 pub const MAX_INTERVAL_MS: u64 = 25_000;
 /// Idle time after which the interval decays before the success step.
-pub const TIME_DECAY_THRESHOLD_MS: u64 = 1_000;
+pub(crate) const TIME_DECAY_THRESHOLD_MS: u64 = 1_000;
 /// Milliseconds of interval removed per idle millisecond.
-pub const TIME_DECAY_FACTOR: u64 = 2;
+pub(crate) const TIME_DECAY_FACTOR: u64 = 2;
 /// Updates closer than this to the previous one are ignored.
-pub const SENSITIVITY_WINDOW_MS: u64 = 80;
+pub(crate) const SENSITIVITY_WINDOW_MS: u64 = 80;
 
 /// What a rate is kept for: the database URL without credentials, and the HTTP method.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -69,7 +69,7 @@ impl AimdTable {
     /// was not updated for `stale_after_ms` (what the periodic cleanup would do at its next
     /// run): a job restarting after a `max_backoff` crash must not meet the ceiling it left
     /// behind just because the cleanup has not run yet.
-    pub fn interval_at(&mut self, key: &RateKey, now_ms: u64, stale_after_ms: u64) -> u64 {
+    pub(crate) fn interval_at(&mut self, key: &RateKey, now_ms: u64, stale_after_ms: u64) -> u64 {
         match self.entries.get(key) {
             Some(e) if now_ms.saturating_sub(e.updated_ms) > stale_after_ms => {
                 self.entries.remove(key);

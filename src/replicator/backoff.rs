@@ -11,10 +11,6 @@ use rand::Rng;
 
 use crate::replication::ReplicationOptions;
 
-/// CouchDB's `min_backoff_penalty_sec` default.
-pub const MIN_BACKOFF_PENALTY: Duration = Duration::from_secs(32);
-/// CouchDB's `max_backoff_penalty_sec` default (2 days).
-pub const MAX_BACKOFF_PENALTY: Duration = Duration::from_secs(172_800);
 /// Hard bounds CouchDB clamps the settings to.
 const PENALTY_FLOOR: Duration = Duration::from_secs(2);
 const PENALTY_CEILING: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -84,6 +80,11 @@ mod tests {
     }
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+
+    /// CouchDB's `min_backoff_penalty_sec` default.
+    const MIN_BACKOFF_PENALTY: Duration = Duration::from_secs(32);
+    /// CouchDB's `max_backoff_penalty_sec` default (2 days).
+    const MAX_BACKOFF_PENALTY: Duration = Duration::from_secs(172_800);
 
     #[test]
     fn penalty_doubles_from_the_minimum_and_caps_at_the_maximum() {

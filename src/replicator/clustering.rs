@@ -66,13 +66,11 @@ impl Observable for ClusterMsg {
 
 /// The clustering server.
 #[derive(Debug, Clone)]
-pub struct Clustering {
+pub(crate) struct Clustering {
     /// The node context.
     pub ctx: NodeCtx,
     /// Heartbeat period.
     pub heartbeat: Duration,
-    /// A node whose heartbeat is older than this is dead.
-    pub dead_after: Duration,
     /// `cluster_quiet_period`.
     pub quiet_period: Duration,
     /// `cluster_start_period`.
@@ -84,13 +82,12 @@ pub struct Clustering {
 impl Clustering {
     /// Timings from the node's settings: heartbeat a sixth of the couch_jobs activity
     /// timeout (≥ 1 s), dead after one activity timeout.
-    pub fn from_ctx(ctx: NodeCtx) -> Self {
+    pub(crate) fn from_ctx(ctx: NodeCtx) -> Self {
         let s = ctx.settings();
         let timeout = s.job_timeout;
         let membership = Membership::new(ctx.jobs().clone(), ctx.prefix(), ctx.node(), timeout);
         Self {
             heartbeat: (timeout / 6).max(Duration::from_secs(1)),
-            dead_after: timeout,
             quiet_period: s.cluster_quiet_period,
             start_period: s.cluster_start_period,
             membership,
@@ -100,7 +97,7 @@ impl Clustering {
 }
 
 /// The clustering actor's state.
-pub struct ClusterState {
+pub(crate) struct ClusterState {
     members: Vec<String>,
     generation: u64,
     stable: bool,

@@ -87,7 +87,12 @@ pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> Job
 }
 
 /// Clears the mapping of `rep_id` if it points to `job_id`.
-pub async fn release_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> JobsResult<()> {
+pub(crate) async fn release_tx(
+    ctx: &NodeCtx,
+    tx: &Tx,
+    rep_id: &str,
+    job_id: &str,
+) -> JobsResult<()> {
     let k = key(ctx, rep_id);
     if owner_tx(tx, &k).await?.as_deref() == Some(job_id) {
         tx.clear(&k);

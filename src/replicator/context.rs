@@ -17,21 +17,21 @@ use super::settings::ReplicatorSettings;
 /// Child ids of the tree, in start order.
 pub mod ids {
     /// The event bus.
-    pub const EVENT_BUS: &str = "event_bus";
+    pub(crate) const EVENT_BUS: &str = "event_bus";
     /// Node membership.
-    pub const CLUSTERING: &str = "clustering";
+    pub(crate) const CLUSTERING: &str = "clustering";
     /// Per-endpoint connection budget.
-    pub const CONNECTION_POOL: &str = "connection_pool";
+    pub(crate) const CONNECTION_POOL: &str = "connection_pool";
     /// AIMD 429 limiter.
-    pub const RATE_LIMITER: &str = "rate_limiter";
+    pub(crate) const RATE_LIMITER: &str = "rate_limiter";
     /// Acceptors and running jobs.
-    pub const JOB_SERVER: &str = "job_server";
+    pub(crate) const JOB_SERVER: &str = "job_server";
     /// The dynamic supervisor of job actors.
-    pub const JOB_SUP: &str = "job_sup";
+    pub(crate) const JOB_SUP: &str = "job_sup";
 }
 
 /// Sub-space tag of the collision index (CouchDB 4.x's couch_replicator_jobs.erl: `(LayerPrefix, 54, RepId)`).
-pub const REP_IDS: i64 = 54;
+pub(crate) const REP_IDS: i64 = 54;
 /// Sub-space tag of node membership (our own; CouchDB 4.x had none).
 pub const NODES: i64 = 55;
 

@@ -27,7 +27,7 @@ pub type ServiceFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>
 pub type ServiceFn = Arc<dyn Fn(Arc<Replicator>) -> ServiceFuture + Send + Sync>;
 
 /// Child id of the doc_processor.
-pub const DOC_PROCESSOR: &str = "doc_processor";
+pub(crate) const DOC_PROCESSOR: &str = "doc_processor";
 /// Child id of the HTTP API.
 pub const HTTP: &str = "http";
 
@@ -79,7 +79,7 @@ pub(crate) struct FrontendService {
 /// The service's task. Dropping it aborts the service, so that a killed actor (which runs
 /// no `terminate`) does not leave its listener or followers behind for the restart to
 /// collide with.
-pub struct ServiceTask(Option<JoinHandle<()>>);
+pub(crate) struct ServiceTask(Option<JoinHandle<()>>);
 
 impl Drop for ServiceTask {
     fn drop(&mut self) {

@@ -253,7 +253,7 @@ impl Replicator {
     }
 
     /// The job that owns replication id `rep_id` (full id), if any.
-    pub async fn rep_id_owner(&self, rep_id: &str) -> ReplicatorResult<Option<String>> {
+    pub(crate) async fn rep_id_owner(&self, rep_id: &str) -> ReplicatorResult<Option<String>> {
         Ok(collision::owner(&self.ctx, rep_id).await?)
     }
 

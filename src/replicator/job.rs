@@ -101,7 +101,7 @@ pub struct JobArgs {
 
 /// The job server (stateless; everything is in [`JobActorState`]).
 #[derive(Debug, Clone, Default)]
-pub struct JobActor;
+pub(crate) struct JobActor;
 
 /// One job actor's state.
 pub struct JobActorState {

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::jobs::{JobData, JobState, JobsError};
+use crate::jobs::{JobData, JobsError};
 use crate::replication::{ReplicationError, ReplicationStats};
 
 /// A replicator job state.
@@ -54,22 +54,13 @@ impl RepState {
         })
     }
 
-    /// The couch_jobs state a job in this replicator state is in.
-    pub fn jobs_state(self) -> JobState {
-        match self {
-            RepState::Pending | RepState::Crashing => JobState::Pending,
-            RepState::Running => JobState::Running,
-            RepState::Completed | RepState::Failed => JobState::Finished,
-        }
-    }
-
     /// Completed or failed.
-    pub fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         matches!(self, RepState::Completed | RepState::Failed)
     }
 
     /// Pending or running: the job holds its replication id against duplicates.
-    pub fn is_active(self) -> bool {
+    pub(crate) fn is_active(self) -> bool {
         matches!(self, RepState::Pending | RepState::Running)
     }
 }
@@ -191,7 +182,7 @@ impl JobError {
     }
 
     /// An error that a transient job retries (CouchDB fails other transient errors at once).
-    pub fn transient_job_retries(&self) -> bool {
+    pub(crate) fn transient_job_retries(&self) -> bool {
         matches!(self, JobError::DuplicateJob { .. }) || self.tag() == "max_backoff"
     }
 }
@@ -275,7 +266,7 @@ impl RepJobRecord {
     }
 
     /// The job data couch_jobs stores.
-    pub fn to_data(&self) -> JobData {
+    pub(crate) fn to_data(&self) -> JobData {
         match serde_json::to_value(self) {
             Ok(Value::Object(m)) => m,
             // A struct of plain fields always serializes to an object.
@@ -289,7 +280,7 @@ impl RepJobRecord {
     }
 
     /// Prepends a history event (newest first), keeping at most `max_history` events.
-    pub fn push_history(
+    pub(crate) fn push_history(
         &mut self,
         kind: HistoryKind,
         now: i64,
@@ -308,7 +299,7 @@ impl RepJobRecord {
     }
 
     /// Sets the state, its reason and `last_updated`.
-    pub fn set_state(&mut self, state: RepState, info: Option<JobError>, now: i64) {
+    pub(crate) fn set_state(&mut self, state: RepState, info: Option<JobError>, now: i64) {
         self.state = state;
         self.state_info = info;
         self.last_updated = now;

@@ -66,7 +66,7 @@ impl Membership {
     }
 
     /// The key whose value changes whenever the membership does (watched by the actor).
-    pub fn version_key(&self) -> Vec<u8> {
+    pub(crate) fn version_key(&self) -> Vec<u8> {
         self.key(&(NODES, "version"))
     }
 
@@ -76,7 +76,7 @@ impl Membership {
     }
 
     /// The members at snapshot isolation: reading them never conflicts with heartbeats.
-    pub async fn members_tx(&self, tx: &Tx) -> Result<Vec<(String, i64)>, JobsError> {
+    pub(crate) async fn members_tx(&self, tx: &Tx) -> Result<Vec<(String, i64)>, JobsError> {
         let (b, e) = self.members_range();
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut out = Vec::with_capacity(rows.len());

@@ -26,7 +26,7 @@ use crate::replication::rate_limit::RateKey as EngineKey;
 use super::aimd::{AimdTable, MAX_INTERVAL_MS, RateKey};
 
 /// Cleanup period: twice the maximum interval (CouchDB: 50 s).
-pub const CLEANUP_PERIOD: Duration = Duration::from_millis(2 * MAX_INTERVAL_MS);
+pub(crate) const CLEANUP_PERIOD: Duration = Duration::from_millis(2 * MAX_INTERVAL_MS);
 /// Offset so no update ever happens at "time 0" (the table treats 0 as "never updated").
 const EPOCH_OFFSET_MS: u64 = 1_000_000;
 
@@ -51,7 +51,7 @@ impl Default for SharedAimd {
 impl SharedAimd {
     /// An empty table whose requests fail with `max_backoff` once they would wait `max`
     /// (capped at CouchDB's 25 s, which the table never exceeds).
-    pub fn with_max_interval(max: Duration) -> Self {
+    pub(crate) fn with_max_interval(max: Duration) -> Self {
         Self {
             max_interval: max.min(Duration::from_millis(MAX_INTERVAL_MS)),
             ..Self::default()

@@ -51,7 +51,7 @@ impl DocState {
     }
 
     /// True for `completed` and `failed`, which the processor never schedules again.
-    pub fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         matches!(self, Self::Completed | Self::Failed)
     }
 }
@@ -67,7 +67,7 @@ pub struct UserCtx {
 
 impl UserCtx {
     /// True when the user is a server admin.
-    pub fn is_admin(&self) -> bool {
+    pub(crate) fn is_admin(&self) -> bool {
         self.roles.iter().any(|r| r == "_admin")
     }
 

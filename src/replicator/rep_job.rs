@@ -74,7 +74,7 @@ const NOT_REP_FIELDS: [&str; 4] = ["_id", "_rev", "cancel", "owner"];
 
 /// The replication part of a document or request body: what decides whether an edited
 /// document still asks for the same replication.
-pub fn rep_fields(rep: &Map<String, Value>) -> Map<String, Value> {
+pub(crate) fn rep_fields(rep: &Map<String, Value>) -> Map<String, Value> {
     let mut rep = rep.clone();
     rep.retain(|k, _| !NOT_REP_FIELDS.contains(&k.as_str()) && !k.starts_with("_replication"));
     rep
@@ -120,7 +120,7 @@ pub fn parse_rep(rep: &Value, defaults: &ReplicationOptions) -> ReplicatorResult
 }
 
 /// ISO 8601 (UTC, seconds) of a UNIX time.
-pub fn iso8601(secs: i64) -> String {
+pub(crate) fn iso8601(secs: i64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs.max(0) as u64);
     humantime::format_rfc3339_seconds(t).to_string()
 }
@@ -175,13 +175,13 @@ pub struct JobView {
 }
 
 /// The node whose job actor last stamped the job (`None` before a first run).
-pub fn running_node(d: &JobData) -> Option<&str> {
+pub(crate) fn running_node(d: &JobData) -> Option<&str> {
     d.get("node").and_then(Value::as_str)
 }
 
 impl JobView {
     /// Builds the view from a job's id and record.
-    pub fn from_record(job_id: &str, r: &RepJobRecord) -> Self {
+    pub(crate) fn from_record(job_id: &str, r: &RepJobRecord) -> Self {
         JobView {
             job_id: job_id.to_owned(),
             rep_id: r.rep_id.clone(),
@@ -268,13 +268,5 @@ mod tests {
         assert_eq!(v.owner.as_deref(), Some("bob"));
         assert!(!r.rep.contains_key("owner"));
         assert_eq!(v.history[0].kind, HistoryKind::Added);
-        assert_eq!(
-            RepState::Crashing.jobs_state(),
-            crate::jobs::JobState::Pending
-        );
-        assert_eq!(
-            RepState::Failed.jobs_state(),
-            crate::jobs::JobState::Finished
-        );
     }
 }

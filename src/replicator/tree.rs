@@ -28,7 +28,7 @@ use super::settings::{NodeType, ReplicatorSettings};
 const MAX_RESTARTS: u32 = 10;
 const PERIOD: Duration = Duration::from_secs(1);
 /// Connections per endpoint across all jobs of the node.
-pub const ENDPOINT_BUDGET: usize = 1000;
+pub(crate) const ENDPOINT_BUDGET: usize = 1000;
 
 /// A started tree: its supervisor, the context its actors share, and its job_sup.
 pub struct StartedTree {
