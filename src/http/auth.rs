@@ -55,7 +55,7 @@ impl std::fmt::Debug for AuthSettings {
 
 /// How a request was authenticated (`info.authenticated` of `GET /_session`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AuthMethod {
+pub(crate) enum AuthMethod {
     /// An `AuthSession` cookie from `POST /_session` (`"cookie"`).
     Cookie,
     /// HTTP Basic (`"default"`).
@@ -291,7 +291,7 @@ impl Users {
 
     /// Authenticates a request as CouchDB does: a valid `AuthSession` cookie first, then
     /// Basic credentials; neither is anonymous. A cookie that cannot be decoded is 400.
-    pub fn authenticate_headers(
+    pub(crate) fn authenticate_headers(
         &self,
         headers: &axum::http::HeaderMap,
     ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
@@ -390,7 +390,7 @@ impl Caller {
     }
 
     /// True for a server admin.
-    pub fn is_admin(&self) -> bool {
+    pub(crate) fn is_admin(&self) -> bool {
         matches!(self, Caller::User(u) if u.is_admin())
     }
 
@@ -404,7 +404,7 @@ impl Caller {
 }
 
 /// Gives handlers access to the node's users.
-pub trait HasUsers {
+pub(crate) trait HasUsers {
     /// The configured users.
     fn users(&self) -> &Users;
 }

@@ -35,7 +35,7 @@ impl HttpError {
     }
 
     /// The same error; a 401 also asks for Basic credentials (`WWW-Authenticate`).
-    pub fn with_basic_challenge(mut self) -> Self {
+    pub(crate) fn with_basic_challenge(mut self) -> Self {
         self.basic_challenge = self.status == StatusCode::UNAUTHORIZED;
         self
     }
@@ -124,7 +124,7 @@ impl From<&crate::replicator::JobError> for HttpError {
 }
 
 /// Result alias of the handlers.
-pub type HttpResult<T> = Result<T, HttpError>;
+pub(crate) type HttpResult<T> = Result<T, HttpError>;
 
 impl From<crate::replicator::ReplicatorError> for HttpError {
     fn from(e: crate::replicator::ReplicatorError) -> Self {

@@ -100,7 +100,7 @@ impl AppState {
     }
 
     /// The job listing the status page's viewers share.
-    pub fn status_jobs(&self) -> &status_page::job_cache::JobCache {
+    pub(crate) fn status_jobs(&self) -> &status_page::job_cache::JobCache {
         &self.inner.status_jobs
     }
 
@@ -168,7 +168,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
 }
 
 /// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.
-pub fn admin_check(users: Users) -> self::steps::AdminCheck {
+pub(crate) fn admin_check(users: Users) -> self::steps::AdminCheck {
     Arc::new(move |headers: &axum::http::HeaderMap| {
         let (caller, _) = users.authenticate_headers(headers)?;
         caller.require_admin().map(|_| ())

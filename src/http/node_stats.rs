@@ -162,7 +162,7 @@ pub async fn stats(
 }
 
 /// `GET /_node/{node}/_stats/{path}` (`couch_replicator`, `couch_replicator/jobs`, ...).
-pub async fn stats_path(
+pub(crate) async fn stats_path(
     State(st): State<AppState>,
     caller: Caller,
     Path((node, path)): Path<(String, String)>,

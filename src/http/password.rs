@@ -233,8 +233,9 @@ impl StoredPassword {
         }
     }
 
-    /// CouchDB's stored form (what its `local.ini` would hold).
-    pub fn to_couchdb(&self) -> String {
+    /// CouchDB's stored form (what its `local.ini` would hold); tests check `parse` against it.
+    #[cfg(test)]
+    fn to_couchdb(&self) -> String {
         match self {
             Self::Pbkdf2 {
                 prf,
@@ -255,7 +256,7 @@ impl StoredPassword {
 }
 
 /// Byte strings compared in time independent of where they differ.
-pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
     for i in 0..a.len().max(b.len()) {
         let x = a.get(i).copied().unwrap_or(0);

@@ -26,7 +26,7 @@ use crate::replicator::{JobError, JobKind, JobView, NewJob, RepState, Replicator
 use std::time::Duration;
 
 /// Reads a JSON object body, turning size and syntax problems into 413 / 400.
-pub fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> HttpResult<Value> {
+pub(crate) fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> HttpResult<Value> {
     let bytes = body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             HttpError::too_large(limit)

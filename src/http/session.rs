@@ -32,7 +32,7 @@ pub fn refreshed(users: &Users, headers: &HeaderMap, now: u64) -> Option<String>
 }
 
 /// Middleware adding [`refreshed`] cookies to responses that set none themselves.
-pub async fn refresh_cookie(
+pub(crate) async fn refresh_cookie(
     State(state): State<AppState>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
@@ -95,7 +95,7 @@ fn login_form(headers: &HeaderMap, body: &[u8]) -> Result<LoginForm, HttpError> 
 }
 
 /// `POST /_session`.
-pub async fn post_session(
+pub(crate) async fn post_session(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
@@ -124,12 +124,12 @@ pub async fn post_session(
 
 /// `?basic=true` asks for a 401 when anonymous, as CouchDB does.
 #[derive(Deserialize)]
-pub struct SessionQuery {
+pub(crate) struct SessionQuery {
     basic: Option<String>,
 }
 
 /// `GET /_session`.
-pub async fn get_session(
+pub(crate) async fn get_session(
     State(state): State<AppState>,
     Query(q): Query<SessionQuery>,
     headers: HeaderMap,
@@ -150,7 +150,7 @@ pub async fn get_session(
 }
 
 /// `DELETE /_session`.
-pub async fn delete_session(State(state): State<AppState>) -> Response {
+pub(crate) async fn delete_session(State(state): State<AppState>) -> Response {
     let s = state.users().session();
     with_cookie(
         StatusCode::OK,

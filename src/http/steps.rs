@@ -25,7 +25,7 @@ use super::error::HttpError;
 use crate::steps::{JobSpec, ListOptions, Steps, StepsError, StepsState};
 
 /// Most jobs one `GET /_steps` returns.
-pub const MAX_LIST_LIMIT: usize = 1000;
+pub(crate) const MAX_LIST_LIMIT: usize = 1000;
 
 impl From<StepsError> for HttpError {
     fn from(e: StepsError) -> Self {

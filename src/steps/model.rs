@@ -15,20 +15,20 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::error::SpecError;
 
 /// The target that any node may run.
-pub const ANY: &str = "any";
+pub(crate) const ANY: &str = "any";
 /// Longest node name accepted.
-pub const MAX_NODE_NAME: usize = 64;
+pub(crate) const MAX_NODE_NAME: usize = 64;
 /// Most steps in one job.
-pub const MAX_STEPS: usize = 1000;
+pub(crate) const MAX_STEPS: usize = 1000;
 /// Longest command accepted (bytes).
-pub const MAX_COMMAND_LEN: usize = 64 * 1024;
+pub(crate) const MAX_COMMAND_LEN: usize = 64 * 1024;
 /// Most retries of one step.
-pub const MAX_RETRIES: u32 = 1000;
+pub(crate) const MAX_RETRIES: u32 = 1000;
 /// Longest retry sleep accepted (seconds): one day.
-pub const MAX_SLEEP_SECS: f64 = 86_400.0;
+pub(crate) const MAX_SLEEP_SECS: f64 = 86_400.0;
 
 /// Checks a node name: 1-64 ASCII letters, digits, `-`, `_`, `.`; never `any` (any case).
-pub fn validate_node_name(name: &str) -> Result<(), &'static str> {
+pub(crate) fn validate_node_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         return Err("must not be empty");
     }

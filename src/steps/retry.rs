@@ -23,16 +23,16 @@ pub fn retry_delay(strategy: &RetryStrategy, n: u32) -> Duration {
     Duration::try_from_secs_f64(secs.min(MAX_SLEEP_SECS)).unwrap_or(Duration::ZERO)
 }
 
-/// Every sleep of a strategy, in order (one per retry).
-pub fn retry_schedule(strategy: &RetryStrategy) -> Vec<Duration> {
-    (0..strategy.max_retries)
-        .map(|n| retry_delay(strategy, n))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every sleep of a strategy, in order (one per retry).
+    fn retry_schedule(strategy: &RetryStrategy) -> Vec<Duration> {
+        (0..strategy.max_retries)
+            .map(|n| retry_delay(strategy, n))
+            .collect()
+    }
 
     fn s(sleep: f64, factor: f64, max: Option<f64>, retries: u32) -> RetryStrategy {
         RetryStrategy {

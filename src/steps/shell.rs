@@ -38,18 +38,6 @@ impl ShellAction {
         }
     }
 
-    /// Replaces the environment variables passed through (default: `PATH` only).
-    pub fn keep_env(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.keep_env = names.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// Sets how many bytes of stdout and of stderr are kept.
-    pub fn output_limit(mut self, limit: usize) -> Self {
-        self.output_limit = limit;
-        self
-    }
-
     async fn run_shell(&self, command: &str) -> Result<ActionOutcome, ActionError> {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
@@ -193,7 +181,10 @@ mod tests {
             std::env::set_var("STEPS_TEST_KEEP", "kept");
             std::env::set_var("STEPS_TEST_SECRET", "leaked");
         }
-        let a = ShellAction::new(Duration::from_secs(10)).keep_env(["STEPS_TEST_KEEP"]);
+        let a = ShellAction {
+            keep_env: vec!["STEPS_TEST_KEEP".into()],
+            ..ShellAction::new(Duration::from_secs(10))
+        };
         let out = tokio::time::timeout(
             Duration::from_secs(10),
             a.run(
@@ -209,7 +200,10 @@ mod tests {
 
     #[tokio::test]
     async fn output_is_limited_and_timeout_kills_the_group() {
-        let a = ShellAction::new(Duration::from_millis(300)).output_limit(10);
+        let a = ShellAction {
+            output_limit: 10,
+            ..ShellAction::new(Duration::from_millis(300))
+        };
         let out = tokio::time::timeout(
             Duration::from_secs(10),
             a.run("yes | head -c 100000; exit 0", &ctx()),

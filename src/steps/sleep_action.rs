@@ -14,7 +14,7 @@ use super::model::MAX_SLEEP_SECS;
 pub struct SleepAction;
 
 /// Parses `sleep <secs>` (seconds may be fractional, 0..=86400).
-pub fn parse_sleep(command: &str) -> Result<Duration, ActionError> {
+pub(crate) fn parse_sleep(command: &str) -> Result<Duration, ActionError> {
     let unsupported = || {
         ActionError::Unsupported(format!(
             "sleep action expects `sleep <seconds>`, got {command:?}"

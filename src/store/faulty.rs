@@ -115,7 +115,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in counting order.
-    pub const ALL: [FaultKind; 10] = [
+    pub(crate) const ALL: [FaultKind; 10] = [
         FaultKind::Conflict,
         FaultKind::UnknownApplied,
         FaultKind::UnknownNotApplied,

@@ -32,7 +32,7 @@ use super::fdb_errors::classify;
 use super::{CommitStamp, KeyValue, RangeOptions, Store, StoreError, Transaction, Watch};
 
 /// Maps an FDB error onto the contract's errors with FDB's own predicates.
-pub fn map_error(e: FdbError) -> StoreError {
+pub(crate) fn map_error(e: FdbError) -> StoreError {
     classify(
         e.code(),
         e.message(),

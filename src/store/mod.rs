@@ -248,7 +248,10 @@ pub fn split_versionstamp_operand(operand: &[u8]) -> Result<(&[u8], usize), Stor
 }
 
 /// Fills a validated versionstamp operand with `stamp`.
-pub fn fill_versionstamp(operand: &[u8], stamp: &CommitStamp) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn fill_versionstamp(
+    operand: &[u8],
+    stamp: &CommitStamp,
+) -> Result<Vec<u8>, StoreError> {
     let (bytes, offset) = split_versionstamp_operand(operand)?;
     let mut out = bytes.to_vec();
     out[offset..offset + 10].copy_from_slice(stamp);
@@ -256,7 +259,7 @@ pub fn fill_versionstamp(operand: &[u8], stamp: &CommitStamp) -> Result<Vec<u8>,
 }
 
 /// Builds a [`CommitStamp`] from a commit version and the order within its batch.
-pub fn commit_stamp(version: u64, order: u16) -> CommitStamp {
+pub(crate) fn commit_stamp(version: u64, order: u16) -> CommitStamp {
     let mut stamp = [0u8; 10];
     stamp[..8].copy_from_slice(&version.to_be_bytes());
     stamp[8..].copy_from_slice(&order.to_be_bytes());

@@ -169,11 +169,6 @@ impl EmbeddedStore {
             Err(_) => Ok(()),
         }
     }
-
-    /// The current committed version (for tests and diagnostics).
-    pub fn committed_version(&self) -> Result<u64, StoreError> {
-        Ok(self.shared.snapshot()?.version)
-    }
 }
 
 pub(crate) fn read_version(
