@@ -37,12 +37,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut config = ReplicatorConfig::new(db.clone());
         config.node = format!("node{i}@127.0.0.1");
         config.server_uuid = "example-cluster".into();
-        config.settings.startup_jitter = 200;
-        config.settings.job_timeout_sec = 10;
-        config.settings.interval_sec = 2;
+        config.settings.startup_jitter = Duration::from_millis(200);
+        config.settings.job_timeout = Duration::from_secs(10);
+        config.settings.interval = Duration::from_secs(2);
         // Notice dead nodes' jobs within seconds rather than minutes.
-        config.jobs.config.type_check_period_msec = 500;
-        config.jobs.config.activity_monitor_max_jitter_msec = 500;
+        config.jobs.config.type_check_period = Duration::from_millis(500);
+        config.jobs.config.activity_monitor_max_jitter = Duration::from_millis(500);
         let replicator = Arc::new(Replicator::start(config).await?);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("node{i}: http://{}", listener.local_addr()?);

@@ -30,8 +30,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile_dir()?;
     let store = EmbeddedStore::open(dir.join("jobs.redb"))?;
     let mut config = ReplicatorConfig::new(Db::new(Arc::new(store)));
-    config.settings.startup_jitter = 100;
-    config.settings.stats_update_interval_sec = 1;
+    config.settings.startup_jitter = Duration::from_millis(100);
+    config.settings.stats_update_interval = Duration::from_secs(1);
     let node = Replicator::start(config).await?;
     let mut events = node.subscribe().ok_or("the event bus is not running")?;
 

@@ -98,8 +98,8 @@ async fn our_node(
     let mut settings = ReplicatorSettings {
         max_jobs: plan.max_jobs,
         max_churn: plan.max_churn,
-        interval_sec: plan.interval_sec,
-        min_run_time_sec: plan.interval_sec,
+        interval: Duration::from_secs(plan.interval_sec),
+        min_run_time: Duration::from_secs(plan.interval_sec),
         shares: share_params().shares,
         ..ReplicatorSettings::default()
     };

@@ -6,6 +6,7 @@
 //! what was not applied.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
@@ -13,31 +14,75 @@ use couch_replicator::replication::ReplicationOptions;
 use couch_replicator::replication::auth::AuthPolicy;
 use couch_replicator::replication::option_values::ranged;
 use couch_replicator::replication::tls::TlsOptions;
-use couch_replicator::replicator::ReplicatorSettings;
+use couch_replicator::replicator::{NodeType, ReplicatorSettings};
 
 use super::config_file::ConfigFile;
 
-/// Scheduler keys, by their name in this table (our 4.x-style names).
-const SCHEDULER: &[&str] = &[
-    "max_jobs",
-    "interval_sec",
-    "max_churn",
-    "max_acceptors",
-    "min_run_time_sec",
-    "transient_job_max_age_sec",
-    "startup_jitter",
-    "health_threshold_sec",
-    "min_backoff_penalty_sec",
-    "max_backoff_penalty_sec",
-    "max_history",
-    "stats_update_interval_sec",
-    "job_timeout_sec",
-    "cluster_quiet_period",
-    "cluster_start_period",
-    "rate_limiter_max_interval_msec",
-    "connection_close_interval",
-    "node_types",
+/// How a scheduler key's whole number becomes its setting.
+type Setter = fn(&mut ReplicatorSettings, u64);
+
+/// Scheduler keys (CouchDB 4.x's names; their unit is in the name or CouchDB's): the
+/// `[replicator]` key, the [`ReplicatorSettings`] field it fills (to name the key in range
+/// errors), and how. `node_types` is a list, read apart.
+const SCHEDULER: &[(&str, &str, Setter)] = &[
+    ("max_jobs", "max_jobs", |s, v| s.max_jobs = v as usize),
+    ("interval_sec", "interval", |s, v| s.interval = secs(v)),
+    ("max_churn", "max_churn", |s, v| s.max_churn = v as usize),
+    ("max_acceptors", "max_acceptors", |s, v| {
+        s.max_acceptors = v as usize
+    }),
+    ("min_run_time_sec", "min_run_time", |s, v| {
+        s.min_run_time = secs(v)
+    }),
+    (
+        "transient_job_max_age_sec",
+        "transient_job_max_age",
+        |s, v| s.transient_job_max_age = secs(v),
+    ),
+    ("startup_jitter", "startup_jitter", |s, v| {
+        s.startup_jitter = Duration::from_millis(v)
+    }),
+    ("health_threshold_sec", "health_threshold", |s, v| {
+        s.health_threshold = secs(v)
+    }),
+    ("min_backoff_penalty_sec", "min_backoff_penalty", |s, v| {
+        s.min_backoff_penalty = secs(v)
+    }),
+    ("max_backoff_penalty_sec", "max_backoff_penalty", |s, v| {
+        s.max_backoff_penalty = secs(v)
+    }),
+    ("max_history", "max_history", |s, v| {
+        s.max_history = v as usize
+    }),
+    (
+        "stats_update_interval_sec",
+        "stats_update_interval",
+        |s, v| s.stats_update_interval = secs(v),
+    ),
+    ("job_timeout_sec", "job_timeout", |s, v| {
+        s.job_timeout = secs(v)
+    }),
+    ("cluster_quiet_period", "cluster_quiet_period", |s, v| {
+        s.cluster_quiet_period = secs(v)
+    }),
+    ("cluster_start_period", "cluster_start_period", |s, v| {
+        s.cluster_start_period = secs(v)
+    }),
+    (
+        "rate_limiter_max_interval_msec",
+        "rate_limiter_max_interval",
+        |s, v| s.rate_limiter_max_interval = Duration::from_millis(v),
+    ),
+    (
+        "connection_close_interval",
+        "connection_close_interval",
+        |s, v| s.connection_close_interval = Duration::from_millis(v),
+    ),
 ];
+
+fn secs(v: u64) -> Duration {
+    Duration::from_secs(v)
+}
 
 /// Fair-share coefficients (fractions, 0..=1); the shares themselves are `[replicator.shares]`.
 const FAIR_SHARE: &[&str] = &["usage_coeff", "priority_coeff"];
@@ -107,7 +152,8 @@ pub struct ReplicatorSection {
 
 /// Every key this section understands (applied or deliberately ignored).
 pub fn is_known(key: &str) -> bool {
-    SCHEDULER.contains(&key)
+    SCHEDULER.iter().any(|(k, _, _)| *k == key)
+        || key == "node_types"
         || FAIR_SHARE.contains(&key)
         || PER_JOB_NUMBERS.contains(&key)
         || PER_JOB_BOOLS.contains(&key)
@@ -154,47 +200,39 @@ pub fn read(cfg: &ConfigFile) -> Result<ReplicatorSection, String> {
     }
     defaults.auth = auth_policy(cfg, &mut notes)?;
     settings.job_defaults = defaults;
-    settings.validate()?;
+    settings.validate().map_err(|e| {
+        // Named as the operator wrote it: the `[replicator]` key, not the field.
+        let key = SCHEDULER
+            .iter()
+            .find(|(_, field, _)| *field == e.setting)
+            .map_or(e.setting, |(k, _, _)| k);
+        format!("[replicator] {key} {}", e.rule)
+    })?;
     Ok(ReplicatorSection { settings, notes })
 }
 
-/// The scheduler keys, CouchDB 3.x names mapped onto ours: `interval` (milliseconds) and
-/// `health_threshold` (seconds); our `interval_sec` / `health_threshold_sec` win when both
-/// are set.
+/// The scheduler keys, CouchDB 3.x names mapped onto ours: `interval` (milliseconds, rounded
+/// up to whole seconds) and `health_threshold` (seconds); our `interval_sec` /
+/// `health_threshold_sec` win when both are set.
 fn scheduler(cfg: &ConfigFile) -> Result<ReplicatorSettings, String> {
-    let mut m = Map::new();
+    let mut settings = ReplicatorSettings::default();
     let number = |k: &str, v: &str| {
         v.trim()
             .parse::<u64>()
-            .map(Value::from)
             .map_err(|_| format!("[replicator] {k} must be a whole number, not `{v}`"))
     };
     if let Some(v) = cfg.get("replicator", "interval") {
-        let ms = number("interval", v)?.as_u64().unwrap_or(0);
-        m.insert("interval_sec".into(), Value::from(ms.div_ceil(1000)));
+        settings.interval = secs(number("interval", v)?.div_ceil(1000));
     }
     if let Some(v) = cfg.get("replicator", "health_threshold") {
-        m.insert(
-            "health_threshold_sec".into(),
-            number("health_threshold", v)?,
-        );
+        settings.health_threshold = secs(number("health_threshold", v)?);
     }
     for (k, v) in cfg.section("replicator") {
-        if !SCHEDULER.contains(&k.as_str()) {
-            continue;
+        if k == "node_types" {
+            settings.node_types = node_types(v)?;
+        } else if let Some((_, _, set)) = SCHEDULER.iter().find(|(key, _, _)| key == k) {
+            set(&mut settings, number(k, v)?);
         }
-        let val = if k == "node_types" {
-            Value::Array(
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| Value::String(s.to_owned()))
-                    .collect(),
-            )
-        } else {
-            number(k, v)?
-        };
-        m.insert(k.clone(), val);
     }
     for k in FAIR_SHARE {
         if let Some(v) = cfg.get("replicator", k) {
@@ -202,22 +240,36 @@ fn scheduler(cfg: &ConfigFile) -> Result<ReplicatorSettings, String> {
                 .trim()
                 .parse()
                 .map_err(|_| format!("[replicator] {k} must be a number, not `{v}`"))?;
-            m.insert((*k).into(), Value::from(x));
+            match *k {
+                "usage_coeff" => settings.usage_coeff = x,
+                _ => settings.priority_coeff = x,
+            }
         }
     }
     // `[replicator.shares]`: fair-share weight per `_replicator` database.
-    let mut shares = Map::new();
     for (db, v) in cfg.section("replicator.shares") {
         let n: u32 = v
             .trim()
             .parse()
             .map_err(|_| format!("[replicator.shares] {db} must be a number of shares"))?;
-        shares.insert(db.clone(), Value::from(n));
+        settings.shares.insert(db.clone(), n);
     }
-    if !shares.is_empty() {
-        m.insert("shares".into(), Value::Object(shares));
-    }
-    serde_json::from_value(Value::Object(m)).map_err(|e| format!("[replicator]: {e}"))
+    Ok(settings)
+}
+
+/// `node_types`: a comma-separated list of `api_frontend` and `replication`.
+fn node_types(v: &str) -> Result<Vec<NodeType>, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "api_frontend" => Ok(NodeType::ApiFrontend),
+            "replication" => Ok(NodeType::Replication),
+            other => Err(format!(
+                "[replicator] node_types: unknown node type `{other}` (api_frontend, replication)"
+            )),
+        })
+        .collect()
 }
 
 fn tls(cfg: &ConfigFile, notes: &mut Vec<String>) -> Result<TlsOptions, String> {
@@ -286,7 +338,7 @@ fn auth_policy(cfg: &ConfigFile, notes: &mut Vec<String>) -> Result<AuthPolicy, 
     if let Some(v) = cfg.get("replicator", "session_refresh_interval_sec") {
         let secs = ranged("session_refresh_interval_sec", &Value::String(v.to_owned()))
             .map_err(|e| format!("[replicator] {e}"))?;
-        p.refresh = std::time::Duration::from_secs(secs);
+        p.refresh = Duration::from_secs(secs);
     }
     Ok(p)
 }
@@ -309,7 +361,6 @@ fn protocols(key: &str, v: &str) -> Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn section(text: &str) -> Result<ReplicatorSection, String> {
         read(&ConfigFile::parse(text).unwrap())
@@ -328,8 +379,8 @@ mod tests {
         .unwrap();
         let st = &s.settings;
         assert_eq!(
-            (st.interval_sec, st.max_churn, st.health_threshold_sec),
-            (60, 20, 90)
+            (st.interval, st.max_churn, st.health_threshold),
+            (Duration::from_secs(60), 20, Duration::from_secs(90))
         );
         let d = &st.job_defaults;
         assert_eq!(d.worker_processes, 8);
@@ -349,6 +400,40 @@ mod tests {
     }
 
     #[test]
+    fn scheduler_keys_keep_couchdbs_units() {
+        let mut cfg = ConfigFile::parse(
+            "[replicator]\ninterval = 1500\nstartup_jitter = 250\n\
+             rate_limiter_max_interval_msec = 300\nconnection_close_interval = 1500\n\
+             job_timeout_sec = 30\nmin_run_time_sec = 7\ncluster_quiet_period = 3\n\
+             transient_job_max_age_sec = 600\nnode_types = replication\n",
+        )
+        .unwrap();
+        let st = read(&cfg).unwrap().settings;
+        let ms = Duration::from_millis;
+        // CouchDB's `interval` is in milliseconds; the cycle runs in whole seconds.
+        assert_eq!(st.interval, ms(2000));
+        assert_eq!(
+            (st.startup_jitter, st.rate_limiter_max_interval),
+            (ms(250), ms(300))
+        );
+        assert_eq!(st.connection_close_interval, ms(1500));
+        assert_eq!((st.job_timeout, st.min_run_time), (secs(30), secs(7)));
+        assert_eq!(
+            (st.cluster_quiet_period, st.transient_job_max_age),
+            (secs(3), secs(600))
+        );
+        assert_eq!(st.node_types, vec![NodeType::Replication]);
+        // Ours wins over CouchDB 3.x's name; an environment override wins over the file.
+        cfg.set("replicator", "interval_sec", "4".into());
+        cfg.apply_env([(
+            "COUCH_REPLICATOR__REPLICATOR__STATS_UPDATE_INTERVAL_SEC".to_string(),
+            "2".to_string(),
+        )]);
+        let st = read(&cfg).unwrap().settings;
+        assert_eq!((st.interval, st.stats_update_interval), (secs(4), secs(2)));
+    }
+
+    #[test]
     fn bad_values_name_the_key() {
         let e = |t: &str| section(&format!("[replicator]\n{t}\n")).unwrap_err();
         assert!(e("worker_processes = 100000").contains("worker_processes"));
@@ -359,5 +444,12 @@ mod tests {
         assert!(e("ssl_certificate_max_depth = 1000").contains("ssl_certificate_max_depth"));
         assert!(e("valid_proxy_protocols = http, gopher").contains("gopher"));
         assert!(e("max_jobs = 0").contains("max_jobs"));
+        assert!(e("interval = 0").contains("interval_sec must be greater than 0"));
+        assert!(e("node_types = replication, gateway").contains("gateway"));
+        let e = e("rate_limiter_max_interval_msec = 25001");
+        assert!(
+            e.contains("rate_limiter_max_interval_msec must be at most"),
+            "{e}"
+        );
     }
 }

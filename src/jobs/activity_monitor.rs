@@ -65,7 +65,7 @@ impl ActivityMonitor {
             db,
             keys,
             ty: ty.to_string(),
-            max_jitter_ms: config.activity_monitor_max_jitter_msec,
+            max_jitter_ms: config.activity_monitor_max_jitter.as_millis() as u64,
             checks: config.activity_monitor_checks_per_timeout.max(1) as usize,
             aimd: Aimd::new(
                 config.activity_monitor_init_batch_size,

@@ -1,12 +1,15 @@
-//! couch_jobs settings (CouchDB's `[couch_jobs]` section, default.ini on CouchDB's fdbarchive branch): names and defaults.
+//! couch_jobs settings (CouchDB's `[couch_jobs]` section, default.ini on CouchDB's fdbarchive
+//! branch): defaults and ranges. Times are [`Duration`]s; each field's doc names the
+//! CouchDB key (and its unit) it stands for.
 
 use std::time::Duration;
 
-/// Every `[couch_jobs]` setting, with CouchDB's names and defaults.
+/// Every `[couch_jobs]` setting, with CouchDB's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobsConfig {
-    /// Upper bound of the activity monitor's jitter: `uniform(min(timeout/2, this))`.
-    pub activity_monitor_max_jitter_msec: u64,
+    /// Upper bound of the activity monitor's jitter: `uniform(min(timeout/2, this))`
+    /// (`activity_monitor_max_jitter_msec`).
+    pub activity_monitor_max_jitter: Duration,
     /// Checks per type timeout (ours; CouchDB checks once per timeout, which is `1`). With
     /// `n` checks a job is re-enqueued `1 + 1/n` timeouts (+ jitter) after its worker's last
     /// update at worst, instead of 2; a job is still only re-enqueued after a whole timeout
@@ -18,14 +21,17 @@ pub struct JobsConfig {
     pub activity_monitor_batch_increment: usize,
     /// AIMD multiplicative back-off (0..1) after a failed batch.
     pub activity_monitor_batch_factor: f64,
-    /// Minimum spacing of type-updated notifications to a notifier.
-    pub type_monitor_holdoff_msec: u64,
-    /// How long the type monitor waits on the activity watch (`None` = infinity).
-    pub type_monitor_timeout_msec: Option<u64>,
-    /// Type discovery period of the type server.
-    pub type_check_period_msec: u64,
-    /// Jitter bound of the type server: `uniform(max(period/2, this))`.
-    pub type_check_max_jitter_msec: u64,
+    /// Minimum spacing of type-updated notifications to a notifier
+    /// (`type_monitor_holdoff_msec`).
+    pub type_monitor_holdoff: Duration,
+    /// How long the type monitor waits on the activity watch (`None` = infinity;
+    /// `type_monitor_timeout_msec`).
+    pub type_monitor_timeout: Option<Duration>,
+    /// Type discovery period of the type server (`type_check_period_msec`).
+    pub type_check_period: Duration,
+    /// Jitter bound of the type server: `uniform(max(period/2, this))`
+    /// (`type_check_max_jitter_msec`).
+    pub type_check_max_jitter: Duration,
     /// AIMD start size of the notifier's batches.
     pub notifier_init_batch_size: usize,
     /// AIMD additive step of the notifier.
@@ -37,15 +43,15 @@ pub struct JobsConfig {
 impl Default for JobsConfig {
     fn default() -> Self {
         Self {
-            activity_monitor_max_jitter_msec: 10_000,
+            activity_monitor_max_jitter: Duration::from_secs(10),
             activity_monitor_checks_per_timeout: 2,
             activity_monitor_init_batch_size: 1000,
             activity_monitor_batch_increment: 100,
             activity_monitor_batch_factor: 0.75,
-            type_monitor_holdoff_msec: 50,
-            type_monitor_timeout_msec: None,
-            type_check_period_msec: 15_000,
-            type_check_max_jitter_msec: 5_000,
+            type_monitor_holdoff: Duration::from_millis(50),
+            type_monitor_timeout: None,
+            type_check_period: Duration::from_secs(15),
+            type_check_max_jitter: Duration::from_secs(5),
             notifier_init_batch_size: 1000,
             notifier_batch_increment: 100,
             notifier_batch_factor: 0.75,
@@ -57,19 +63,19 @@ impl Default for JobsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid couch_jobs setting {name}: {reason}")]
 pub struct ConfigError {
-    /// The setting's `[couch_jobs]` name.
+    /// The setting's field name.
     pub name: &'static str,
     /// Which rule the value breaks.
     pub reason: &'static str,
 }
 
 impl JobsConfig {
-    /// Checks CouchDB's rules: integer settings strictly positive, factors in (0, 1).
+    /// Checks CouchDB's rules: counts and times strictly positive, factors in (0, 1).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             (
-                "activity_monitor_max_jitter_msec",
-                self.activity_monitor_max_jitter_msec as u128,
+                "activity_monitor_max_jitter",
+                self.activity_monitor_max_jitter.as_nanos(),
             ),
             (
                 "activity_monitor_checks_per_timeout",
@@ -83,17 +89,11 @@ impl JobsConfig {
                 "activity_monitor_batch_increment",
                 self.activity_monitor_batch_increment as u128,
             ),
+            ("type_monitor_holdoff", self.type_monitor_holdoff.as_nanos()),
+            ("type_check_period", self.type_check_period.as_nanos()),
             (
-                "type_monitor_holdoff_msec",
-                self.type_monitor_holdoff_msec as u128,
-            ),
-            (
-                "type_check_period_msec",
-                self.type_check_period_msec as u128,
-            ),
-            (
-                "type_check_max_jitter_msec",
-                self.type_check_max_jitter_msec as u128,
+                "type_check_max_jitter",
+                self.type_check_max_jitter.as_nanos(),
             ),
             (
                 "notifier_init_batch_size",
@@ -112,9 +112,9 @@ impl JobsConfig {
                 });
             }
         }
-        if self.type_monitor_timeout_msec == Some(0) {
+        if self.type_monitor_timeout == Some(Duration::ZERO) {
             return Err(ConfigError {
-                name: "type_monitor_timeout_msec",
+                name: "type_monitor_timeout",
                 reason: "must be strictly positive or infinity",
             });
         }
@@ -133,10 +133,6 @@ impl JobsConfig {
             }
         }
         Ok(())
-    }
-
-    pub(crate) fn type_monitor_timeout(&self) -> Option<Duration> {
-        self.type_monitor_timeout_msec.map(Duration::from_millis)
     }
 }
 
@@ -183,7 +179,7 @@ mod tests {
     fn defaults_match_couchdb_and_validate() {
         let c = JobsConfig::default();
         assert_eq!(c.activity_monitor_init_batch_size, 1000);
-        assert_eq!(c.type_check_period_msec, 15_000);
+        assert_eq!(c.type_check_period, Duration::from_secs(15));
         assert!(c.validate().is_ok());
         let bad = JobsConfig {
             notifier_batch_factor: 1.5,
@@ -191,7 +187,7 @@ mod tests {
         };
         assert_eq!(bad.validate().unwrap_err().name, "notifier_batch_factor");
         let zero = JobsConfig {
-            type_check_period_msec: 0,
+            type_check_period: Duration::ZERO,
             ..JobsConfig::default()
         };
         assert!(zero.validate().is_err());

@@ -370,7 +370,7 @@ impl Actor for NotifierActor {
             core,
             round_queued: false,
             monitor,
-            holdoff: Duration::from_millis(jobs.config().type_monitor_holdoff_msec),
+            holdoff: jobs.config().type_monitor_holdoff,
         })
     }
 
@@ -443,8 +443,8 @@ fn queue_round(myself: &ActorRef<NotifierMsg>, state: &mut NotifierState) {
 /// The type monitor loop (CouchDB's couch_jobs_type_monitor.erl): watch WATCHES_ACTIVITY(Type) and tell the notifier
 /// when it changed, at most once per holdoff. Ends when the notifier is gone.
 async fn type_monitor(jobs: Jobs, ty: String, notifier: ActorRef<NotifierMsg>) {
-    let holdoff = Duration::from_millis(jobs.config().type_monitor_holdoff_msec);
-    let wait_limit = jobs.config().type_monitor_timeout();
+    let holdoff = jobs.config().type_monitor_holdoff;
+    let wait_limit = jobs.config().type_monitor_timeout;
     let key = jobs.keys().watches_activity(&ty);
     let mut last: Option<Option<Vec<u8>>> = None;
     let mut last_sent: Option<tokio::time::Instant> = None;

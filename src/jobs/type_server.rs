@@ -1,7 +1,7 @@
 //! The type server (CouchDB's couch_jobs_server.erl, `couch_jobs_server`): discovers job types and runs one
 //! activity monitor and one notifier per type.
 //!
-//! Every `type_check_period_msec` + jitter it reads the ACTIVITY_TIMEOUT range, starts the
+//! Every `type_check_period` + jitter it reads the ACTIVITY_TIMEOUT range, starts the
 //! monitor/notifier pair of each new type and stops those of removed types. Messages: `Tick`
 //! (timer), `CheckNow` (after `set_type_timeout`), `Ensure` (a subscriber needs the notifier
 //! of a type now), `Observe`. Its children are linked to it: if one dies the server fails, and `jobs_sup`
@@ -221,11 +221,12 @@ impl TypeServerState {
 
     fn next_tick(&self) -> Duration {
         let cfg = self.jobs.config();
-        let bound = (cfg.type_check_period_msec / 2)
-            .max(cfg.type_check_max_jitter_msec)
+        let period_ms = cfg.type_check_period.as_millis() as u64;
+        let bound = (period_ms / 2)
+            .max(cfg.type_check_max_jitter.as_millis() as u64)
             .max(1);
         let jitter = rand::rng().random_range(0..bound);
-        Duration::from_millis(cfg.type_check_period_msec + jitter)
+        Duration::from_millis(period_ms + jitter)
     }
 }
 

@@ -25,6 +25,7 @@ pub mod session_cache;
 pub mod stats;
 pub mod tls;
 pub mod transport;
+mod worker;
 pub mod write;
 
 pub use endpoint::Endpoint;

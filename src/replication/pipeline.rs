@@ -5,11 +5,9 @@
 //! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
 //! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -21,20 +19,18 @@ use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
 use super::client::{ClientConfig, HttpClient, Req};
 use super::endpoint::{Endpoint, encode_doc_id, encode_query};
 use super::error::{ReplicationError, Result};
-use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
-use super::options::{Filter, ReplicationSpec};
+use super::fetch::BulkGetGate;
+use super::options::{Filter, ReplicationOptions, ReplicationSpec};
 use super::rate_limit::{Aimd, RateLimiter};
 use super::rep_id::{RepId, checkpoint_ids, replication_id};
-use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
+use super::revs_diff::DiffSkipper;
 use super::stats::{Counters, ReplicationStats, unix_now};
 use super::transport::Transports;
-use super::write::{WriteResult, put_json, put_multipart, write_docs};
+use super::worker::{Shared, Tracker, worker};
 use crate::telemetry::{NodeMetrics, Series};
 
 /// How often the stats snapshot is refreshed.
 const STATS_PERIOD: Duration = Duration::from_millis(250);
-/// Concurrent individual fetches per worker.
-const INDIVIDUAL_FETCHES: usize = 4;
 
 /// What a replication needs from its host.
 #[derive(Clone)]
@@ -59,47 +55,6 @@ impl Default for Context {
             metrics: Arc::default(),
         }
     }
-}
-
-/// Orders batches so the checkpoint never passes one still in flight.
-#[derive(Debug)]
-struct Tracker {
-    pending: BTreeMap<u64, (Value, bool)>,
-    through: Value,
-}
-
-impl Tracker {
-    fn register(&mut self, index: u64, seq: Value) {
-        self.pending.insert(index, (seq, false));
-    }
-
-    fn complete(&mut self, index: u64) {
-        if let Some(e) = self.pending.get_mut(&index) {
-            e.1 = true;
-        }
-        while let Some(entry) = self.pending.first_entry() {
-            if !entry.get().1 {
-                break;
-            }
-            self.through = entry.remove().0;
-        }
-    }
-}
-
-struct Shared {
-    src: Arc<HttpClient>,
-    tgt: Arc<HttpClient>,
-    spec: ReplicationSpec,
-    counters: Arc<Counters>,
-    metrics: Arc<NodeMetrics>,
-    tracker: Mutex<Tracker>,
-    skipper: Mutex<DiffSkipper>,
-    bulk_get: Mutex<BulkGetGate>,
-    source_seq: Mutex<Value>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A replication started with [`start`].
@@ -284,44 +239,30 @@ fn display(ep: &Endpoint) -> String {
     ep.couch_url()
 }
 
+/// The run: start-up, then the reader and workers under the run loop, then the final
+/// checkpoint. Dropping it (the handle's abort) drops every task with it.
 async fn run(
     spec: ReplicationSpec,
     ctx: Context,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     stats_tx: watch::Sender<ReplicationStats>,
 ) -> Result<ReplicationStats> {
-    let (src, tgt) = clients(&spec, &ctx)?;
-    let o = spec.options.clone();
-    if o.create_target {
-        create_target(&tgt, &spec).await?;
-    }
-    let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
-    let (rep_id, checkpoint_ids) = compute_ids_with(&src, &spec, &ctx).await?;
-    let mut checkpointer = None;
-    let mut start_point = StartPoint {
-        seq: json!(0),
-        seed: None,
-    };
-    if o.use_checkpoints {
-        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), &checkpoint_ids).await?;
-        cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
-        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
-        checkpointer = Some(cp);
-        start_point = sp;
-    }
-    // `since_seq` overrides the checkpoint's sequence; its history and counters are kept (3.4).
-    if let Some(since) = &o.since_seq {
-        start_point.seq = since.clone();
-        if let Some(cp) = checkpointer.as_mut() {
-            cp.set_start_seq(since.clone());
-        }
-    }
+    let opened = open(&spec, &ctx).await?;
+    let o = &spec.options;
+    let Opened {
+        src,
+        tgt,
+        src_info,
+        rep_id,
+        checkpointer,
+        start_point,
+    } = opened;
     tracing::info!(rep_id = %rep_id, source = %spec.source, target = %spec.target, since = %start_point.seq, "replication starting");
     let counters = Arc::new(Counters::default());
     if let Some(seed) = &start_point.seed {
         counters.seed(seed);
     }
-    let mut base = ReplicationStats {
+    let base = ReplicationStats {
         replication_id: rep_id.full(),
         source: display(&spec.source),
         target: display(&spec.target),
@@ -335,45 +276,123 @@ async fn run(
         ..Default::default()
     };
     let shared = Arc::new(Shared {
-        src: src.clone(),
-        tgt: tgt.clone(),
+        src,
+        tgt,
         spec: spec.clone(),
-        counters: counters.clone(),
+        counters,
         metrics: ctx.metrics.clone(),
-        tracker: Mutex::new(Tracker {
-            pending: BTreeMap::new(),
-            through: start_point.seq.clone(),
-        }),
+        tracker: Mutex::new(Tracker::new(start_point.seq.clone())),
         skipper: Mutex::new(DiffSkipper::default()),
         bulk_get: Mutex::new(BulkGetGate::default()),
         source_seq: Mutex::new(base.source_seq.clone()),
     });
-    let snapshot = |base: &mut ReplicationStats, sh: &Shared| {
-        base.through_seq = lock(&sh.tracker).through.clone();
-        base.source_seq = lock(&sh.source_seq).clone();
-        base.fill(&sh.counters);
-        base.clone()
+    let mut progress = Progress {
+        shared: shared.clone(),
+        base,
+        checkpointer,
+        stats_tx,
+        metrics: ctx.metrics.clone(),
     };
-    stats_tx.send_replace(snapshot(&mut base, &shared));
+    progress.publish();
+    let tasks = spawn_tasks(&shared, &ctx, start_point.seq);
+    supervise(&mut progress, tasks, stop, o.checkpoint_interval, &rep_id).await?;
+    progress.finish(&rep_id).await
+}
 
-    // The queue holds two batches per worker so workers never wait on the feed.
+/// What start-up found: the endpoints' clients, the source's database info, the
+/// replication id, and where to start (with the checkpointer that found it).
+struct Opened {
+    src: Arc<HttpClient>,
+    tgt: Arc<HttpClient>,
+    src_info: Value,
+    rep_id: RepId,
+    checkpointer: Option<Checkpointer>,
+    start_point: StartPoint,
+}
+
+/// Start-up (CouchDB's couch_replicator_scheduler_job.erl init): the clients, the target
+/// created when asked, both databases opened, the ids computed, the start point found.
+async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
+    let (src, tgt) = clients(spec, ctx)?;
+    if spec.options.create_target {
+        create_target(&tgt, spec).await?;
+    }
+    let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
+    let (rep_id, checkpoint_ids) = compute_ids_with(&src, spec, ctx).await?;
+    let (checkpointer, start_point) = find_start(
+        &src,
+        &tgt,
+        &spec.options,
+        [&src_info, &tgt_info],
+        &checkpoint_ids,
+    )
+    .await?;
+    Ok(Opened {
+        src,
+        tgt,
+        src_info,
+        rep_id,
+        checkpointer,
+        start_point,
+    })
+}
+
+/// Where the replication starts: the checkpoint found on both sides (under the current id
+/// or an older one) and its sequence, unless checkpoints are off. `since_seq` overrides the
+/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4).
+async fn find_start(
+    src: &Arc<HttpClient>,
+    tgt: &Arc<HttpClient>,
+    o: &ReplicationOptions,
+    [src_info, tgt_info]: [&Value; 2],
+    checkpoint_ids: &[String],
+) -> Result<(Option<Checkpointer>, StartPoint)> {
+    let mut checkpointer = None;
+    let mut start_point = StartPoint {
+        seq: json!(0),
+        seed: None,
+    };
+    if o.use_checkpoints {
+        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), checkpoint_ids).await?;
+        cp.expect_instance_start(instance_start_of(src_info), instance_start_of(tgt_info));
+        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
+        checkpointer = Some(cp);
+        start_point = sp;
+    }
+    if let Some(since) = &o.since_seq {
+        start_point.seq = since.clone();
+        if let Some(cp) = checkpointer.as_mut() {
+            cp.set_start_seq(since.clone());
+        }
+    }
+    Ok((checkpointer, start_point))
+}
+
+/// The reader and worker tasks, and the switch that tells the reader to stop.
+struct Tasks {
+    set: JoinSet<Result<()>>,
+    reader_stop: watch::Sender<bool>,
+}
+
+/// Starts the changes reader (from `since`) and `worker_processes` workers on a queue that
+/// holds two batches per worker, so workers never wait on the feed.
+fn spawn_tasks(shared: &Arc<Shared>, ctx: &Context, since: Value) -> Tasks {
+    let o = &shared.spec.options;
     let (tx, rx) = mpsc::channel::<Batch>(o.worker_processes * 2);
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
-    let (reader_stop_tx, reader_stop_rx) = watch::channel(false);
+    let (reader_stop, reader_stop_rx) = watch::channel(false);
     let sh = shared.clone();
-    let on_batch = Arc::new(move |b: &Batch| {
-        lock(&sh.tracker).register(b.index, b.last_seq.clone());
-        let mut seq = lock(&sh.source_seq);
-        match (seq.as_u64(), b.last_seq.as_u64()) {
-            (Some(cur), Some(new)) if new <= cur => {}
-            _ => *seq = b.last_seq.clone(),
-        }
-    });
-    let reader = ChangesReader::new(src.clone(), o.clone(), counters.clone(), on_batch);
-    let mut tasks: JoinSet<Result<()>> = JoinSet::new();
+    let on_batch = Arc::new(move |b: &Batch| sh.note_batch(b));
+    let reader = ChangesReader::new(
+        shared.src.clone(),
+        o.clone(),
+        shared.counters.clone(),
+        on_batch,
+    );
+    let mut set: JoinSet<Result<()>> = JoinSet::new();
     let m = ctx.metrics.clone();
-    let reading = reader.run(start_point.seq.clone(), tx, reader_stop_rx);
-    tasks.spawn(
+    let reading = reader.run(since, tx, reader_stop_rx);
+    set.spawn(
         async move {
             tracing::debug!("changes reader started");
             let r = reading.await;
@@ -389,7 +408,7 @@ async fn run(
         ctx.metrics.inc(Series::WorkersStarted);
         let m = ctx.metrics.clone();
         let working = worker(shared.clone(), rx.clone());
-        tasks.spawn(
+        set.spawn(
             async move {
                 tracing::debug!("worker started");
                 let r = working.await;
@@ -401,74 +420,120 @@ async fn run(
             .in_current_span(),
         );
     }
+    Tasks { set, reader_stop }
+}
 
-    let mut ckpt_timer = tokio::time::interval(o.checkpoint_interval);
+/// The run loop: a checkpoint on every `checkpoint_interval` tick, a stats snapshot every
+/// `STATS_PERIOD`, and on a stop request the reader told to stop and every task aborted.
+/// Returns once every task has ended (the reader reached the end of a one-shot feed and the
+/// workers drained the queue, or a stop), or with the first failure, the other tasks
+/// aborted.
+async fn supervise(
+    progress: &mut Progress,
+    mut tasks: Tasks,
+    mut stop: watch::Receiver<bool>,
+    checkpoint_interval: Duration,
+    rep_id: &RepId,
+) -> Result<()> {
+    let mut ckpt_timer = tokio::time::interval(checkpoint_interval);
     ckpt_timer.reset();
     let mut stats_timer = tokio::time::interval(STATS_PERIOD);
     let mut stopped = false;
     loop {
         tokio::select! {
-            _ = ckpt_timer.tick() => {
-                let s = snapshot(&mut base, &shared);
-                if let Some(cp) = checkpointer.as_mut() {
-                    checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
-                }
-            }
-            _ = stats_timer.tick() => {
-                // Only a change wakes the watchers: an idle continuous job costs nothing
-                // between its changes.
-                // `updated_on` moves only with progress, as in CouchDB's task status.
-                let mut s = snapshot(&mut base, &shared);
-                stats_tx.send_if_modified(|cur| {
-                    let now = s.updated_on;
-                    s.updated_on = cur.updated_on;
-                    let changed = *cur != s;
-                    if changed {
-                        s.updated_on = now;
-                        *cur = s;
-                    }
-                    changed
-                });
-            }
-            joined = tasks.join_next() => match joined {
-                None => break,
+            _ = ckpt_timer.tick() => progress.checkpoint().await?,
+            _ = stats_timer.tick() => progress.publish_if_changed(),
+            joined = tasks.set.join_next() => match joined {
+                None => return Ok(()),
                 Some(Ok(Ok(()))) => {}
-                // Tasks aborted by a stop request: not a failure, the final checkpoint follows.
-                Some(Err(e)) if stopped && e.is_cancelled() => {}
                 Some(Ok(Err(e))) => {
-                    tasks.abort_all();
+                    tasks.set.abort_all();
                     tracing::warn!(rep_id = %rep_id, error = %e, "replication failed");
                     return Err(e);
                 }
-                // Tasks aborted by a stop end as cancelled: that is the expected ending.
+                // Tasks aborted by a stop end as cancelled: that is the expected ending,
+                // the final checkpoint follows.
                 Some(Err(e)) if stopped && e.is_cancelled() => {}
                 Some(Err(e)) => {
-                    tasks.abort_all();
+                    tasks.set.abort_all();
                     return Err(ReplicationError::WorkerDied(e.to_string()));
                 }
             },
             changed = stop.changed(), if !stopped => {
                 if changed.is_err() || *stop.borrow() {
                     stopped = true;
-                    let _ = reader_stop_tx.send(true);
+                    let _ = tasks.reader_stop.send(true);
                     // In-flight batches are abandoned: the through-sequence excludes them.
-                    tasks.abort_all();
+                    tasks.set.abort_all();
                 }
             }
         }
     }
-    let s = snapshot(&mut base, &shared);
-    if let Some(cp) = checkpointer.as_mut() {
-        checkpoint(cp, &mut base, &s, &ctx.metrics).await?;
+}
+
+/// The replication's published stats and its checkpointer: what the run loop's timers and
+/// the final checkpoint update.
+struct Progress {
+    shared: Arc<Shared>,
+    base: ReplicationStats,
+    checkpointer: Option<Checkpointer>,
+    stats_tx: watch::Sender<ReplicationStats>,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl Progress {
+    /// The stats now: the through-sequence, the source sequence and the counters.
+    fn snapshot(&mut self) -> ReplicationStats {
+        self.base.through_seq = self.shared.through_seq();
+        self.base.source_seq = self.shared.source_seq();
+        self.base.fill(&self.shared.counters);
+        self.base.clone()
     }
-    base.checkpoint_record = Some(checkpointer.as_ref().map_or_else(
-        || json!({"use_checkpoints": false}),
-        |cp| cp.record().clone(),
-    ));
-    let s = snapshot(&mut base, &shared);
-    stats_tx.send_replace(s.clone());
-    tracing::info!(rep_id = %rep_id, docs_written = s.docs_written, "replication finished");
-    Ok(s)
+
+    /// Refreshes the snapshot the handle shows.
+    fn publish(&mut self) {
+        let s = self.snapshot();
+        self.stats_tx.send_replace(s);
+    }
+
+    /// Publishes only a change, so that an idle continuous job wakes nobody between its
+    /// changes; `updated_on` moves only with progress, as in CouchDB's task status.
+    fn publish_if_changed(&mut self) {
+        let mut s = self.snapshot();
+        self.stats_tx.send_if_modified(|cur| {
+            let now = s.updated_on;
+            s.updated_on = cur.updated_on;
+            let changed = *cur != s;
+            if changed {
+                s.updated_on = now;
+                *cur = s;
+            }
+            changed
+        });
+    }
+
+    /// Writes a checkpoint at the through-sequence (when checkpoints are on).
+    async fn checkpoint(&mut self) -> Result<()> {
+        let s = self.snapshot();
+        if let Some(cp) = self.checkpointer.as_mut() {
+            checkpoint(cp, &mut self.base, &s, &self.metrics).await?;
+        }
+        Ok(())
+    }
+
+    /// The end: a final checkpoint, and the final stats (with the checkpoint record, the
+    /// answer of a one-shot `_replicate`) published and returned.
+    async fn finish(mut self, rep_id: &RepId) -> Result<ReplicationStats> {
+        self.checkpoint().await?;
+        self.base.checkpoint_record = Some(self.checkpointer.as_ref().map_or_else(
+            || json!({"use_checkpoints": false}),
+            |cp| cp.record().clone(),
+        ));
+        let s = self.snapshot();
+        self.stats_tx.send_replace(s.clone());
+        tracing::info!(rep_id = %rep_id, docs_written = s.docs_written, "replication finished");
+        Ok(s)
+    }
 }
 
 async fn checkpoint(
@@ -490,160 +555,4 @@ async fn checkpoint(
         }
     }
     Ok(())
-}
-
-async fn worker(sh: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Batch>>>) -> Result<()> {
-    loop {
-        let next = { rx.lock().await.recv().await };
-        let Some(batch) = next else { return Ok(()) };
-        process(&sh, &batch).await?;
-        lock(&sh.tracker).complete(batch.index);
-    }
-}
-
-async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
-    if batch.changes.is_empty() {
-        return Ok(());
-    }
-    let c = &sh.counters;
-    let checked: u64 = batch.changes.iter().map(|ch| ch.revs.len() as u64).sum();
-    Counters::add(&c.revisions_checked, checked);
-    NodeMetrics::add(&sh.metrics.revisions_checked, checked);
-    let call = lock(&sh.skipper).should_call();
-    let missing = if call {
-        let m = revs_diff(&sh.tgt, &batch.changes).await?;
-        let found: u64 = m.iter().map(|x| x.revs.len() as u64).sum();
-        lock(&sh.skipper).record(checked, found);
-        m
-    } else {
-        all_missing(&batch.changes)
-    };
-    let wanted: Vec<Wanted> = missing
-        .into_iter()
-        .flat_map(|m| {
-            let anc = m.possible_ancestors;
-            m.revs.into_iter().map(move |rev| Wanted {
-                id: m.id.clone(),
-                rev,
-                atts_since: anc.clone(),
-            })
-        })
-        .collect();
-    Counters::add(&c.missing_revisions_found, wanted.len() as u64);
-    NodeMetrics::add(&sh.metrics.missing_revisions_found, wanted.len() as u64);
-    if wanted.is_empty() {
-        return Ok(());
-    }
-    // Design documents are always fetched and written one by one (CouchDB's couch_replicator_worker.erl).
-    let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
-        .into_iter()
-        .partition(|w| w.id.starts_with("_design/"));
-    let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
-    let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
-        let n = wanted.len();
-        let mut out = bulk_get(&sh.src, wanted, false).await?;
-        let failed = if out.supported { out.refetch.len() } else { n };
-        lock(&sh.bulk_get).record(n, failed);
-        if out.supported {
-            Counters::add(&c.bulk_get_attempts, n as u64);
-            Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
-        } else {
-            tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
-        }
-        // Documents with small attachments: one more `_bulk_get` for all of them.
-        if !out.inline.is_empty() {
-            let n = out.inline.len() as u64;
-            let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
-            if again.supported {
-                Counters::add(&c.bulk_get_attempts, n);
-                Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
-            }
-            out.docs.extend(again.docs);
-            out.refetch.extend(again.refetch);
-            out.refetch.extend(again.inline);
-        }
-        (out.docs, out.refetch)
-    } else {
-        (Vec::new(), wanted)
-    };
-    refetch.extend(design);
-    let mut result = WriteResult::default();
-    let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
-    let retry_after = sh.spec.options.missing_doc_retry;
-    let mut fetched = futures::stream::iter(refetch)
-        .map(move |w| {
-            let (src, tgt) = (src.clone(), tgt.clone());
-            async move {
-                // Attachments stream from source to target; on failure fetch again buffered.
-                let mut got = match open_revs(&src, &w, Some(&tgt)).await {
-                    Ok(g) => g,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
-                        open_revs(&src, &w, None).await?
-                    }
-                };
-                let missing_stub = got
-                    .iter()
-                    .any(|f| matches!(f, Fetched::Written(r) if r.missing_stub > 0));
-                if got.is_empty() || missing_stub {
-                    // Reported missing (common while the source's shards catch up), or the
-                    // target lacks an attachment atts_since left out: wait, then fetch once
-                    // more in full; the first write's rejection is replaced by this one.
-                    tokio::time::sleep(retry_after).await;
-                    let again = Wanted {
-                        atts_since: Vec::new(),
-                        ..w.clone()
-                    };
-                    got = open_revs(&src, &again, None).await?;
-                }
-                Ok::<_, ReplicationError>((w.id, got))
-            }
-        })
-        .buffered(INDIVIDUAL_FETCHES);
-    let mut read = docs.len() as u64;
-    while let Some(f) = fetched.next().await {
-        let (id, got) = f?;
-        for doc in got {
-            read += 1;
-            match doc {
-                Fetched::Json(b) if id.starts_with("_design/") => {
-                    result += put_json(&sh.tgt, &id, &b).await?
-                }
-                Fetched::Json(b) => docs.push(b),
-                Fetched::Multipart { id, json, parts } => {
-                    result += put_multipart(&sh.tgt, &id, &json, &parts).await?
-                }
-                Fetched::Written(r) => result += r,
-            }
-        }
-    }
-    Counters::add(&c.docs_read, read);
-    result += write_docs(&sh.tgt, &docs).await?;
-    Counters::add(&c.docs_written, result.written);
-    Counters::add(&c.doc_write_failures, result.failures);
-    NodeMetrics::add(&sh.metrics.docs_written, result.written);
-    NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn through_seq_never_passes_an_unfinished_batch() {
-        let mut t = Tracker {
-            pending: BTreeMap::new(),
-            through: json!(0),
-        };
-        for i in 0..3 {
-            t.register(i, json!((i + 1) * 10));
-        }
-        t.complete(1);
-        assert_eq!(t.through, json!(0));
-        t.complete(2);
-        assert_eq!(t.through, json!(0));
-        t.complete(0);
-        assert_eq!(t.through, json!(30));
-    }
 }

@@ -6,7 +6,7 @@
 //!
 //! Credentials are not part of the key (they travel per request), and the table never shows
 //! proxy URLs (they may carry credentials). Idle sockets inside a client close after the
-//! table's `idle_close` (reqwest's idle timeout); a client no [`HttpClient`] uses any more is
+//! table's `idle_close` (reqwest's idle timeout); a client no [`HttpClient`](super::client::HttpClient) uses any more is
 //! dropped by [`Transports::sweep`] once it has been unused for `idle_close`, which closes
 //! whatever sockets it still had.
 

@@ -86,13 +86,13 @@ impl Clustering {
     /// timeout (≥ 1 s), dead after one activity timeout.
     pub fn from_ctx(ctx: NodeCtx) -> Self {
         let s = ctx.settings();
-        let timeout = Duration::from_secs(s.job_timeout_sec);
+        let timeout = s.job_timeout;
         let membership = Membership::new(ctx.jobs().clone(), ctx.prefix(), ctx.node(), timeout);
         Self {
             heartbeat: (timeout / 6).max(Duration::from_secs(1)),
             dead_after: timeout,
-            quiet_period: Duration::from_secs(s.cluster_quiet_period),
-            start_period: Duration::from_secs(s.cluster_start_period),
+            quiet_period: s.cluster_quiet_period,
+            start_period: s.cluster_start_period,
             membership,
             ctx,
         }

@@ -1,6 +1,7 @@
 //! The errors the replicator handle and its actors return to callers.
 
 use super::job_record::JobError;
+use super::settings::SettingsError;
 use crate::jobs::JobsError;
 use crate::replication::ReplicationError;
 
@@ -23,8 +24,8 @@ pub enum ReplicatorError {
     #[error("timeout waiting for replication job {0}")]
     Timeout(String),
     /// The settings are invalid.
-    #[error("invalid [replicator] settings: {0}")]
-    Config(String),
+    #[error("invalid replicator settings: {0}")]
+    Config(#[source] SettingsError),
     /// An actor of the tree is not running (node starting or shutting down).
     #[error("replicator unavailable: {0}")]
     Unavailable(String),

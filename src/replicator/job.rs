@@ -27,21 +27,21 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use serde_json::json;
 use supervisors::{BoxError, ExitReason, Observable, Server};
-use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
 use crate::jobs::{Job, JobsError};
-use crate::replication::transport::Transports;
-use crate::replication::{self, Context, ReplicationError, ReplicationStats};
+use crate::replication::{
+    self, Context, RepId, ReplicationError, ReplicationSpec, ReplicationStats,
+};
 
 use super::backoff::{is_healed, jittered, penalty};
 use super::collision::{self, Claim};
-use super::connection_pool::{PoolMsg, endpoint_key};
+use super::connection_pool::PoolMsg;
 use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
 use super::job_observe;
 use super::job_record::{HistoryKind, JobError, RepJobRecord, RepState};
-use super::rate_limiter::{RateLimiterMsg, SharedAimd};
+use super::job_runner::{self, Runner};
 use super::rep_job::{REP_JOBS, parse_rep};
 use crate::telemetry::Series;
 
@@ -102,19 +102,6 @@ pub struct JobArgs {
 /// The job server (stateless; everything is in [`JobActorState`]).
 #[derive(Debug, Clone, Default)]
 pub struct JobActor;
-
-/// A running replication: the waiter task owns the engine handle; dropping this aborts it.
-struct Runner {
-    stop: Option<oneshot::Sender<()>>,
-    progress: watch::Receiver<ReplicationStats>,
-    task: tokio::task::JoinHandle<Option<ReplicationStats>>,
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 /// One job actor's state.
 pub struct JobActorState {
@@ -216,7 +203,7 @@ async fn handle_msg(
             Ok(())
         }
         JobMsg::Observe(reply) => {
-            let stats = st.runner.as_ref().map(|r| r.progress.borrow().clone());
+            let stats = st.runner.as_ref().map(Runner::stats);
             let _ = reply.send(JobObservation {
                 job_id: st.job.id.clone(),
                 rep_id: st.rep_id.clone(),
@@ -260,6 +247,8 @@ fn release_pool(ctx: &NodeCtx, myself: &ActorRef<JobMsg>) {
         .cast(PoolMsg::Release(myself.get_id()));
 }
 
+/// `Start`: the document parsed, the engine's shared parts taken, the replication id
+/// computed and claimed, then the replication started.
 async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxError> {
     let ctx = st.ctx.clone();
     let now = ctx.now_secs();
@@ -275,22 +264,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         // CouchDB 4.x's couch_replicator_job.erl: after a max_backoff crash, restart gentler.
         super::backoff::gentler_after_max_backoff(&mut spec.options);
     }
-    let limiter = match ractor::call!(
-        ctx.child::<RateLimiterMsg>(ids::RATE_LIMITER)
-            .get()
-            .ok_or("rate_limiter is not running")?,
-        RateLimiterMsg::Table
-    ) {
-        Ok(t) => t,
-        Err(e) => return Err(format!("rate_limiter: {e}").into()),
-    };
-    spec.options.http_connections = lease(&ctx, myself, &spec).await;
-    let engine = Context {
-        server_uuid: ctx.server_uuid().to_owned(),
-        limiter: std::sync::Arc::new(limiter) as std::sync::Arc<SharedAimd>,
-        transports: shared_clients(&ctx).await,
-        metrics: ctx.metrics().clone(),
-    };
+    let engine = job_runner::engine_context(&ctx, myself.get_cell(), &mut spec).await?;
     let rep_id = match replication::compute_id(&spec, &engine).await {
         Ok(id) => id,
         Err(e) => {
@@ -299,16 +273,33 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
             return Err(err.into());
         }
     };
+    st.span.record("rep_id", rep_id.full().as_str());
+    if !claim(myself, st, &rep_id, now).await? {
+        return Ok(());
+    }
+    launch(myself, st, spec, engine, rep_id.full(), now);
+    Ok(())
+}
+
+/// In one transaction: claims the replication id in the collision index and marks the job
+/// `running` (node, pid, `started` history). False when the job ended instead (lock lost,
+/// or failed as a duplicate of another document); a duplicate the job may retry is an
+/// error (the job crashes).
+async fn claim(
+    myself: &ActorRef<JobMsg>,
+    st: &mut JobActorState,
+    rep_id: &RepId,
+    now: i64,
+) -> Result<bool, BoxError> {
+    let ctx = &st.ctx;
     let full = rep_id.full();
-    st.span.record("rep_id", full.as_str());
     let job_id = st.job.id.clone();
-    let pid = format!("{}", myself.get_id());
     let jobs = ctx.jobs();
     let mut record = st.record.clone();
     record.rep_id = Some(full.clone());
     record.base_id = Some(rep_id.base.clone());
     record.node = Some(ctx.node().to_owned());
-    record.pid = Some(pid);
+    record.pid = Some(format!("{}", myself.get_id()));
     record.last_start = Some(now);
     record.retry_at = None;
     record.set_state(RepState::Running, None, now);
@@ -318,13 +309,8 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     let claimed = jobs
         .db()
         .run(|tx| {
-            let (data, job, full, job_id, ctx) = (
-                data.clone(),
-                job.clone(),
-                full.clone(),
-                job_id.clone(),
-                &ctx,
-            );
+            let (data, job, full, job_id) =
+                (data.clone(), job.clone(), full.clone(), job_id.clone());
             async move {
                 match collision::claim_tx(ctx, &tx, &full, &job_id).await? {
                     Claim::Owned => Ok(Ok(jobs.update_tx(&tx, &job, Some(data)).await?)),
@@ -333,15 +319,18 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
             }
         })
         .await;
-    match claimed {
-        Err(JobsError::Halt) | Err(JobsError::NotFound) => return halt(myself, st),
+    let err = match claimed {
+        Err(JobsError::Halt) | Err(JobsError::NotFound) => return halt(myself, st).map(|()| false),
         Err(e) => return Err(e.into()),
+        Ok(Ok(job)) => {
+            st.job = job;
+            st.record = record;
+            return Ok(true);
+        }
+        // The issue asks for `crashing` here (the archived 4.x code fails it): a
+        // `_replicate` call may retry once the document's job is gone.
         Ok(Err(Claim::DuplicatePersistent { job_id: other, .. })) if st.record.is_transient() => {
-            // The issue asks for `crashing` here (the archived 4.x code fails it): a
-            // `_replicate` call may retry once the document's job is gone.
-            let err = JobError::DuplicateJob { other };
-            st.error = Some(err.clone());
-            return Err(err.into());
+            JobError::DuplicateJob { other }
         }
         Ok(Err(Claim::DuplicatePersistent {
             db_name, doc_id, ..
@@ -352,106 +341,46 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
                 other_doc: doc_id,
                 db: db_name,
             };
-            return fail(st, err).await;
+            return fail(st, err).await.map(|()| false);
         }
-        Ok(Err(Claim::DuplicateTransient(other))) => {
-            let err = JobError::DuplicateJob { other };
-            st.error = Some(err.clone());
-            return Err(err.into());
-        }
-        Ok(Err(Claim::Owned)) => return unreachable_claim(),
-        Ok(Ok(job)) => {
-            st.job = job;
-            st.record = record;
-        }
-    }
-    st.rep_id = Some(full.clone());
-    st.last_start = Some(now);
-    let handle = replication::start(spec, engine);
-    let progress = handle.progress();
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(wait_end(handle, stop_rx, myself.clone()).in_current_span());
-    st.runner = Some(Runner {
-        stop: Some(stop_tx),
-        progress,
-        task,
-    });
-    let period = Duration::from_secs(ctx.settings().stats_update_interval_sec.max(1));
-    let me = myself.clone();
-    st.timer = Some(tokio::spawn(async move {
-        let mut t = tokio::time::interval(period);
-        t.tick().await;
-        loop {
-            t.tick().await;
-            if me.send_message(JobMsg::Tick).is_err() {
-                return;
-            }
-        }
-    }));
-    ctx.publish(ReplicatorEvent::Started {
-        job_id: st.job.id.clone(),
-        rep_id: full,
-    });
-    Ok(())
+        Ok(Err(Claim::DuplicateTransient(other))) => JobError::DuplicateJob { other },
+        // Matched above; kept total without panicking.
+        Ok(Err(Claim::Owned)) => return Err("collision claim in an impossible state".into()),
+    };
+    st.error = Some(err.clone());
+    Err(err.into())
 }
 
-/// `Claim::Owned` is matched before; kept total without panicking.
-fn unreachable_claim() -> Result<(), BoxError> {
-    Err("collision claim in an impossible state".into())
-}
-
-/// The node's shared HTTP clients; without a pool (it is restarting) the job opens its own.
-async fn shared_clients(ctx: &NodeCtx) -> Option<std::sync::Arc<Transports>> {
-    let pool = ctx.child::<PoolMsg>(ids::CONNECTION_POOL).get()?;
-    ractor::call!(pool, PoolMsg::Clients).ok()
-}
-
-/// Leases connections for both endpoints; the job uses the smaller grant.
-async fn lease(
-    ctx: &NodeCtx,
+/// Starts the replication, whose end comes back as [`JobMsg::Done`], and the stats timer
+/// (`Tick` every `stats_update_interval`), then announces the start.
+fn launch(
     myself: &ActorRef<JobMsg>,
-    spec: &replication::ReplicationSpec,
-) -> usize {
-    let want = spec.options.http_connections;
-    let Some(pool) = ctx.child::<PoolMsg>(ids::CONNECTION_POOL).get() else {
-        return want;
-    };
-    let mut granted = want;
-    for ep in [&spec.source, &spec.target] {
-        let endpoint = endpoint_key(ep.parsed_url());
-        let owner = myself.get_cell();
-        if let Ok(l) = ractor::call!(pool, |reply| PoolMsg::Acquire {
-            endpoint,
-            owner,
-            want,
-            reply
-        }) {
-            granted = granted.min(l.granted);
-        }
-    }
-    granted.max(1)
-}
-
-/// Owns the engine handle: waits for its end (reported as [`JobMsg::Done`]) or for a stop
-/// request (the engine checkpoints and stops; the final stats are returned instead).
-async fn wait_end(
-    handle: replication::ReplicationHandle,
-    mut stop: oneshot::Receiver<()>,
-    me: ActorRef<JobMsg>,
-) -> Option<ReplicationStats> {
-    let mut progress = handle.progress();
-    let stopped = loop {
-        tokio::select! {
-            _ = &mut stop => { handle.stop(); break true; }
-            changed = progress.changed() => if changed.is_err() { break false; },
-        }
-    };
-    let result = handle.wait().await;
-    if stopped {
-        return result.ok();
-    }
-    let _ = me.send_message(JobMsg::Done(Box::new(result)));
-    None
+    st: &mut JobActorState,
+    spec: ReplicationSpec,
+    engine: Context,
+    rep_id: String,
+    now: i64,
+) {
+    st.rep_id = Some(rep_id.clone());
+    st.last_start = Some(now);
+    let me = myself.clone();
+    let on_end = Box::new(move |result| {
+        let _ = me.send_message(JobMsg::Done(Box::new(result)));
+    });
+    st.runner = Some(Runner::start(spec, engine, on_end));
+    let period = st
+        .ctx
+        .settings()
+        .stats_update_interval
+        .max(Duration::from_secs(1));
+    let me = myself.clone();
+    st.timer = Some(job_runner::every(period, move || {
+        me.send_message(JobMsg::Tick).is_ok()
+    }));
+    st.ctx.publish(ReplicatorEvent::Started {
+        job_id: st.job.id.clone(),
+        rep_id,
+    });
 }
 
 /// Keeps the latest stats in the record (what `_active_tasks` and `_scheduler/*` show).
@@ -460,7 +389,7 @@ fn put_stats(st: &mut JobActorState, stats: &ReplicationStats) {
 }
 
 async fn tick(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxError> {
-    let Some(stats) = st.runner.as_ref().map(|r| r.progress.borrow().clone()) else {
+    let Some(stats) = st.runner.as_ref().map(Runner::stats) else {
         return Ok(());
     };
     let now = st.ctx.now_secs();
@@ -496,10 +425,7 @@ fn halt(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxErro
 
 fn heal(st: &mut JobActorState, now: i64) {
     let ran = st.last_start.map_or(0, |s| now - s).max(0) as u64;
-    if is_healed(
-        Duration::from_secs(ran),
-        st.ctx.settings().health_threshold(),
-    ) {
+    if is_healed(Duration::from_secs(ran), st.ctx.settings().health_threshold) {
         st.record.error_count = 0;
         st.record.last_error = None;
     }
@@ -576,7 +502,7 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     if let Some(started) = st.last_start
         && is_healed(
             Duration::from_secs((now - started).max(0) as u64),
-            st.ctx.settings().health_threshold(),
+            st.ctx.settings().health_threshold,
         )
     {
         st.record.error_count = 0;
@@ -594,7 +520,7 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     let errors = st.record.error_count.saturating_add(1);
     let s = st.ctx.settings();
     let wait = jittered(
-        penalty(errors, s.min_backoff_penalty(), s.max_backoff_penalty()),
+        penalty(errors, s.min_backoff_penalty, s.max_backoff_penalty),
         &mut rand::rng(),
     );
     let max_history = s.max_history;
@@ -618,15 +544,9 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
 
 /// Stopped by the job server or a shutdown: final checkpoint, back to pending later.
 async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
-    if let Some(mut runner) = st.runner.take() {
-        if let Some(stop) = runner.stop.take() {
-            let _ = stop.send(());
-        }
-        let stats = runner.progress.borrow().clone();
-        match tokio::time::timeout(STOP_CHECKPOINT_BUDGET, &mut runner.task).await {
-            Ok(Ok(Some(final_stats))) => put_stats(st, &final_stats),
-            _ => put_stats(st, &stats),
-        }
+    if let Some(runner) = st.runner.take() {
+        let stats = runner.stop(STOP_CHECKPOINT_BUDGET).await;
+        put_stats(st, &stats);
     }
     let now = st.ctx.now_secs();
     let max_history = st.ctx.settings().max_history;
@@ -635,9 +555,7 @@ async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
     r.set_state(RepState::Pending, None, now);
     r.push_history(HistoryKind::Stopped, now, None, max_history);
     r.push_history(HistoryKind::Pending, now, None, max_history);
-    let delay = st
-        .resubmit_delay
-        .unwrap_or_else(|| st.ctx.settings().interval());
+    let delay = st.resubmit_delay.unwrap_or(st.ctx.settings().interval);
     let stime = now + delay.as_secs().max(1) as i64;
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Stopped {

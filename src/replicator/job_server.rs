@@ -180,7 +180,7 @@ impl JobServer {
     }
 
     fn schedule_tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
-        let interval = self.ctx.settings().interval();
+        let interval = self.ctx.settings().interval;
         let jitter_ms = (interval.as_millis() as u64 / 3).max(1);
         let wait = interval + Duration::from_millis(rand::rng().random_range(0..jitter_ms));
         let me = myself.clone();
@@ -214,7 +214,7 @@ impl JobServer {
                 priority: st.share.priority(&w.job_id),
             })
             .collect();
-        let victims = trim_victims(&running, s.max_jobs, s.min_run_time());
+        let victims = trim_victims(&running, s.max_jobs, s.min_run_time);
         if !victims.is_empty() {
             let delay = self.rotation_delay().await;
             let mean = running.iter().map(|j| j.priority as f64).sum::<f64>()
@@ -286,11 +286,11 @@ impl JobServer {
         let cycles = pending
             .div_ceil(s.max_churn.max(1))
             .clamp(1, MAX_ROTATION_INTERVALS);
-        s.interval() * cycles as u32
+        s.interval * cycles as u32
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {
-        let max_age = self.ctx.settings().transient_job_max_age_sec as i64;
+        let max_age = self.ctx.settings().transient_job_max_age.as_secs() as i64;
         let limit = self.ctx.now_secs() - max_age;
         let old: Vec<String> = self
             .ctx
@@ -322,13 +322,13 @@ impl JobServer {
 /// it at every tick would make an idle node's cost grow with the number of jobs; a finished
 /// transient job may outlive `transient_job_max_age` by this much.
 fn cleanup_period(s: &ReplicatorSettings) -> Duration {
-    let tenth = Duration::from_secs(s.transient_job_max_age_sec) / 10;
-    tenth.clamp(s.interval(), Duration::from_secs(300).max(s.interval()))
+    let tenth = s.transient_job_max_age / 10;
+    tenth.clamp(s.interval, Duration::from_secs(300).max(s.interval))
 }
 
 /// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
 async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMsg>, id: u64) {
-    let jitter = ctx.settings().startup_jitter.max(1);
+    let jitter = (ctx.settings().startup_jitter.as_millis() as u64).max(1);
     loop {
         let opts = AcceptOpts::default()
             .max_sched_time(ctx.now_secs())

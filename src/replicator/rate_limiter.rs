@@ -171,7 +171,7 @@ impl Observable for RateLimiterMsg {
 /// The rate limiter server.
 #[derive(Debug, Clone)]
 pub struct RateLimiterServer {
-    /// The `max_backoff` ceiling (`rate_limiter_max_interval_msec`).
+    /// The `max_backoff` ceiling (`rate_limiter_max_interval`).
     pub max_interval: Duration,
 }
 

@@ -1,6 +1,7 @@
-//! The `[replicator]` settings of a node, with CouchDB's names and 4.x defaults (CouchDB 4.x's [replicator] defaults,
-//! CouchDB 3.x's [replicator] defaults in default.ini), in one place. Deserialised from the config file's `[replicator]` table; every field
-//! has its default so a partial file works.
+//! The scheduler and job settings of a node, with CouchDB 4.x's defaults (CouchDB 4.x's
+//! `[replicator]` defaults, CouchDB 3.x's in default.ini), in one place, and their ranges.
+//! Plain names and [`Duration`]s: CouchDB's key names and units (`interval_sec`,
+//! `rate_limiter_max_interval_msec`, ...) belong to the config-file layer that fills these.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,46 +22,47 @@ pub enum NodeType {
     Replication,
 }
 
-/// The scheduler and job settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// The scheduler and job settings, as an embedding host sets them. Times are [`Duration`]s;
+/// the config-file layer (the `couch-replicator` binary) reads CouchDB's `[replicator]` keys,
+/// with their names and units, into these fields.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReplicatorSettings {
     /// Jobs running on this node at most (outside churn spikes).
     pub max_jobs: usize,
-    /// The job server's cycle, seconds.
-    pub interval_sec: u64,
+    /// The job server's cycle.
+    pub interval: Duration,
     /// Extra job starts per cycle when work is pending.
     pub max_churn: usize,
     /// Idle acceptors kept waiting for work.
     pub max_acceptors: usize,
-    /// Continuous jobs younger than this are never trimmed, seconds.
-    pub min_run_time_sec: u64,
-    /// Finished transient jobs are removed after this, seconds.
-    pub transient_job_max_age_sec: u64,
-    /// An idle acceptor sleeps up to this before asking again, milliseconds.
-    pub startup_jitter: u64,
-    /// A job running this long without error has its error count reset, seconds.
-    pub health_threshold_sec: u64,
+    /// Continuous jobs younger than this are never trimmed.
+    pub min_run_time: Duration,
+    /// Finished transient jobs are removed after this.
+    pub transient_job_max_age: Duration,
+    /// An idle acceptor sleeps up to this before asking again.
+    pub startup_jitter: Duration,
+    /// A job running this long without error has its error count reset.
+    pub health_threshold: Duration,
     /// Base of the crash back-off: after `n` consecutive errors a job waits about this times
-    /// 2^n before it may run again, seconds (at least 2).
-    pub min_backoff_penalty_sec: u64,
-    /// Ceiling of that wait, seconds (CouchDB: 2 days; at most 30 days).
-    pub max_backoff_penalty_sec: u64,
+    /// 2^n before it may run again.
+    pub min_backoff_penalty: Duration,
+    /// Ceiling of that wait (CouchDB: 2 days).
+    pub max_backoff_penalty: Duration,
     /// Events kept in a job's history.
     pub max_history: usize,
-    /// How often a running job refreshes its stats in the job store, seconds.
-    pub stats_update_interval_sec: u64,
-    /// couch_jobs activity timeout of replication jobs, seconds (CouchDB: 61).
-    pub job_timeout_sec: u64,
-    /// Membership must be unchanged this long before the cluster is `stable`, seconds.
-    pub cluster_quiet_period: u64,
-    /// The same window right after boot, seconds.
-    pub cluster_start_period: u64,
-    /// Ours (CouchDB hard-codes 25,000): a request whose 429 back-off would wait this long
-    /// fails the job with `max_backoff`, milliseconds, at most 25,000.
-    pub rate_limiter_max_interval_msec: u64,
-    /// Idle pooled connections are closed after this, milliseconds.
-    pub connection_close_interval: u64,
+    /// How often a running job refreshes its stats in the job store (at least every second).
+    pub stats_update_interval: Duration,
+    /// couch_jobs activity timeout of replication jobs, whole seconds (CouchDB: 61 s).
+    pub job_timeout: Duration,
+    /// Membership must be unchanged this long before the cluster is `stable`.
+    pub cluster_quiet_period: Duration,
+    /// The same window right after boot.
+    pub cluster_start_period: Duration,
+    /// Ours (CouchDB hard-codes 25 s): a request whose 429 back-off would wait this long
+    /// fails the job with `max_backoff`; at most 25 s.
+    pub rate_limiter_max_interval: Duration,
+    /// Idle pooled connections are closed after this.
+    pub connection_close_interval: Duration,
     /// What this node runs.
     pub node_types: Vec<NodeType>,
     /// Fair-share weight per `_replicator` database (`[replicator.shares]`, 1..=1000, others
@@ -71,9 +73,7 @@ pub struct ReplicatorSettings {
     /// How much of a job's fair-share priority survives a cycle (0..=1).
     pub priority_coeff: f64,
     /// Per-job defaults (`worker_processes`, `connection_timeout`, TLS, ...): what a
-    /// replication document does not set. Read from the `[replicator]` keys CouchDB uses for
-    /// them; not part of this table's own keys.
-    #[serde(skip)]
+    /// replication document does not set.
     pub job_defaults: ReplicationOptions,
 }
 
@@ -81,22 +81,22 @@ impl Default for ReplicatorSettings {
     fn default() -> Self {
         Self {
             max_jobs: 500,
-            interval_sec: 15,
+            interval: Duration::from_secs(15),
             max_churn: 100,
             max_acceptors: 2,
-            min_run_time_sec: 60,
-            transient_job_max_age_sec: 86_400,
-            startup_jitter: 5_000,
-            health_threshold_sec: 120,
-            min_backoff_penalty_sec: 32,
-            max_backoff_penalty_sec: 172_800,
+            min_run_time: Duration::from_secs(60),
+            transient_job_max_age: Duration::from_secs(86_400),
+            startup_jitter: Duration::from_secs(5),
+            health_threshold: Duration::from_secs(120),
+            min_backoff_penalty: Duration::from_secs(32),
+            max_backoff_penalty: Duration::from_secs(172_800),
             max_history: 10,
-            stats_update_interval_sec: 10,
-            job_timeout_sec: 61,
-            cluster_quiet_period: 60,
-            cluster_start_period: 5,
-            rate_limiter_max_interval_msec: 25_000,
-            connection_close_interval: 90_000,
+            stats_update_interval: Duration::from_secs(10),
+            job_timeout: Duration::from_secs(61),
+            cluster_quiet_period: Duration::from_secs(60),
+            cluster_start_period: Duration::from_secs(5),
+            rate_limiter_max_interval: MAX_RATE_LIMITER_INTERVAL,
+            connection_close_interval: Duration::from_secs(90),
             node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
             shares: BTreeMap::new(),
             usage_coeff: 0.5,
@@ -106,43 +106,21 @@ impl Default for ReplicatorSettings {
     }
 }
 
+/// CouchDB's fixed 429 back-off ceiling, the most `rate_limiter_max_interval` may be.
+const MAX_RATE_LIMITER_INTERVAL: Duration = Duration::from_secs(25);
+
+/// A setting out of range: the field (as named in [`ReplicatorSettings`]) and the rule it
+/// breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting} {rule}")]
+pub struct SettingsError {
+    /// The field's name.
+    pub setting: &'static str,
+    /// What it must be.
+    pub rule: &'static str,
+}
+
 impl ReplicatorSettings {
-    /// The job server's cycle (`interval_sec`).
-    pub fn interval(&self) -> Duration {
-        Duration::from_secs(self.interval_sec)
-    }
-
-    /// The 429 back-off ceiling.
-    pub fn rate_limiter_max_interval(&self) -> Duration {
-        Duration::from_millis(self.rate_limiter_max_interval_msec)
-    }
-
-    /// How long a continuous job runs before it may be trimmed (`min_run_time_sec`).
-    pub fn min_run_time(&self) -> Duration {
-        Duration::from_secs(self.min_run_time_sec)
-    }
-
-    /// How long a job must run without error for its error count to be reset
-    /// (`health_threshold_sec`).
-    pub fn health_threshold(&self) -> Duration {
-        Duration::from_secs(self.health_threshold_sec)
-    }
-
-    /// The crash back-off's starting wait (`min_backoff_penalty_sec`).
-    pub fn min_backoff_penalty(&self) -> Duration {
-        Duration::from_secs(self.min_backoff_penalty_sec)
-    }
-
-    /// The crash back-off's ceiling (`max_backoff_penalty_sec`).
-    pub fn max_backoff_penalty(&self) -> Duration {
-        Duration::from_secs(self.max_backoff_penalty_sec)
-    }
-
-    /// How long an idle pooled connection is kept (`connection_close_interval`).
-    pub fn connection_close_interval(&self) -> Duration {
-        Duration::from_millis(self.connection_close_interval)
-    }
-
     /// The fair-share parameters.
     pub fn share_params(&self) -> ShareParams {
         ShareParams {
@@ -157,43 +135,47 @@ impl ReplicatorSettings {
         self.node_types.contains(&node_type)
     }
 
-    /// Rejects settings that would stall the scheduler, with the setting's CouchDB name.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Rejects settings that would stall the scheduler, naming the setting.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let bad = |setting, rule| Err(SettingsError { setting, rule });
         let positive = [
-            ("max_jobs", self.max_jobs as u64),
-            ("interval_sec", self.interval_sec),
-            ("max_acceptors", self.max_acceptors as u64),
-            ("job_timeout_sec", self.job_timeout_sec),
-            ("stats_update_interval_sec", self.stats_update_interval_sec),
+            ("max_jobs", self.max_jobs == 0),
+            ("interval", self.interval.is_zero()),
+            ("max_acceptors", self.max_acceptors == 0),
             (
-                "rate_limiter_max_interval_msec",
-                self.rate_limiter_max_interval_msec,
+                "stats_update_interval",
+                self.stats_update_interval.is_zero(),
+            ),
+            (
+                "rate_limiter_max_interval",
+                self.rate_limiter_max_interval.is_zero(),
             ),
         ];
-        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(format!("[replicator] {name} must be greater than 0"));
+        if let Some((name, _)) = positive.iter().find(|(_, zero)| *zero) {
+            return bad(name, "must be greater than 0");
+        }
+        // couch_jobs keeps activity timeouts in whole seconds.
+        if self.job_timeout < Duration::from_secs(1) {
+            return bad("job_timeout", "must be at least 1 second");
         }
         if self.node_types.is_empty() {
-            return Err(
-                "[replicator] node_types must name at least one of api_frontend, replication"
-                    .into(),
+            return bad(
+                "node_types",
+                "must name at least one of api_frontend, replication",
             );
         }
-        if self.rate_limiter_max_interval_msec > 25_000 {
-            return Err("[replicator] rate_limiter_max_interval_msec must be at most 25000".into());
+        if self.rate_limiter_max_interval > MAX_RATE_LIMITER_INTERVAL {
+            return bad("rate_limiter_max_interval", "must be at most 25 seconds");
         }
-        if self.min_backoff_penalty_sec > self.max_backoff_penalty_sec {
-            return Err(
-                "[replicator] min_backoff_penalty_sec must not exceed max_backoff_penalty_sec"
-                    .into(),
-            );
+        if self.min_backoff_penalty > self.max_backoff_penalty {
+            return bad("min_backoff_penalty", "must not exceed max_backoff_penalty");
         }
         for (name, v) in [
             ("usage_coeff", self.usage_coeff),
             ("priority_coeff", self.priority_coeff),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(format!("[replicator] {name} must be between 0 and 1"));
+                return bad(name, "must be between 0 and 1");
             }
         }
         Ok(())
@@ -205,31 +187,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn partial_json_keeps_the_other_defaults() {
-        let s: ReplicatorSettings =
-            serde_json::from_str(r#"{"max_jobs": 100, "node_types": ["replication"]}"#).unwrap();
-        assert_eq!(s.max_jobs, 100);
-        assert_eq!(s.interval_sec, 15);
-        assert!(s.runs(NodeType::Replication));
-        assert!(!s.runs(NodeType::ApiFrontend));
+    fn defaults_are_couchdbs_and_valid() {
+        let s = ReplicatorSettings::default();
+        assert_eq!(s.interval, Duration::from_secs(15));
+        assert_eq!(s.job_timeout, Duration::from_secs(61));
+        assert!(s.runs(NodeType::Replication) && s.runs(NodeType::ApiFrontend));
         assert!(s.validate().is_ok());
     }
 
     #[test]
-    fn unknown_and_zero_settings_are_rejected_by_name() {
-        assert!(serde_json::from_str::<ReplicatorSettings>(r#"{"max_jobz": 1}"#).is_err());
+    fn out_of_range_settings_are_rejected_by_name() {
         let s = ReplicatorSettings {
             max_jobs: 0,
             ..Default::default()
         };
         assert_eq!(
-            s.validate().unwrap_err(),
-            "[replicator] max_jobs must be greater than 0"
+            s.validate().unwrap_err().to_string(),
+            "max_jobs must be greater than 0"
         );
         let s = ReplicatorSettings {
             node_types: vec![],
             ..Default::default()
         };
-        assert!(s.validate().unwrap_err().contains("node_types"));
+        assert_eq!(s.validate().unwrap_err().setting, "node_types");
+        let s = ReplicatorSettings {
+            rate_limiter_max_interval: Duration::from_millis(25_001),
+            ..Default::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err().setting,
+            "rate_limiter_max_interval"
+        );
+        let s = ReplicatorSettings {
+            job_timeout: Duration::from_millis(500),
+            ..Default::default()
+        };
+        assert_eq!(s.validate().unwrap_err().setting, "job_timeout");
     }
 }

@@ -31,7 +31,7 @@ impl Replicator {
             .map_err(ReplicatorError::Config)?;
         let prefix = config.jobs.prefix.clone();
         let jobs = Jobs::new(config.db, config.jobs);
-        jobs.set_type_timeout(REP_JOBS, config.settings.job_timeout_sec as i64)
+        jobs.set_type_timeout(REP_JOBS, config.settings.job_timeout.as_secs() as i64)
             .await?;
         let background = jobs.start_background().await?;
         let (handle_tx, handle_rx) = tokio::sync::watch::channel(None);

@@ -107,7 +107,7 @@ fn replication_children(
         // As many idle sockets per endpoint as one job may use at once (its default
         // `http_connections`): enough for the next job's burst, not one per job.
         max_idle: s.job_defaults.http_connections.max(1),
-        close_interval: s.connection_close_interval(),
+        close_interval: s.connection_close_interval,
         metrics: ctx.metrics().clone(),
     };
     sup.child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
@@ -115,7 +115,7 @@ fn replication_children(
         .child(ChildSpec::server(
             ids::RATE_LIMITER,
             RateLimiterServer {
-                max_interval: s.rate_limiter_max_interval(),
+                max_interval: s.rate_limiter_max_interval,
             },
             |_| (),
         ))

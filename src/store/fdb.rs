@@ -21,6 +21,7 @@
 //! the headers the crate embeds.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use foundationdb::options::{ConflictRangeType, MutationType, StreamingMode, TransactionOption};
 use foundationdb::{FdbError, RangeOption};
@@ -44,12 +45,13 @@ pub fn map_error(e: FdbError) -> StoreError {
 /// defaults). `timeout` and the retry limit span retries (API version ≥ 610).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FdbTxOptions {
-    /// `timeout`: a transaction with its retries fails with 1031 after this (ms).
-    pub timeout_ms: i32,
+    /// `timeout`: a transaction with its retries fails with 1031 after this (FDB counts
+    /// whole milliseconds, at most `i32::MAX`).
+    pub timeout: Duration,
     /// `retry_limit`: retries before the last error is returned.
     pub retry_limit: i32,
-    /// `max_retry_delay`: the ceiling of FDB's own retry backoff (ms).
-    pub max_retry_delay_ms: i32,
+    /// `max_retry_delay`: the ceiling of FDB's own retry backoff (whole milliseconds).
+    pub max_retry_delay: Duration,
     /// At most 10,000,000 (FDB's own ceiling).
     pub size_limit: i32,
 }
@@ -57,20 +59,25 @@ pub struct FdbTxOptions {
 impl Default for FdbTxOptions {
     fn default() -> Self {
         Self {
-            timeout_ms: 60_000,
+            timeout: Duration::from_secs(60),
             retry_limit: 100,
-            max_retry_delay_ms: 1_000,
+            max_retry_delay: Duration::from_secs(1),
             size_limit: 10_000_000,
         }
     }
 }
 
+/// FDB's options take milliseconds as an `i32`; longer times are capped.
+fn millis(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}
+
 impl FdbTxOptions {
     fn apply(&self, tx: &foundationdb::Transaction) -> Result<(), StoreError> {
         for option in [
-            TransactionOption::Timeout(self.timeout_ms),
+            TransactionOption::Timeout(millis(self.timeout)),
             TransactionOption::RetryLimit(self.retry_limit),
-            TransactionOption::MaxRetryDelay(self.max_retry_delay_ms),
+            TransactionOption::MaxRetryDelay(millis(self.max_retry_delay)),
             TransactionOption::SizeLimit(self.size_limit),
         ] {
             tx.set_option(option).map_err(map_error)?;

@@ -243,7 +243,7 @@ async fn background_monitor_requeues_a_dead_workers_job() {
         "background monitor requeues a dead workers job",
         async {
             let j = jobs_with(JobsConfig {
-                activity_monitor_max_jitter_msec: 500,
+                activity_monitor_max_jitter: Duration::from_millis(500),
                 ..JobsConfig::default()
             });
             let bg = j.start_background().await.unwrap();

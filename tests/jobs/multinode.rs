@@ -95,9 +95,9 @@ async fn run() {
     let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
     let db = Db::new(Arc::new(store.clone()));
     let config = JobsConfig {
-        activity_monitor_max_jitter_msec: 200,
-        type_check_period_msec: 500,
-        type_check_max_jitter_msec: 100,
+        activity_monitor_max_jitter: Duration::from_millis(200),
+        type_check_period: Duration::from_millis(500),
+        type_check_max_jitter: Duration::from_millis(100),
         ..JobsConfig::default()
     };
     let nodes: Vec<Jobs> = (0..NODES)

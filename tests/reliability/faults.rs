@@ -41,8 +41,8 @@ impl Rig {
         let proxy = FaultProxy::start(&root).await;
         let store = Store::open();
         let settings = ReplicatorSettings {
-            min_backoff_penalty_sec: 1,
-            max_backoff_penalty_sec: 4,
+            min_backoff_penalty: Duration::from_secs(1),
+            max_backoff_penalty: Duration::from_secs(4),
             ..settings
         };
         let node = node(&store.db, "n1", settings).await;
@@ -278,7 +278,7 @@ async fn a_429_storm_backs_off_converges_and_finishes() {
 async fn endless_429s_crash_with_max_backoff_and_the_job_restarts_gentler() {
     deadline(120, "max_backoff", async {
         let rig = Rig::start_with(ReplicatorSettings {
-            rate_limiter_max_interval_msec: 300,
+            rate_limiter_max_interval: Duration::from_millis(300),
             ..test_settings()
         })
         .await;

@@ -18,7 +18,7 @@ use serde_json::json;
 const JOBS: usize = 300;
 const SERVERS: usize = 4;
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
-/// The couch_jobs activity timeout of the replication job type (`job_timeout_sec`).
+/// The couch_jobs activity timeout of the replication job type (`job_timeout`), seconds.
 const ACTIVITY_TIMEOUT_SEC: u64 = 10;
 
 fn settings() -> ReplicatorSettings {
@@ -26,9 +26,9 @@ fn settings() -> ReplicatorSettings {
         // Two survivors can hold every job, so recovery is not a rotation.
         max_jobs: JOBS / 2,
         max_churn: JOBS / 2,
-        interval_sec: 2,
-        min_run_time_sec: 5,
-        job_timeout_sec: ACTIVITY_TIMEOUT_SEC,
+        interval: Duration::from_secs(2),
+        min_run_time: Duration::from_secs(5),
+        job_timeout: Duration::from_secs(ACTIVITY_TIMEOUT_SEC),
         ..test_settings()
     }
 }

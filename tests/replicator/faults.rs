@@ -62,9 +62,9 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
             let pouch = Pouch::start().await;
             let store = Store::open();
             let settings = ReplicatorSettings {
-                min_backoff_penalty_sec: 2,
-                max_backoff_penalty_sec: 1000,
-                health_threshold_sec: 2,
+                min_backoff_penalty: Duration::from_secs(2),
+                max_backoff_penalty: Duration::from_secs(1000),
+                health_threshold: Duration::from_secs(2),
                 ..test_settings()
             };
             let n = node(&store.db, "n1", settings).await;

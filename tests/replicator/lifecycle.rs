@@ -181,7 +181,7 @@ async fn finished_transient_jobs_are_removed_after_their_max_age() {
         pouch.put_docs("src", "d", 5).await;
         let store = Store::open();
         let settings = ReplicatorSettings {
-            transient_job_max_age_sec: 2,
+            transient_job_max_age: Duration::from_secs(2),
             ..test_settings()
         };
         let node = node(&store.db, "n1", settings).await;

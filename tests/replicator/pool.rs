@@ -15,8 +15,8 @@ use supervisors::observe;
 /// Short idle close; a long activity timeout so a killed job is not re-run during the test.
 fn pool_settings() -> ReplicatorSettings {
     ReplicatorSettings {
-        connection_close_interval: 1_000,
-        job_timeout_sec: 120,
+        connection_close_interval: Duration::from_secs(1),
+        job_timeout: Duration::from_secs(120),
         ..test_settings()
     }
 }
@@ -135,7 +135,7 @@ async fn idle_sockets_beyond_the_cap_close_at_once() {
         let store = Store::open();
         const CAP: usize = 2;
         let mut settings = ReplicatorSettings {
-            connection_close_interval: 600_000,
+            connection_close_interval: Duration::from_secs(600),
             max_jobs: 20,
             ..pool_settings()
         };

@@ -46,8 +46,8 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
             max_churn,
             // A job must live long enough to start (two endpoints, checkpoints) before it
             // can be trimmed, or no rotated job ever gets to copy anything.
-            interval_sec: 2,
-            min_run_time_sec: 5,
+            interval: Duration::from_secs(2),
+            min_run_time: Duration::from_secs(5),
             ..test_settings()
         };
         let n = node(&store.db, "n1", settings).await;

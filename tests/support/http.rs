@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::jobs::JobsConfig;
@@ -19,11 +20,11 @@ pub const EVE: (&str, &str) = ("eve", "eve-secret");
 /// Short intervals and little jitter so jobs start within a second.
 pub fn fast_settings() -> ReplicatorSettings {
     ReplicatorSettings {
-        interval_sec: 1,
-        startup_jitter: 100,
-        min_run_time_sec: 1,
-        stats_update_interval_sec: 1,
-        job_timeout_sec: 3,
+        interval: Duration::from_secs(1),
+        startup_jitter: Duration::from_millis(100),
+        min_run_time: Duration::from_secs(1),
+        stats_update_interval: Duration::from_secs(1),
+        job_timeout: Duration::from_secs(3),
         ..ReplicatorSettings::default()
     }
 }
@@ -31,9 +32,9 @@ pub fn fast_settings() -> ReplicatorSettings {
 /// couch_jobs discovers types and dead workers quickly.
 pub fn fast_jobs() -> JobsConfig {
     JobsConfig {
-        type_check_period_msec: 300,
-        type_check_max_jitter_msec: 100,
-        activity_monitor_max_jitter_msec: 200,
+        type_check_period: Duration::from_millis(300),
+        type_check_max_jitter: Duration::from_millis(100),
+        activity_monitor_max_jitter: Duration::from_millis(200),
         ..JobsConfig::default()
     }
 }

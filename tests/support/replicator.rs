@@ -158,22 +158,22 @@ impl Store {
 /// Settings for tests: short intervals, little jitter, a 3 s activity timeout.
 pub fn test_settings() -> ReplicatorSettings {
     ReplicatorSettings {
-        interval_sec: 1,
-        startup_jitter: 100,
-        min_run_time_sec: 1,
-        stats_update_interval_sec: 1,
-        job_timeout_sec: 3,
-        cluster_quiet_period: 1,
-        cluster_start_period: 1,
+        interval: Duration::from_secs(1),
+        startup_jitter: Duration::from_millis(100),
+        min_run_time: Duration::from_secs(1),
+        stats_update_interval: Duration::from_secs(1),
+        job_timeout: Duration::from_secs(3),
+        cluster_quiet_period: Duration::from_secs(1),
+        cluster_start_period: Duration::from_secs(1),
         ..ReplicatorSettings::default()
     }
 }
 
 pub fn jobs_config() -> JobsConfig {
     JobsConfig {
-        type_check_period_msec: 300,
-        type_check_max_jitter_msec: 100,
-        activity_monitor_max_jitter_msec: 200,
+        type_check_period: Duration::from_millis(300),
+        type_check_max_jitter: Duration::from_millis(100),
+        activity_monitor_max_jitter: Duration::from_millis(200),
         ..JobsConfig::default()
     }
 }

@@ -27,9 +27,9 @@ pub fn test_config() -> StepsConfig {
 /// couch_jobs settings for tests: types discovered within half a second.
 pub fn jobs_config() -> JobsConfig {
     JobsConfig {
-        type_check_period_msec: 300,
-        type_check_max_jitter_msec: 100,
-        activity_monitor_max_jitter_msec: 200,
+        type_check_period: Duration::from_millis(300),
+        type_check_max_jitter: Duration::from_millis(100),
+        activity_monitor_max_jitter: Duration::from_millis(200),
         ..JobsConfig::default()
     }
 }

@@ -1,0 +1,290 @@
+//! The workers' side of the pipeline (CouchDB's couch_replicator_worker.erl): what one worker
+//! does with a batch of changes (`_revs_diff`, then `_bulk_get` plus one for small
+//! attachments plus individual fetches, then `_bulk_docs`), and the state the workers share
+//! with the run loop: the [`Tracker`] that keeps the checkpoint behind every batch still in
+//! flight, the counters, and the highest source sequence seen.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::changes::Batch;
+use super::client::HttpClient;
+use super::error::{ReplicationError, Result};
+use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
+use super::options::ReplicationSpec;
+use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
+use super::stats::Counters;
+use super::write::{WriteResult, put_json, put_multipart, write_docs};
+use crate::telemetry::NodeMetrics;
+
+/// Concurrent individual fetches per worker.
+const INDIVIDUAL_FETCHES: usize = 4;
+
+/// Orders batches so the checkpoint never passes one still in flight.
+#[derive(Debug)]
+pub(super) struct Tracker {
+    pending: BTreeMap<u64, (Value, bool)>,
+    through: Value,
+}
+
+impl Tracker {
+    /// A tracker whose through-sequence starts at `since` (the start point).
+    pub(super) fn new(since: Value) -> Self {
+        Self {
+            pending: BTreeMap::new(),
+            through: since,
+        }
+    }
+
+    fn register(&mut self, index: u64, seq: Value) {
+        self.pending.insert(index, (seq, false));
+    }
+
+    fn complete(&mut self, index: u64) {
+        if let Some(e) = self.pending.get_mut(&index) {
+            e.1 = true;
+        }
+        while let Some(entry) = self.pending.first_entry() {
+            if !entry.get().1 {
+                break;
+            }
+            self.through = entry.remove().0;
+        }
+    }
+}
+
+/// What the changes reader, the workers and the run loop share for one replication.
+pub(super) struct Shared {
+    pub(super) src: Arc<HttpClient>,
+    pub(super) tgt: Arc<HttpClient>,
+    pub(super) spec: ReplicationSpec,
+    pub(super) counters: Arc<Counters>,
+    pub(super) metrics: Arc<NodeMetrics>,
+    pub(super) tracker: Mutex<Tracker>,
+    pub(super) skipper: Mutex<DiffSkipper>,
+    pub(super) bulk_get: Mutex<BulkGetGate>,
+    pub(super) source_seq: Mutex<Value>,
+}
+
+/// A poisoned lock only means a worker panicked mid-update; the data is still usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// The changes reader handed out `b`: track it, and move the source sequence shown in
+    /// stats forward (never back: numeric sequences only grow, opaque ones are taken as is).
+    pub(super) fn note_batch(&self, b: &Batch) {
+        lock(&self.tracker).register(b.index, b.last_seq.clone());
+        let mut seq = lock(&self.source_seq);
+        match (seq.as_u64(), b.last_seq.as_u64()) {
+            (Some(cur), Some(new)) if new <= cur => {}
+            _ => *seq = b.last_seq.clone(),
+        }
+    }
+
+    /// The sequence every batch up to which is written (where a checkpoint may point).
+    pub(super) fn through_seq(&self) -> Value {
+        lock(&self.tracker).through.clone()
+    }
+
+    /// The highest source sequence seen (the source's `update_seq` until a batch arrives).
+    pub(super) fn source_seq(&self) -> Value {
+        lock(&self.source_seq).clone()
+    }
+}
+
+/// One worker: takes batches off the shared queue until the reader closes it.
+pub(super) async fn worker(
+    sh: Arc<Shared>,
+    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Batch>>>,
+) -> Result<()> {
+    loop {
+        let next = { rx.lock().await.recv().await };
+        let Some(batch) = next else { return Ok(()) };
+        process(&sh, &batch).await?;
+        lock(&sh.tracker).complete(batch.index);
+    }
+}
+
+/// Copies one batch: finds what the target lacks, fetches it (in bulk where the source
+/// allows, else one by one) and writes it.
+async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
+    if batch.changes.is_empty() {
+        return Ok(());
+    }
+    let c = &sh.counters;
+    let wanted = missing_revisions(sh, batch).await?;
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    // Design documents are always fetched and written one by one (CouchDB's couch_replicator_worker.erl).
+    let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
+        .into_iter()
+        .partition(|w| w.id.starts_with("_design/"));
+    let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
+    let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
+        fetch_in_bulk(sh, wanted).await?
+    } else {
+        (Vec::new(), wanted)
+    };
+    refetch.extend(design);
+    let mut read = docs.len() as u64;
+    let mut result = fetch_one_by_one(sh, refetch, &mut docs, &mut read).await?;
+    Counters::add(&c.docs_read, read);
+    result += write_docs(&sh.tgt, &docs).await?;
+    Counters::add(&c.docs_written, result.written);
+    Counters::add(&c.doc_write_failures, result.failures);
+    NodeMetrics::add(&sh.metrics.docs_written, result.written);
+    NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
+    Ok(())
+}
+
+/// The revisions of the batch the target lacks (`_revs_diff`, unless the skipper has seen
+/// the target lack nearly everything), counted as checked and found.
+async fn missing_revisions(sh: &Shared, batch: &Batch) -> Result<Vec<Wanted>> {
+    let c = &sh.counters;
+    let checked: u64 = batch.changes.iter().map(|ch| ch.revs.len() as u64).sum();
+    Counters::add(&c.revisions_checked, checked);
+    NodeMetrics::add(&sh.metrics.revisions_checked, checked);
+    let call = lock(&sh.skipper).should_call();
+    let missing = if call {
+        let m = revs_diff(&sh.tgt, &batch.changes).await?;
+        let found: u64 = m.iter().map(|x| x.revs.len() as u64).sum();
+        lock(&sh.skipper).record(checked, found);
+        m
+    } else {
+        all_missing(&batch.changes)
+    };
+    let wanted: Vec<Wanted> = missing
+        .into_iter()
+        .flat_map(|m| {
+            let anc = m.possible_ancestors;
+            m.revs.into_iter().map(move |rev| Wanted {
+                id: m.id.clone(),
+                rev,
+                atts_since: anc.clone(),
+            })
+        })
+        .collect();
+    Counters::add(&c.missing_revisions_found, wanted.len() as u64);
+    NodeMetrics::add(&sh.metrics.missing_revisions_found, wanted.len() as u64);
+    Ok(wanted)
+}
+
+/// `_bulk_get` for the wanted revisions, then once more with inline attachments for those
+/// that have small ones: the documents ready to write, and the revisions left to fetch one
+/// by one (all of them when the source has no usable `_bulk_get`).
+async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<(Vec<Bytes>, Vec<Wanted>)> {
+    let c = &sh.counters;
+    let n = wanted.len();
+    let mut out = bulk_get(&sh.src, wanted, false).await?;
+    let failed = if out.supported { out.refetch.len() } else { n };
+    lock(&sh.bulk_get).record(n, failed);
+    if out.supported {
+        Counters::add(&c.bulk_get_attempts, n as u64);
+        Counters::add(&c.bulk_get_docs, out.docs.len() as u64);
+    } else {
+        tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
+    }
+    // Documents with small attachments: one more `_bulk_get` for all of them.
+    if !out.inline.is_empty() {
+        let n = out.inline.len() as u64;
+        let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
+        if again.supported {
+            Counters::add(&c.bulk_get_attempts, n);
+            Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
+        }
+        out.docs.extend(again.docs);
+        out.refetch.extend(again.refetch);
+        out.refetch.extend(again.inline);
+    }
+    Ok((out.docs, out.refetch))
+}
+
+/// Fetches the remaining revisions individually (`open_revs`, attachments streamed to the
+/// target where possible), a few at a time. Plain JSON documents join `docs` for one
+/// `_bulk_docs`; design documents and documents with attachments are written here. Every
+/// document fetched counts in `read`.
+async fn fetch_one_by_one(
+    sh: &Shared,
+    refetch: Vec<Wanted>,
+    docs: &mut Vec<Bytes>,
+    read: &mut u64,
+) -> Result<WriteResult> {
+    let mut result = WriteResult::default();
+    let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
+    let retry_after = sh.spec.options.missing_doc_retry;
+    let mut fetched = futures::stream::iter(refetch)
+        .map(move |w| {
+            let (src, tgt) = (src.clone(), tgt.clone());
+            async move {
+                // Attachments stream from source to target; on failure fetch again buffered.
+                let mut got = match open_revs(&src, &w, Some(&tgt)).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
+                        open_revs(&src, &w, None).await?
+                    }
+                };
+                let missing_stub = got
+                    .iter()
+                    .any(|f| matches!(f, Fetched::Written(r) if r.missing_stub > 0));
+                if got.is_empty() || missing_stub {
+                    // Reported missing (common while the source's shards catch up), or the
+                    // target lacks an attachment atts_since left out: wait, then fetch once
+                    // more in full; the first write's rejection is replaced by this one.
+                    tokio::time::sleep(retry_after).await;
+                    let again = Wanted {
+                        atts_since: Vec::new(),
+                        ..w.clone()
+                    };
+                    got = open_revs(&src, &again, None).await?;
+                }
+                Ok::<_, ReplicationError>((w.id, got))
+            }
+        })
+        .buffered(INDIVIDUAL_FETCHES);
+    while let Some(f) = fetched.next().await {
+        let (id, got) = f?;
+        for doc in got {
+            *read += 1;
+            match doc {
+                Fetched::Json(b) if id.starts_with("_design/") => {
+                    result += put_json(&sh.tgt, &id, &b).await?
+                }
+                Fetched::Json(b) => docs.push(b),
+                Fetched::Multipart { id, json, parts } => {
+                    result += put_multipart(&sh.tgt, &id, &json, &parts).await?
+                }
+                Fetched::Written(r) => result += r,
+            }
+        }
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn through_seq_never_passes_an_unfinished_batch() {
+        let mut t = Tracker::new(json!(0));
+        for i in 0..3 {
+            t.register(i, json!((i + 1) * 10));
+        }
+        t.complete(1);
+        assert_eq!(t.through, json!(0));
+        t.complete(2);
+        assert_eq!(t.through, json!(0));
+        t.complete(0);
+        assert_eq!(t.through, json!(30));
+    }
+}
