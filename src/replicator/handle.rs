@@ -285,7 +285,7 @@ impl Replicator {
         };
         let jobs = self.ctx.jobs();
         let now = self.ctx.now_secs();
-        let record = new_record(&job.kind, &job.rep, &spec, now);
+        let record = new_record(&job.kind, &job.rep, &spec, self.ctx.server_uuid(), now);
         let data = record.to_data();
         let ctx = &self.ctx;
         let (view, duplicate) = jobs

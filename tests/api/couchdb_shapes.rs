@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 
 /// The type skeleton of a JSON value: objects keep their keys, arrays become the set of their
 /// elements' skeletons, scalars their type name.
-fn shape(v: &Value) -> Value {
+pub(super) fn shape(v: &Value) -> Value {
     match v {
         Value::Null => json!("null"),
         Value::Bool(_) => json!("bool"),
@@ -31,7 +31,7 @@ fn shape(v: &Value) -> Value {
     }
 }
 
-fn assert_same_shape(what: &str, couch: &Value, ours: &Value) {
+pub(super) fn assert_same_shape(what: &str, couch: &Value, ours: &Value) {
     assert_eq!(
         shape(couch),
         shape(ours),
@@ -39,13 +39,18 @@ fn assert_same_shape(what: &str, couch: &Value, ours: &Value) {
     );
 }
 
-struct Couch {
-    peer: CouchPeer,
-    http: reqwest::Client,
+pub(super) struct Couch {
+    pub(super) peer: CouchPeer,
+    pub(super) http: reqwest::Client,
 }
 
 impl Couch {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    pub(super) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
         let mut r = self
             .http
             .request(method, format!("{}{path}", self.peer.url()))
@@ -56,21 +61,21 @@ impl Couch {
         r.send().await.unwrap().json().await.unwrap()
     }
 
-    async fn get(&self, path: &str) -> Value {
+    pub(super) async fn get(&self, path: &str) -> Value {
         self.call(reqwest::Method::GET, path, None).await
     }
 
-    async fn put(&self, path: &str, body: Value) -> Value {
+    pub(super) async fn put(&self, path: &str, body: Value) -> Value {
         self.call(reqwest::Method::PUT, path, Some(body)).await
     }
 
-    fn db(&self, name: &str) -> String {
+    pub(super) fn db(&self, name: &str) -> String {
         format!("{}/{name}", self.peer.admin_url())
     }
 }
 
 /// Entries of a list keyed by `doc_id` (transient ones under `transient`).
-fn by_doc(list: &Value) -> Map<String, Value> {
+pub(super) fn by_doc(list: &Value) -> Map<String, Value> {
     list.as_array()
         .unwrap()
         .iter()
