@@ -1,11 +1,16 @@
 //! The `pending` state against a real CouchDB 3.4.3. CouchDB keeps a job pending while the
 //! node runs `max_jobs` jobs; it starts a newly added job only while the total number of jobs
 //! (the new one included) is below `max_jobs`, so with `max_jobs = 2` its first document runs
-//! and every later one waits for the next reschedule (`interval`, set far away here). Our node
-//! with `max_jobs = 1` and no churn runs one job and keeps the others pending, so both sides
-//! show one running and two pending documents plus a pending transient job; their
-//! `_scheduler/jobs`, `_scheduler/docs` (list and single document), `_active_tasks` and
-//! `_replicator` documents are compared by shape and by the values that must agree.
+//! and every later one waits for the next reschedule (a minute after CouchDB started, then
+//! every `interval`, set far away here). Our node with `max_jobs = 1` and no churn runs one job
+//! and keeps the others pending, so both sides show one running and two pending documents
+//! plus a pending transient job; their `_scheduler/jobs`, `_scheduler/docs` (list and single
+//! document), `_active_tasks` and `_replicator` documents are compared by shape and by the
+//! values that must agree.
+//!
+//! Then both sides rotate jobs (CouchDB restarted with a one-second `interval`, so its timer
+//! takes it; a second node of ours with churn): a job the scheduler stopped to run another is
+//! pending again and still shows the stats of its run.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -209,8 +214,107 @@ async fn pending_jobs_and_documents_match_couchdb() {
             );
         };
         compare(&couch, &node, c, o).await;
+        drop(node);
+        rotated(&couch).await;
     })
     .await;
+}
+
+/// A job stopped by its scheduler and pending again: its `_scheduler/jobs` entry (found in
+/// one listing) and a pending `_scheduler/docs` entry with stats.
+async fn stopped_job(mut get: impl AsyncFnMut(&str) -> Value) -> Option<(Value, Value)> {
+    let jobs = get("/_scheduler/jobs").await;
+    let job = jobs["jobs"].as_array()?.iter().find(|j| {
+        j["pid"].is_null() && !j["info"].is_null() && history_kinds(j).contains(&"stopped".into())
+    })?;
+    let docs = get("/_scheduler/docs").await;
+    let doc = docs["docs"]
+        .as_array()?
+        .iter()
+        .find(|d| d["state"] == "pending" && !d["info"].is_null())?;
+    Some((job.clone(), doc.clone()))
+}
+
+async fn rotated(couch: &Couch) {
+    couch
+        .put("/_node/_local/_config/replicator/interval", json!("1000"))
+        .await;
+    // The scheduler's timer only takes a new interval when it fires: restart CouchDB.
+    couch
+        .call(
+            reqwest::Method::POST,
+            "/_node/_local/_restart",
+            Some(json!({})),
+        )
+        .await;
+    let node = Node::with_settings(
+        HttpConfig::default(),
+        ReplicatorSettings {
+            max_jobs: 1,
+            max_churn: 1,
+            ..fast_settings()
+        },
+    )
+    .await;
+    let up = async || {
+        for _ in 0..150 {
+            let r = couch
+                .http
+                .get(format!("{}/_up", couch.peer.url()))
+                .send()
+                .await;
+            if r.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("CouchDB did not come back after its restart");
+    };
+    up().await;
+    couch.put("/rot_replicator", json!({})).await;
+    let _dp = DocProcessor::start(
+        node.replicator.clone(),
+        DocProcessorConfig {
+            dbs: vec![ReplicatorDb::from_url(&couch.db("rot_replicator")).unwrap()],
+            poll_timeout: Duration::from_millis(500),
+            retry_delay: Duration::from_millis(200),
+            rescan_interval: Duration::from_millis(300),
+            tls: Default::default(),
+        },
+    )
+    .unwrap();
+    for i in 1..=2 {
+        let doc = json!({"source": couch.db("a"), "target": couch.db(&format!("rot{i}")),
+            "continuous": true, "create_target": true});
+        couch.put(&format!("/rot_replicator/r{i}"), doc).await;
+    }
+    let mut theirs = None;
+    let mut ours = None;
+    for _ in 0..300 {
+        if theirs.is_none() {
+            theirs = stopped_job(async |p| couch.get(p).await).await;
+        }
+        if ours.is_none() {
+            ours = stopped_job(async |p| node.get(p, Some(ADMIN)).await.1).await;
+        }
+        if theirs.is_some() && ours.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (Some((cj, cd)), Some((oj, od))) = (&theirs, &ours) else {
+        panic!("no stopped job: CouchDB {theirs:#?}\nours {ours:#?}");
+    };
+    assert_same_shape("_scheduler/jobs stopped, pending", cj, oj);
+    assert_same_shape("_scheduler/docs stopped, pending", cd, od);
+    // Ours also records the re-enqueueing as `pending` (couch_jobs, as CouchDB 4.x).
+    let kinds = |j: &Value| -> BTreeSet<String> {
+        history_kinds(j)
+            .into_iter()
+            .filter(|k| k != "pending")
+            .collect()
+    };
+    assert_eq!(kinds(cj), kinds(oj), "history of a stopped job");
 }
 
 async fn compare(couch: &Couch, node: &Node, c: &Seen, o: &Seen) {
