@@ -370,6 +370,16 @@ async fn compare(couch: &Couch, node: &Node, c: &Seen, o: &Seen) {
         }
         assert_eq!(history_kinds(cj), history_kinds(oj), "history of {what}");
     }
+    // A pending job is found by its replication id, before it ever ran.
+    let c_id = c.job(Some(cd))["id"].as_str().unwrap().replace('+', "%2B");
+    let o_id = o.job(Some(od))["id"].as_str().unwrap().replace('+', "%2B");
+    let c_by_id = couch.get(&format!("/_scheduler/jobs/{c_id}")).await;
+    let (s, o_by_id) = node
+        .get(&format!("/_scheduler/jobs/{o_id}"), Some(ADMIN))
+        .await;
+    assert_eq!(s, 200, "{o_by_id}");
+    assert_same_shape("_scheduler/jobs/{id} pending", &c_by_id, &o_by_id);
+    assert_eq!(o_by_id["doc_id"], od);
     let nulls = |s: &Seen| -> usize {
         s.jobs["jobs"]
             .as_array()
