@@ -415,7 +415,20 @@ async fn run(
                 }
             }
             _ = stats_timer.tick() => {
-                stats_tx.send_replace(snapshot(&mut base, &shared));
+                // Only a change wakes the watchers: an idle continuous job costs nothing
+                // between its changes.
+                // `updated_on` moves only with progress, as in CouchDB's task status.
+                let mut s = snapshot(&mut base, &shared);
+                stats_tx.send_if_modified(|cur| {
+                    let now = s.updated_on;
+                    s.updated_on = cur.updated_on;
+                    let changed = *cur != s;
+                    if changed {
+                        s.updated_on = now;
+                        *cur = s;
+                    }
+                    changed
+                });
             }
             joined = tasks.join_next() => match joined {
                 None => break,

@@ -81,6 +81,8 @@ pub enum PoolMsg {
 pub struct PoolObservation {
     /// Connections per endpoint.
     pub budget: usize,
+    /// Idle sockets each shared client keeps per host.
+    pub max_idle: usize,
     /// Idle time after which an unused endpoint is forgotten.
     pub close_interval: Duration,
     /// The use of every endpoint the pool knows, by [`endpoint_key`] (a forgotten endpoint
@@ -115,6 +117,10 @@ pub fn endpoint_key(url: &url::Url) -> String {
 pub struct ConnectionPool {
     /// Connections per endpoint.
     pub budget: usize,
+    /// Idle sockets each shared client keeps per host; a socket handed back beyond this is
+    /// closed at once. Without a cap, the peaks of many jobs starting together leave hundreds
+    /// of idle sockets open for `close_interval`.
+    pub max_idle: usize,
     /// Idle time after which an unused endpoint's entry is closed.
     pub close_interval: Duration,
     /// Where acquires, releases and owner deaths are counted.
@@ -182,7 +188,7 @@ impl Server for ConnectionPool {
         });
         Ok(PoolState {
             endpoints: HashMap::new(),
-            transports: Arc::new(Transports::new(self.close_interval, self.budget)),
+            transports: Arc::new(Transports::new(self.close_interval, self.max_idle)),
             clients_closed: 0,
             timer,
         })
@@ -201,29 +207,7 @@ impl Server for ConnectionPool {
                 want,
                 reply,
             } => {
-                let ep = state.endpoints.entry(endpoint).or_insert_with(|| Endpoint {
-                    leases: HashMap::new(),
-                    overflows: 0,
-                    idle_since: Instant::now(),
-                });
-                let left = self.budget.saturating_sub(ep.in_use());
-                let lease = if left == 0 {
-                    ep.overflows += 1;
-                    Lease {
-                        granted: 1,
-                        overflow: true,
-                    }
-                } else {
-                    Lease {
-                        granted: want.max(1).min(left),
-                        overflow: false,
-                    }
-                };
-                let id = owner.get_id();
-                let slot = ep.leases.entry(id).or_insert((owner, 0));
-                slot.1 += lease.granted;
-                self.metrics.inc(Series::ConnectionAcquires);
-                let _ = reply.send(lease);
+                let _ = reply.send(self.acquire(state, endpoint, owner, want));
             }
             PoolMsg::Release(owner) => {
                 if state.release(owner) {
@@ -234,42 +218,85 @@ impl Server for ConnectionPool {
                 let _ = reply.send(state.transports.clone());
             }
             PoolMsg::Observe(reply) => {
-                let endpoints = state.endpoints.iter().map(|(key, ep)| {
-                    let usage = Usage {
-                        in_use: ep.in_use(),
-                        owners: ep.leases.len(),
-                        overflows: ep.overflows,
-                    };
-                    (key.clone(), usage)
-                });
-                let _ = reply.send(PoolObservation {
-                    budget: self.budget,
-                    close_interval: self.close_interval,
-                    endpoints: endpoints.collect(),
-                    clients: state.transports.usage(),
-                    clients_closed: state.clients_closed,
-                });
+                let _ = reply.send(self.observation(state));
             }
-            PoolMsg::Sweep => {
-                let dead: Vec<ActorId> = state
-                    .endpoints
-                    .values()
-                    .flat_map(|ep| ep.leases.values())
-                    .filter(|(cell, _)| cell.get_status() >= ActorStatus::Stopping)
-                    .map(|(cell, _)| cell.get_id())
-                    .collect();
-                for owner in dead {
-                    self.metrics.inc(Series::ConnectionOwnerCrashes);
-                    tracing::debug!(%owner, "connection owner died; releasing its connections");
-                    state.release(owner);
-                }
-                state.clients_closed += state.transports.sweep() as u64;
-                let close = self.close_interval;
-                state
-                    .endpoints
-                    .retain(|_, ep| !ep.leases.is_empty() || ep.idle_since.elapsed() < close);
-            }
+            PoolMsg::Sweep => self.sweep(state),
         }
         Ok(())
+    }
+}
+
+impl ConnectionPool {
+    /// Grants what is left of the endpoint's budget, or one connection over it.
+    fn acquire(
+        &self,
+        state: &mut PoolState,
+        endpoint: String,
+        owner: ActorCell,
+        want: usize,
+    ) -> Lease {
+        let ep = state.endpoints.entry(endpoint).or_insert_with(|| Endpoint {
+            leases: HashMap::new(),
+            overflows: 0,
+            idle_since: Instant::now(),
+        });
+        let left = self.budget.saturating_sub(ep.in_use());
+        let lease = if left == 0 {
+            ep.overflows += 1;
+            Lease {
+                granted: 1,
+                overflow: true,
+            }
+        } else {
+            Lease {
+                granted: want.max(1).min(left),
+                overflow: false,
+            }
+        };
+        let id = owner.get_id();
+        let slot = ep.leases.entry(id).or_insert((owner, 0));
+        slot.1 += lease.granted;
+        self.metrics.inc(Series::ConnectionAcquires);
+        lease
+    }
+
+    fn observation(&self, state: &PoolState) -> PoolObservation {
+        let endpoints = state.endpoints.iter().map(|(key, ep)| {
+            let usage = Usage {
+                in_use: ep.in_use(),
+                owners: ep.leases.len(),
+                overflows: ep.overflows,
+            };
+            (key.clone(), usage)
+        });
+        PoolObservation {
+            budget: self.budget,
+            max_idle: self.max_idle,
+            close_interval: self.close_interval,
+            endpoints: endpoints.collect(),
+            clients: state.transports.usage(),
+            clients_closed: state.clients_closed,
+        }
+    }
+
+    /// Releases dead owners' leases, drops unused clients, forgets idle endpoints.
+    fn sweep(&self, state: &mut PoolState) {
+        let dead: Vec<ActorId> = state
+            .endpoints
+            .values()
+            .flat_map(|ep| ep.leases.values())
+            .filter(|(cell, _)| cell.get_status() >= ActorStatus::Stopping)
+            .map(|(cell, _)| cell.get_id())
+            .collect();
+        for owner in dead {
+            self.metrics.inc(Series::ConnectionOwnerCrashes);
+            tracing::debug!(%owner, "connection owner died; releasing its connections");
+            state.release(owner);
+        }
+        state.clients_closed += state.transports.sweep() as u64;
+        let close = self.close_interval;
+        state
+            .endpoints
+            .retain(|_, ep| !ep.leases.is_empty() || ep.idle_since.elapsed() < close);
     }
 }

@@ -104,6 +104,9 @@ fn replication_children(
     // 3. Per-endpoint connection budget; owner death releases.
     let pool = ConnectionPool {
         budget: ENDPOINT_BUDGET,
+        // As many idle sockets per endpoint as one job may use at once (its default
+        // `http_connections`): enough for the next job's burst, not one per job.
+        max_idle: s.job_defaults.http_connections.max(1),
         close_interval: s.connection_close_interval(),
         metrics: ctx.metrics().clone(),
     };

@@ -141,6 +141,7 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             let metrics = std::sync::Arc::new(couch_replicator::telemetry::NodeMetrics::default());
             let pool = ConnectionPool {
                 budget: 5,
+                max_idle: 2,
                 close_interval: Duration::from_secs(2),
                 metrics: metrics.clone(),
             };

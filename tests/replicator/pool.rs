@@ -121,3 +121,57 @@ async fn a_killed_job_releases_its_share() {
     })
     .await;
 }
+
+/// A burst of jobs opens more sockets than the pool keeps idle; once the burst is over the
+/// shared client keeps at most `http_connections` (the job default) idle sockets and closes
+/// the rest at once, long before `connection_close_interval`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_beyond_the_cap_close_at_once() {
+    deadline(180, "idle sockets beyond the cap close at once", async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "d", 20).await;
+        let relay = TcpCounter::start(pouch.port).await;
+        let store = Store::open();
+        const CAP: usize = 2;
+        let mut settings = ReplicatorSettings {
+            connection_close_interval: 600_000,
+            max_jobs: 20,
+            ..pool_settings()
+        };
+        settings.job_defaults.http_connections = CAP;
+        let n = node(&store.db, "n1", settings).await;
+        const JOBS: usize = 10;
+        let mut ids = Vec::new();
+        for i in 0..JOBS {
+            let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
+                .create_target()
+                .option("worker_processes", 2);
+            ids.push(n.add(job).await.unwrap().job_id);
+        }
+        for id in &ids {
+            n.wait(id, WaitFor::Completed, Duration::from_secs(120))
+                .await
+                .unwrap();
+        }
+        let accepted = relay.accepted();
+        assert!(
+            accepted > CAP,
+            "the burst should need more than {CAP} sockets, it opened {accepted}"
+        );
+        // Idle close is 10 minutes away: only the cap can bring the count down.
+        wait_for(30, "idle sockets down to the cap", || async {
+            (relay.open() <= CAP).then_some(())
+        })
+        .await;
+        // Without the cap the surplus would sit idle until pouchdb-server's 5 s keep-alive
+        // closed it; with it, we close it as it comes back, so most closes are ours.
+        let (ours, total) = (relay.closed_by_client(), relay.accepted() - relay.open());
+        assert!(
+            ours * 2 > total,
+            "{ours} of {total} closed sockets were closed by the replicator"
+        );
+        n.shutdown().await;
+    })
+    .await;
+}
