@@ -12,16 +12,17 @@
 //! takes it; a second node of ours with churn): a job the scheduler stopped to run another is
 //! pending again and still shows the stats of its run.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::couchdb_shapes::{Couch, assert_same_shape, by_doc};
+use super::couchdb_shapes::{
+    Couch, assert_same_shape, both, by_doc, events, events_but_pending, follow,
+};
 use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
 use crate::support::http::{ADMIN, Node, fast_settings};
 use couch_replicator::http::HttpConfig;
 use couch_replicator::replicator::ReplicatorSettings;
-use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::doc_processor::DocProcessor;
 use serde_json::{Value, json};
 
 /// The database our doc processor follows: a name CouchDB does not take for a replicator
@@ -101,15 +102,6 @@ async fn run_one_then_post(
     panic!("{what}: no document ever ran");
 }
 
-fn history_kinds(job: &Value) -> Vec<String> {
-    job["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["type"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// A node of ours with `max_jobs = 1` and `max_churn` as given, following `db` on CouchDB.
 async fn ours(couch: &Couch, db: &str, max_churn: usize) -> (Node, DocProcessor) {
     let node = Node::with_settings(
@@ -121,17 +113,7 @@ async fn ours(couch: &Couch, db: &str, max_churn: usize) -> (Node, DocProcessor)
         },
     )
     .await;
-    let dp = DocProcessor::start(
-        node.replicator.clone(),
-        DocProcessorConfig {
-            dbs: vec![ReplicatorDb::from_url(&couch.db(db)).unwrap()],
-            poll_timeout: Duration::from_millis(500),
-            retry_delay: Duration::from_millis(200),
-            rescan_interval: Duration::from_millis(300),
-            tls: Default::default(),
-        },
-    )
-    .unwrap();
+    let dp = follow(&node, couch, db);
     (node, dp)
 }
 
@@ -139,28 +121,6 @@ async fn ours(couch: &Couch, db: &str, max_churn: usize) -> (Node, DocProcessor)
 fn rep(couch: &Couch, target: &str) -> Value {
     json!({"source": couch.db("a"), "target": couch.db(target), "continuous": true,
         "create_target": true})
-}
-
-/// Polls both sides until each has shown what it must (`theirs` on CouchDB, `ours` on our
-/// node), returning what each showed.
-async fn both<T: std::fmt::Debug>(
-    mut theirs: impl AsyncFnMut() -> Result<T, String>,
-    mut ours: impl AsyncFnMut() -> Result<T, String>,
-) -> (T, T) {
-    let (mut c, mut o) = (Err(String::new()), Err(String::new()));
-    for _ in 0..300 {
-        if c.is_err() {
-            c = theirs().await;
-        }
-        if o.is_err() {
-            o = ours().await;
-        }
-        if let (Ok(_), Ok(_)) = (&c, &o) {
-            return (c.unwrap(), o.unwrap());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("not reached: CouchDB {c:#?}\nours {o:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,9 +202,7 @@ async fn stopped_job(mut get: impl AsyncFnMut(&str) -> Value) -> Result<(Value, 
     let docs = get("/_scheduler/docs").await;
     let job = jobs["jobs"].as_array().and_then(|a| {
         a.iter().find(|j| {
-            j["pid"].is_null()
-                && !j["info"].is_null()
-                && history_kinds(j).contains(&"stopped".into())
+            j["pid"].is_null() && !j["info"].is_null() && events(j).contains(&"stopped".into())
         })
     });
     let doc = docs["docs"].as_array().and_then(|a| {
@@ -297,14 +255,8 @@ async fn rotated(couch: &Couch) {
     .await;
     assert_same_shape("_scheduler/jobs stopped, pending", &cj, &oj);
     assert_same_shape("_scheduler/docs stopped, pending", &cd, &od);
-    // Ours also records the re-enqueueing as `pending` (couch_jobs, as CouchDB 4.x).
-    let kinds = |j: &Value| -> BTreeSet<String> {
-        history_kinds(j)
-            .into_iter()
-            .filter(|k| k != "pending")
-            .collect()
-    };
-    assert_eq!(kinds(&cj), kinds(&oj), "history of a stopped job");
+    let history = (events_but_pending(&cj), events_but_pending(&oj));
+    assert_eq!(history.0, history.1, "history of a stopped job");
 }
 
 /// `_scheduler/docs` (list, single document, `states=`) and the `_replicator` document of a
@@ -368,7 +320,7 @@ async fn compare_jobs(couch: &Couch, node: &Node, c: &Seen, o: &Seen) {
             let what = format!("_scheduler/jobs pending {what} {k}");
             assert_eq!(cj[k].is_null(), oj[k].is_null(), "{what}");
         }
-        assert_eq!(history_kinds(cj), history_kinds(oj), "history of {what}");
+        assert_eq!(events(cj), events(oj), "history of {what}");
     }
     // A pending job is found by its replication id, before it ever ran.
     let id = |s: &Seen, d| s.job(Some(d))["id"].as_str().unwrap().replace('+', "%2B");
