@@ -65,8 +65,11 @@ async fn run() -> Result<(), String> {
         window_sec: env_num("BENCH_SECS", 60) as u64,
     };
     eprintln!("plan: {plan:?}");
+    // No idle sockets: while our node runs, this process's connections to the endpoint are
+    // counted as the node's, so the bench's own probes must not linger among them.
     let http = reqwest::Client::builder()
         .no_proxy()
+        .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| e.to_string())?;
     let endpoint = Couch::start()?;

@@ -21,6 +21,7 @@ pub mod rate_limit;
 pub mod rep_id;
 pub mod revs_diff;
 pub mod selector;
+pub mod session_cache;
 pub mod stats;
 pub mod tls;
 pub mod transport;
