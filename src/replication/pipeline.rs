@@ -184,9 +184,9 @@ async fn compute_ids_with(
     spec: &ReplicationSpec,
     ctx: &Context,
 ) -> Result<(RepId, Vec<String>)> {
-    let code = match &spec.options.filter {
-        Filter::Named { name, .. } if !name.starts_with('_') => Some(filter_code(src, name).await?),
-        _ => None,
+    let code = match super::rep_id::filter_needing_code(spec) {
+        Some(name) => Some(filter_code(src, name).await?),
+        None => None,
     };
     Ok((
         replication_id(&ctx.server_uuid, spec, code.as_deref()),
