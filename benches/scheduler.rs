@@ -65,8 +65,11 @@ async fn run() -> Result<(), String> {
         window_sec: env_num("BENCH_SECS", 60) as u64,
     };
     eprintln!("plan: {plan:?}");
+    // No idle sockets: while our node runs, this process's connections to the endpoint are
+    // counted as the node's, so the bench's own probes must not linger among them.
     let http = reqwest::Client::builder()
         .no_proxy()
+        .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| e.to_string())?;
     let endpoint = Couch::start()?;
@@ -76,12 +79,15 @@ async fn run() -> Result<(), String> {
     fill(&http, &endpoint, jobs).await?;
     eprintln!("endpoint filled with {jobs} documents");
 
+    let pending_bytes = runs::pending_job_bytes(&endpoint, &plan).await?;
+    eprintln!("ours: {pending_bytes:.0} bytes per pending job");
     let ours = runs::ours(&http, &endpoint, &plan).await?;
     eprintln!("ours: {ours:?}");
     let scheduler = Couch::start()?;
     let theirs = runs::couchdb(&http, &endpoint, &scheduler, &plan).await?;
     eprintln!("couchdb: {theirs:?}");
     report(&plan, &ours, &theirs);
+    memory(&plan, &ours, pending_bytes);
     Ok(())
 }
 
@@ -120,6 +126,22 @@ pub async fn put(http: &reqwest::Client, url: &str, body: Value) -> Result<Value
     } else {
         Err(format!("PUT {status}: {v}"))
     }
+}
+
+/// Memory per job on our node: pending from the queue-only node; running from the main
+/// run's RSS growth less what its pending jobs account for.
+fn memory(plan: &Plan, ours: &Measured, pending_bytes: f64) {
+    let running = plan.max_jobs.min(plan.jobs);
+    let pending_share = pending_bytes * (plan.jobs - running) as f64;
+    let grown = ours.rss_grown_mb * 1024.0 * 1024.0;
+    let running_bytes = (grown - pending_share).max(0.0) / running.max(1) as f64;
+    println!(
+        "\nour memory per job: pending {:.1} KiB, running {:.1} KiB ({} running, RSS grew {:.1} MiB)",
+        pending_bytes / 1024.0,
+        running_bytes / 1024.0,
+        running,
+        ours.rss_grown_mb
+    );
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

@@ -7,4 +7,5 @@ mod compat {
     mod handover;
     mod replicate_api;
     mod replication_ids;
+    mod sessions;
 }

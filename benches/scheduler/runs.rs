@@ -12,7 +12,7 @@ use couch_replicator::replicator::job_server::JobServerMsg;
 use couch_replicator::replicator::rep_job::persistent_job_id;
 use couch_replicator::replicator::share::{ShareKey, ShareParams, share_error};
 use couch_replicator::replicator::{
-    JobKind, NewJob, Replicator, ReplicatorConfig, ReplicatorSettings,
+    JobKind, NewJob, NodeType, Replicator, ReplicatorConfig, ReplicatorSettings,
 };
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
@@ -48,6 +48,9 @@ pub struct Measured {
     pub cpu_s: f64,
     /// Its RSS at the end of the window, MiB.
     pub rss_mb: f64,
+    /// Ours only: how much the RSS grew from before the jobs were added to the end of the
+    /// window, MiB.
+    pub rss_grown_mb: f64,
     /// Mean established connections to the endpoint.
     pub connections: f64,
     /// Worst, over the two databases, of the most over the least sampled job's running samples.
@@ -84,16 +87,15 @@ fn share_params() -> ShareParams {
     }
 }
 
-/// Our node in this process.
-pub async fn ours(
-    http: &reqwest::Client,
-    endpoint: &Couch,
+/// Our node on a fresh embedded store in `dir`; `run_jobs` false makes it an `api_frontend`
+/// only node, whose jobs stay pending.
+async fn our_node(
+    dir: &std::path::Path,
     plan: &Plan,
-) -> Result<Measured, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let store =
-        EmbeddedStore::open(dir.path().join("replicator.redb")).map_err(|e| e.to_string())?;
-    let settings = ReplicatorSettings {
+    run_jobs: bool,
+) -> Result<Replicator, String> {
+    let store = EmbeddedStore::open(dir.join("replicator.redb")).map_err(|e| e.to_string())?;
+    let mut settings = ReplicatorSettings {
         max_jobs: plan.max_jobs,
         max_churn: plan.max_churn,
         interval: Duration::from_secs(plan.interval_sec),
@@ -101,7 +103,10 @@ pub async fn ours(
         shares: share_params().shares,
         ..ReplicatorSettings::default()
     };
-    let node = Replicator::start(ReplicatorConfig {
+    if !run_jobs {
+        settings.node_types = vec![NodeType::ApiFrontend];
+    }
+    Replicator::start(ReplicatorConfig {
         db: Db::new(Arc::new(store)),
         jobs: JobsOptions::default(),
         settings,
@@ -109,7 +114,15 @@ pub async fn ours(
         server_uuid: "scheduler-bench".into(),
     })
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())
+}
+
+/// Adds the plan's jobs to `node`; returns job id -> job index.
+async fn add_jobs(
+    node: &Replicator,
+    endpoint: &Couch,
+    plan: &Plan,
+) -> Result<HashMap<String, usize>, String> {
     let mut index = HashMap::new();
     for i in 0..plan.jobs {
         let (db, doc) = (group(i), format!("r{i}"));
@@ -121,6 +134,31 @@ pub async fn ours(
         let job = NewJob::from_body(kind, rep_body(endpoint, "tgt_ours", i));
         node.add(job).await.map_err(|e| e.to_string())?;
     }
+    Ok(index)
+}
+
+/// Memory of a pending job in our process, bytes: the RSS growth of a node that only queues
+/// the plan's jobs (an `api_frontend` node: nothing runs them), over the number of jobs.
+pub async fn pending_job_bytes(endpoint: &Couch, plan: &Plan) -> Result<f64, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let node = our_node(dir.path(), plan, false).await?;
+    let before = rss_mb(std::process::id());
+    add_jobs(&node, endpoint, plan).await?;
+    let after = rss_mb(std::process::id());
+    node.shutdown().await;
+    Ok((after - before).max(0.0) * 1024.0 * 1024.0 / plan.jobs as f64)
+}
+
+/// Our node in this process.
+pub async fn ours(
+    http: &reqwest::Client,
+    endpoint: &Couch,
+    plan: &Plan,
+) -> Result<Measured, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let node = our_node(dir.path(), plan, true).await?;
+    let rss_before = rss_mb(std::process::id());
+    let index = add_jobs(&node, endpoint, plan).await?;
     eprintln!("ours: {} jobs added", plan.jobs);
     let server = node
         .tree()
@@ -129,7 +167,10 @@ pub async fn ours(
     let who = Who::Ours(server, index);
     let m = window(http, endpoint, plan, &who, std::process::id(), "tgt_ours").await;
     node.shutdown().await;
-    m
+    m.map(|m| Measured {
+        rss_grown_mb: m.rss_mb - rss_before,
+        ..m
+    })
 }
 
 /// CouchDB's own scheduler in `scheduler`, given the same jobs as `_replicator` documents.
@@ -293,6 +334,7 @@ async fn window(
     Ok(Measured {
         cpu_s,
         rss_mb: rss_mb(pid),
+        rss_grown_mb: 0.0,
         connections: conns as f64 / n_samples.max(1) as f64,
         fairness,
         share_error: share_error(&share_params(), &ran),

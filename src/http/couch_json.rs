@@ -3,67 +3,45 @@
 //! entry. Keys, their order and value types are what a real CouchDB 3.4.3 answers for the same
 //! state (the shape tests compare them); URLs carry no credentials, as in CouchDB.
 
-use serde::Serialize;
-use serde_json::Value;
-
 use crate::replication::ReplicationStats;
+use crate::replication::stats::{CouchStats, seq_text};
 use crate::replicator::rep_job::iso8601;
 use crate::replicator::{HistoryKind, JobView, RepState};
+use serde::Serialize;
 
-/// A sequence as CouchDB shows it in stats: strings as they are, anything else (a PouchDB's
-/// integer, the starting `0`) as its JSON text.
-fn seq_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// The stats object (`info` of a running job, of a running or completed document).
+/// The stats object (`info` of a running or stopped job, of an active or completed
+/// document): CouchDB's counters, then the sequences of a job that has run in this
+/// scheduling (not of a completed document).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StatsInfo {
-    /// Revisions checked.
-    pub revisions_checked: u64,
-    /// Missing revisions found.
-    pub missing_revisions_found: u64,
-    /// Documents read.
-    pub docs_read: u64,
-    /// Documents written.
-    pub docs_written: u64,
-    /// Changes left, when known.
-    pub changes_pending: Option<u64>,
-    /// Write failures.
-    pub doc_write_failures: u64,
-    /// Revisions fetched with `_bulk_get`.
-    pub bulk_get_docs: u64,
-    /// Revisions asked for with `_bulk_get`.
-    pub bulk_get_attempts: u64,
-    /// Last checkpointed source sequence.
-    pub checkpointed_source_seq: String,
-    /// Latest source sequence (running jobs only).
+    /// The counters.
+    #[serde(flatten)]
+    pub counters: CouchStats,
+    /// Latest source sequence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_seq: Option<String>,
-    /// Sequence processed through (running jobs only).
+    /// Sequence processed through.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub through_seq: Option<String>,
 }
 
 impl StatsInfo {
-    /// The stats of a running job (with its sequences) or of a finished one (without).
-    pub fn new(s: &ReplicationStats, running: bool) -> Self {
+    /// The stats of a scheduled job (with its sequences) or of a completed one (without).
+    pub fn new(s: &ReplicationStats, with_seqs: bool) -> Self {
         Self {
-            revisions_checked: s.revisions_checked,
-            missing_revisions_found: s.missing_revisions_found,
-            docs_read: s.docs_read,
-            docs_written: s.docs_written,
-            changes_pending: s.changes_pending,
-            doc_write_failures: s.doc_write_failures,
-            bulk_get_docs: s.bulk_get_docs,
-            bulk_get_attempts: s.bulk_get_attempts,
-            checkpointed_source_seq: seq_text(&s.checkpointed_source_seq),
-            source_seq: running.then(|| seq_text(&s.source_seq)),
-            through_seq: running.then(|| seq_text(&s.through_seq)),
+            counters: CouchStats::from(s),
+            source_seq: with_seqs.then(|| seq_text(&s.source_seq)),
+            through_seq: with_seqs.then(|| seq_text(&s.through_seq)),
         }
+    }
+
+    /// The `info` CouchDB shows for a job in `state`: the stats of a running job, and of a
+    /// pending one that ran before (the scheduler stopped it to run another); none otherwise.
+    fn of_scheduled(j: &JobView) -> Option<Self> {
+        matches!(j.state, RepState::Running | RepState::Pending)
+            .then_some(j.stats.as_ref())
+            .flatten()
+            .map(|s| Self::new(s, true))
     }
 }
 
@@ -97,7 +75,7 @@ pub struct SchedulerJob {
     pub user: Option<String>,
     /// The document id, null for transient jobs.
     pub doc_id: Option<String>,
-    /// Stats while running, else null.
+    /// Stats while running or stopped (pending after a run), else null.
     pub info: Option<StatsInfo>,
     /// Newest first.
     pub history: Vec<HistoryJson>,
@@ -119,11 +97,7 @@ impl SchedulerJob {
             target: j.target.clone(),
             user: j.user.clone(),
             doc_id: j.doc_id.clone(),
-            info: j
-                .stats
-                .as_ref()
-                .filter(|_| running)
-                .map(|s| StatsInfo::new(s, true)),
+            info: StatsInfo::of_scheduled(j),
             history: j
                 .history
                 .iter()
@@ -236,7 +210,6 @@ fn error_info(j: &JobView) -> DocInfo {
 impl SchedulerDoc {
     /// The entry of `j`; `node` names this node when the job has not run anywhere yet.
     pub fn new(j: &JobView, node: &str) -> Self {
-        let stats = |running| j.stats.as_ref().map(|s| StatsInfo::new(s, running));
         match j.state {
             RepState::Completed | RepState::Failed => {
                 let failed = j.state == RepState::Failed;
@@ -251,11 +224,8 @@ impl SchedulerDoc {
                     info: if failed {
                         error_info(j)
                     } else {
-                        DocInfo::Stats(
-                            stats(false).unwrap_or_else(|| {
-                                StatsInfo::new(&ReplicationStats::default(), false)
-                            }),
-                        )
+                        let none = ReplicationStats::default();
+                        DocInfo::Stats(StatsInfo::new(j.stats.as_ref().unwrap_or(&none), false))
                     },
                     start_time: iso8601(j.start_time),
                     last_updated: iso8601(j.last_updated),
@@ -271,8 +241,7 @@ impl SchedulerDoc {
                 state,
                 info: match state {
                     RepState::Crashing => Some(error_info(j)),
-                    RepState::Running => stats(true).map(DocInfo::Stats),
-                    _ => None,
+                    _ => StatsInfo::of_scheduled(j).map(DocInfo::Stats),
                 },
                 error_count: j.error_count,
                 last_updated: iso8601(j.last_updated),
@@ -371,5 +340,87 @@ impl ActiveTask {
             updated_on: s.updated_on,
             user: j.user.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::replicator::RepJobRecord;
+
+    fn view(state: RepState, stats: Option<ReplicationStats>) -> JobView {
+        let mut r = RepJobRecord {
+            rep_stats: stats,
+            ..RepJobRecord::default()
+        };
+        r.origin.db_name = Some("_replicator".into());
+        r.origin.doc_id = Some("d".into());
+        r.state = state;
+        JobView::from_record("_replicator|d", &r)
+    }
+
+    fn ran() -> ReplicationStats {
+        ReplicationStats {
+            docs_written: 3,
+            source_seq: json!("3-x"),
+            through_seq: json!(3),
+            ..ReplicationStats::default()
+        }
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn a_pending_job_shows_the_stats_of_its_last_run_as_couchdb_does() {
+        for state in [RepState::Running, RepState::Pending] {
+            let job = json!(SchedulerJob::new(&view(state, Some(ran())), "n"));
+            assert_eq!(job["info"]["docs_written"], 3, "{state:?}");
+            assert_eq!(job["info"]["source_seq"], "3-x");
+            assert_eq!(job["info"]["through_seq"], "3");
+            let doc = json!(SchedulerDoc::new(&view(state, Some(ran())), "n"));
+            assert_eq!(doc["info"], job["info"], "{state:?}");
+        }
+        // Never ran: null, as a crashing job's `_scheduler/jobs` info.
+        for state in [RepState::Pending, RepState::Crashing] {
+            let job = json!(SchedulerJob::new(&view(state, None), "n"));
+            assert_eq!(job["info"], Value::Null, "{state:?}");
+        }
+        let crashing = json!(SchedulerJob::new(
+            &view(RepState::Crashing, Some(ran())),
+            "n"
+        ));
+        assert_eq!(crashing["info"], Value::Null);
+        assert_eq!(
+            json!(SchedulerDoc::new(&view(RepState::Pending, None), "n"))["info"],
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn stats_keep_couchdbs_key_order() {
+        let counters = [
+            "revisions_checked",
+            "missing_revisions_found",
+            "docs_read",
+            "docs_written",
+            "changes_pending",
+            "doc_write_failures",
+            "bulk_get_docs",
+            "bulk_get_attempts",
+            "checkpointed_source_seq",
+        ];
+        let running = json!(StatsInfo::new(&ran(), true));
+        let mut with_seqs = counters.to_vec();
+        with_seqs.extend(["source_seq", "through_seq"]);
+        assert_eq!(keys(&running), with_seqs);
+        let done = json!(SchedulerDoc::new(
+            &view(RepState::Completed, Some(ran())),
+            "n"
+        ));
+        assert_eq!(keys(&done["info"]), counters);
     }
 }

@@ -124,6 +124,8 @@ async fn docs_of(st: &AppState, caller: &Caller, db: Option<&str>) -> HttpResult
 fn docs_page(docs: Vec<JobView>, q: &HashMap<String, String>, node: &str) -> HttpResult<Value> {
     let (limit, skip) = paging(q)?;
     let wanted = states(q)?;
+    // CouchDB 3.4.3 counts every document in `total_rows`, whatever `states` keeps.
+    let total_rows = docs.len();
     let docs: Vec<JobView> = docs
         .into_iter()
         .filter(|j| wanted.as_ref().is_none_or(|w| w.contains(&j.state)))
@@ -135,7 +137,7 @@ fn docs_page(docs: Vec<JobView>, q: &HashMap<String, String>, node: &str) -> Htt
         .map(|j| SchedulerDoc::new(j, node))
         .collect();
     Ok(masked(json!({
-        "total_rows": docs.len(),
+        "total_rows": total_rows,
         "offset": skip,
         "docs": page,
     })))

@@ -8,6 +8,7 @@ use base64::Engine as _;
 use tokio::sync::Mutex;
 
 use super::endpoint::{Credentials, Endpoint};
+use super::session_cache::{SessionCache, Slot, Verdict};
 
 /// How endpoints authenticate (`[replicator] auth_plugins`, `session_refresh_interval_sec`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +47,8 @@ pub(crate) struct Auth {
     root: String,
     refresh: Duration,
     mode: Mutex<Mode>,
+    /// The node's shared verdict for these credentials, if the client is on shared transports.
+    shared: Option<Slot>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -83,6 +86,15 @@ impl Auth {
             } else {
                 Mode::Basic
             }),
+            shared: None,
+        }
+    }
+
+    /// Shares logins with every other client of the same server and credentials through
+    /// `cache`: a fresh cookie (or "no sessions here") found there is used without a login.
+    pub fn share_through(&mut self, cache: &SessionCache) {
+        if let Some(creds) = &self.creds {
+            self.shared = Some(cache.slot(&self.root, creds));
         }
     }
 
@@ -96,7 +108,7 @@ impl Auth {
             Mode::Basic => false,
         };
         if due {
-            *mode = self.login(http, creds).await;
+            *mode = self.obtain(http, creds).await;
         }
         match &*mode {
             Mode::Session { cookie, .. } => Some(("cookie", cookie.clone())),
@@ -111,13 +123,54 @@ impl Auth {
             return false;
         };
         let mut mode = self.mode.lock().await;
-        match &*mode {
-            Mode::Session { at, .. } if at.elapsed() > MIN_REFRESH_GAP => {
-                *mode = self.login(http, creds).await;
-                matches!(*mode, Mode::Session { .. })
+        let Mode::Session { cookie: used, at } = &*mode else {
+            return false;
+        };
+        let Some(slot) = &self.shared else {
+            if at.elapsed() <= MIN_REFRESH_GAP {
+                return false;
             }
-            _ => false,
+            *mode = self.login(http, creds).await;
+            return matches!(*mode, Mode::Session { .. });
+        };
+        let mut shared = slot.lock().await;
+        // Another client may already have replaced the cookie that was just refused.
+        if let Some(Verdict::Session { cookie, at }) = &*shared
+            && cookie != used
+        {
+            *mode = Mode::Session {
+                cookie: cookie.clone(),
+                at: *at,
+            };
+            return true;
         }
+        if at.elapsed() <= MIN_REFRESH_GAP {
+            return false;
+        }
+        *mode = self.login(http, creds).await;
+        *shared = Some(verdict_of(&mode));
+        matches!(*mode, Mode::Session { .. })
+    }
+
+    /// A login, or the shared verdict when a fresh one exists (then no request is made).
+    async fn obtain(&self, http: &reqwest::Client, creds: &Credentials) -> Mode {
+        let Some(slot) = &self.shared else {
+            return self.login(http, creds).await;
+        };
+        let mut shared = slot.lock().await;
+        match &*shared {
+            Some(Verdict::Session { cookie, at }) if at.elapsed() <= self.refresh => {
+                return Mode::Session {
+                    cookie: cookie.clone(),
+                    at: *at,
+                };
+            }
+            Some(Verdict::Basic { at }) if at.elapsed() <= self.refresh => return Mode::Basic,
+            _ => {}
+        }
+        let mode = self.login(http, creds).await;
+        *shared = Some(verdict_of(&mode));
+        mode
     }
 
     async fn login(&self, http: &reqwest::Client, creds: &Credentials) -> Mode {
@@ -145,6 +198,17 @@ impl Auth {
             },
             None => Mode::Basic,
         }
+    }
+}
+
+/// What to share of a login's outcome.
+fn verdict_of(mode: &Mode) -> Verdict {
+    match mode {
+        Mode::Session { cookie, at } => Verdict::Session {
+            cookie: cookie.clone(),
+            at: *at,
+        },
+        Mode::Unknown | Mode::Basic => Verdict::Basic { at: Instant::now() },
     }
 }
 

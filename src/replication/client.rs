@@ -160,7 +160,9 @@ impl HttpClient {
         transports: &Transports,
     ) -> Result<Self> {
         let http = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
-        Ok(Self::assemble(http, ep, cfg, limiter))
+        let mut c = Self::assemble(http, ep, cfg, limiter);
+        c.auth.share_through(transports.sessions());
+        Ok(c)
     }
 
     fn assemble(

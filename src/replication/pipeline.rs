@@ -184,9 +184,9 @@ async fn compute_ids_with(
     spec: &ReplicationSpec,
     ctx: &Context,
 ) -> Result<(RepId, Vec<String>)> {
-    let code = match &spec.options.filter {
-        Filter::Named { name, .. } if !name.starts_with('_') => Some(filter_code(src, name).await?),
-        _ => None,
+    let code = match super::rep_id::filter_needing_code(spec) {
+        Some(name) => Some(filter_code(src, name).await?),
+        None => None,
     };
     Ok((
         replication_id(&ctx.server_uuid, spec, code.as_deref()),
@@ -442,7 +442,7 @@ async fn supervise(
     loop {
         tokio::select! {
             _ = ckpt_timer.tick() => progress.checkpoint().await?,
-            _ = stats_timer.tick() => progress.publish(),
+            _ = stats_timer.tick() => progress.publish_if_changed(),
             joined = tasks.set.join_next() => match joined {
                 None => return Ok(()),
                 Some(Ok(Ok(()))) => {}
@@ -494,6 +494,22 @@ impl Progress {
     fn publish(&mut self) {
         let s = self.snapshot();
         self.stats_tx.send_replace(s);
+    }
+
+    /// Publishes only a change, so that an idle continuous job wakes nobody between its
+    /// changes; `updated_on` moves only with progress, as in CouchDB's task status.
+    fn publish_if_changed(&mut self) {
+        let mut s = self.snapshot();
+        self.stats_tx.send_if_modified(|cur| {
+            let now = s.updated_on;
+            s.updated_on = cur.updated_on;
+            let changed = *cur != s;
+            if changed {
+                s.updated_on = now;
+                *cur = s;
+            }
+            changed
+        });
     }
 
     /// Writes a checkpoint at the through-sequence (when checkpoints are on).

@@ -223,6 +223,23 @@ pub fn replication_id(
     }
 }
 
+/// The name of the design-document filter whose code is part of `spec`'s id (it must be
+/// read from the source first); `None` when the id depends on the request alone.
+pub fn filter_needing_code(spec: &ReplicationSpec) -> Option<&str> {
+    match &spec.options.filter {
+        Filter::Named { name, .. } if !name.starts_with('_') => Some(name),
+        _ => None,
+    }
+}
+
+/// The id of `spec` when it can be computed without asking the source (no design-document
+/// filter), as CouchDB shows it for a job that has not run yet.
+pub fn replication_id_offline(server_uuid: &str, spec: &ReplicationSpec) -> Option<RepId> {
+    filter_needing_code(spec)
+        .is_none()
+        .then(|| replication_id(server_uuid, spec, None))
+}
+
 /// The base ids of versions 4, 3, 2 and 1, newest first: where a checkpoint may be found.
 pub fn checkpoint_ids(
     server_uuid: &str,

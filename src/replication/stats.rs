@@ -120,6 +120,56 @@ impl ReplicationStats {
     }
 }
 
+/// A sequence as CouchDB shows it in stats: a string as it is, anything else (a PouchDB's
+/// integer, the starting `0`) as its JSON text.
+pub fn seq_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// CouchDB's replication counters in the order and types CouchDB 3.4.3 shows them: the
+/// common part of a job's `info` in `_scheduler/*` and of the `_replication_stats` written
+/// into a completed `_replicator` document (each adds its own fields around it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct CouchStats {
+    /// Revisions checked.
+    pub revisions_checked: u64,
+    /// Missing revisions found.
+    pub missing_revisions_found: u64,
+    /// Documents read.
+    pub docs_read: u64,
+    /// Documents written.
+    pub docs_written: u64,
+    /// Changes left, when known.
+    pub changes_pending: Option<u64>,
+    /// Write failures.
+    pub doc_write_failures: u64,
+    /// Revisions fetched with `_bulk_get`.
+    pub bulk_get_docs: u64,
+    /// Revisions asked for with `_bulk_get`.
+    pub bulk_get_attempts: u64,
+    /// Last checkpointed source sequence (a string, as CouchDB shows sequences).
+    pub checkpointed_source_seq: String,
+}
+
+impl From<&ReplicationStats> for CouchStats {
+    fn from(s: &ReplicationStats) -> Self {
+        Self {
+            revisions_checked: s.revisions_checked,
+            missing_revisions_found: s.missing_revisions_found,
+            docs_read: s.docs_read,
+            docs_written: s.docs_written,
+            changes_pending: s.changes_pending,
+            doc_write_failures: s.doc_write_failures,
+            bulk_get_docs: s.bulk_get_docs,
+            bulk_get_attempts: s.bulk_get_attempts,
+            checkpointed_source_seq: seq_text(&s.checkpointed_source_seq),
+        }
+    }
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

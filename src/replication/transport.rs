@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::session_cache::SessionCache;
 use super::tls::TlsOptions;
 
 /// What makes two clients interchangeable.
@@ -71,6 +72,7 @@ pub struct Transports {
     idle_close: Duration,
     max_idle_per_host: usize,
     clients: Mutex<HashMap<TransportKey, Entry>>,
+    sessions: SessionCache,
 }
 
 impl std::fmt::Debug for Transports {
@@ -87,7 +89,13 @@ impl Transports {
             idle_close,
             max_idle_per_host: max_idle_per_host.max(1),
             clients: Mutex::new(HashMap::new()),
+            sessions: SessionCache::default(),
         }
+    }
+
+    /// The `_session` cookies shared by the clients of this table.
+    pub fn sessions(&self) -> &SessionCache {
+        &self.sessions
     }
 
     /// Idle time after which sockets and unused clients close.

@@ -12,31 +12,18 @@ use serde_json::{Map, Value, json};
 use crate::backoff::Backoff;
 use crate::replication::client::{HttpClient, Req};
 use crate::replication::endpoint::encode_doc_id;
+use crate::replication::stats::CouchStats;
 use crate::replication::{ReplicationError, ReplicationStats};
 
 use super::rep_job::iso8601;
 
-/// The `_replication_stats` CouchDB writes into a completed document.
+/// The `_replication_stats` CouchDB writes into a completed document: its counters and the
+/// job's start.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DocStats {
-    /// Revisions checked.
-    pub revisions_checked: u64,
-    /// Missing revisions found.
-    pub missing_revisions_found: u64,
-    /// Documents read.
-    pub docs_read: u64,
-    /// Documents written.
-    pub docs_written: u64,
-    /// Changes left, when known.
-    pub changes_pending: Option<u64>,
-    /// Write failures.
-    pub doc_write_failures: u64,
-    /// Revisions fetched with `_bulk_get`.
-    pub bulk_get_docs: u64,
-    /// Revisions asked for with `_bulk_get`.
-    pub bulk_get_attempts: u64,
-    /// Last checkpointed source sequence (a string, as CouchDB shows sequences).
-    pub checkpointed_source_seq: String,
+    /// The counters.
+    #[serde(flatten)]
+    pub counters: CouchStats,
     /// ISO 8601 start of the job.
     pub start_time: String,
 }
@@ -45,18 +32,7 @@ impl DocStats {
     /// The stats of a finished job that started at `start_time` (UNIX seconds).
     pub fn new(s: &ReplicationStats, start_time: i64) -> Self {
         Self {
-            revisions_checked: s.revisions_checked,
-            missing_revisions_found: s.missing_revisions_found,
-            docs_read: s.docs_read,
-            docs_written: s.docs_written,
-            changes_pending: s.changes_pending,
-            doc_write_failures: s.doc_write_failures,
-            bulk_get_docs: s.bulk_get_docs,
-            bulk_get_attempts: s.bulk_get_attempts,
-            checkpointed_source_seq: match &s.checkpointed_source_seq {
-                Value::String(t) => t.clone(),
-                other => other.to_string(),
-            },
+            counters: CouchStats::from(s),
             start_time: iso8601(start_time),
         }
     }
@@ -161,5 +137,29 @@ fn stamp_owner(doc: &mut Map<String, Value>, client: &HttpClient) {
         .map(str::to_owned);
     if let Some(name) = name {
         doc.insert("owner".into(), json!(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doc_stats_are_couchdbs_counters_then_the_start_time() {
+        let s = ReplicationStats {
+            docs_read: 2,
+            checkpointed_source_seq: json!(5),
+            ..ReplicationStats::default()
+        };
+        let v = json!(DocStats::new(&s, 0));
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys.first(), Some(&"revisions_checked"));
+        assert_eq!(keys.last(), Some(&"start_time"));
+        assert_eq!(keys.len(), 10);
+        assert_eq!(v["docs_read"], 2);
+        assert_eq!(v["checkpointed_source_seq"], "5");
+        assert_eq!(v["start_time"], "1970-01-01T00:00:00Z");
+        let back: DocStats = serde_json::from_value(v).unwrap();
+        assert_eq!(back, DocStats::new(&s, 0));
     }
 }

@@ -285,7 +285,7 @@ impl Replicator {
         };
         let jobs = self.ctx.jobs();
         let now = self.ctx.now_secs();
-        let record = new_record(&job.kind, &job.rep, &spec, now);
+        let record = new_record(&job.kind, &job.rep, &spec, self.ctx.server_uuid(), now);
         let data = record.to_data();
         let ctx = &self.ctx;
         let (view, duplicate) = jobs
@@ -371,13 +371,18 @@ impl Replicator {
     /// One job by job id or replication id.
     pub async fn get(&self, id: &str) -> ReplicatorResult<JobView> {
         let job_id = self.resolve(id).await?;
-        let data = self
-            .ctx
-            .jobs()
-            .get_job_data(REP_JOBS, &job_id)
-            .await
-            .map_err(|e| not_found(e, id))?;
-        Ok(JobView::from_data(&job_id, &data)?)
+        match self.ctx.jobs().get_job_data(REP_JOBS, &job_id).await {
+            Ok(data) => Ok(JobView::from_data(&job_id, &data)?),
+            // A replication id is claimed when its job first runs; a pending job that has not
+            // run yet is found by the id its record shows, as CouchDB finds it.
+            Err(JobsError::NotFound) => self
+                .list()
+                .await?
+                .into_iter()
+                .find(|j| j.rep_id.as_deref() == Some(id))
+                .ok_or_else(|| ReplicatorError::NotFound(id.to_owned())),
+            Err(e) => Err(ReplicatorError::Jobs(e)),
+        }
     }
 
     /// Every job of the cluster, in job-id order (jobs whose data cannot be read are left

@@ -35,6 +35,7 @@ use super::job::{JobArgs, JobMsg};
 use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
+use super::settings::ReplicatorSettings;
 use super::share::{FairShare, ShareKey, delay_factor};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
@@ -137,6 +138,8 @@ pub struct JobServerState {
     churn: usize,
     timer: Option<JoinHandle<()>>,
     share: FairShare<String>,
+    /// When finished transient jobs were last looked for.
+    last_cleanup: Option<Instant>,
 }
 
 impl Drop for JobServerState {
@@ -244,9 +247,16 @@ impl JobServer {
                 Err(e) => tracing::warn!(error = %e, "pending_count failed"),
             }
         }
-        // 3. transient cleanup
-        if let Err(e) = self.cleanup_transient().await {
-            tracing::warn!(error = %e, "transient job cleanup failed");
+        // 3. transient cleanup: a scan of every job, so not at every tick (see
+        // `cleanup_period`).
+        if st
+            .last_cleanup
+            .is_none_or(|t| t.elapsed() >= cleanup_period(s))
+        {
+            st.last_cleanup = Some(Instant::now());
+            if let Err(e) = self.cleanup_transient().await {
+                tracing::warn!(error = %e, "transient job cleanup failed");
+            }
         }
         // 4. gauges
         metrics::gauge!("couch_replicator_jobs_accepting").set(st.acceptors.len() as f64);
@@ -286,9 +296,12 @@ impl JobServer {
             .ctx
             .jobs()
             .fold_jobs(REP_JOBS, Vec::new(), |mut acc, j| {
-                let old_transient = RepJobRecord::from_data(&j.data)
-                    .is_ok_and(|r| r.is_transient() && r.last_updated <= limit);
-                if j.state == JobState::Finished && old_transient {
+                // The state first: decoding every record is the expensive part.
+                let old_transient = || {
+                    RepJobRecord::from_data(&j.data)
+                        .is_ok_and(|r| r.is_transient() && r.last_updated <= limit)
+                };
+                if j.state == JobState::Finished && old_transient() {
                     acc.push(j.id);
                 }
                 acc
@@ -302,6 +315,15 @@ impl JobServer {
         }
         Ok(())
     }
+}
+
+/// How often finished transient jobs are looked for: a tenth of their maximum age, at least
+/// one `interval` and at most five minutes. The scan reads every job in the store, so doing
+/// it at every tick would make an idle node's cost grow with the number of jobs; a finished
+/// transient job may outlive `transient_job_max_age` by this much.
+fn cleanup_period(s: &ReplicatorSettings) -> Duration {
+    let tenth = s.transient_job_max_age / 10;
+    tenth.clamp(s.interval, Duration::from_secs(300).max(s.interval))
 }
 
 /// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
@@ -379,6 +401,7 @@ impl Server for JobServer {
             churn: 0,
             timer: None,
             share: FairShare::new(self.ctx.settings().share_params()),
+            last_cleanup: None,
         };
         self.refill(&myself, &mut st);
         self.schedule_tick(&myself, &mut st);

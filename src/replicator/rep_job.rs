@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobsError};
+use crate::replication::rep_id::replication_id_offline;
 use crate::replication::{Filter, ReplicationOptions, ReplicationSpec, ReplicationStats};
 
 use super::error::{ReplicatorError, ReplicatorResult};
@@ -82,7 +83,13 @@ pub(crate) fn rep_fields(rep: &Map<String, Value>) -> Map<String, Value> {
 
 /// Builds the record of a new job in state `pending`. `rep` is the validated replication
 /// document or request body (kept with credentials, which no API shows).
-pub fn new_record(kind: &JobKind, rep: &Value, spec: &ReplicationSpec, now: i64) -> RepJobRecord {
+pub fn new_record(
+    kind: &JobKind,
+    rep: &Value,
+    spec: &ReplicationSpec,
+    server_uuid: &str,
+    now: i64,
+) -> RepJobRecord {
     let doc = rep.as_object().cloned().unwrap_or_default();
     let owner = doc.get("owner").and_then(Value::as_str).map(str::to_owned);
     let origin = match kind {
@@ -108,6 +115,12 @@ pub fn new_record(kind: &JobKind, rep: &Value, spec: &ReplicationSpec, now: i64)
         start_time: now,
         ..RepJobRecord::default()
     };
+    // CouchDB shows the replication id of a job that has not run yet; the job recomputes it
+    // when it starts (then also for design-document filters, whose code it fetches).
+    if let Some(id) = replication_id_offline(server_uuid, spec) {
+        r.rep_id = Some(id.full());
+        r.base_id = Some(id.base);
+    }
     r.push_history(HistoryKind::Added, now, None, usize::MAX);
     r
 }
@@ -261,7 +274,7 @@ mod tests {
             db_name: "_replicator".into(),
             doc_id: "d".into(),
         };
-        let r = new_record(&kind, &rep, &s, 100);
+        let r = new_record(&kind, &rep, &s, "uuid", 100);
         let v = JobView::from_data("_replicator|d", &r.to_data()).unwrap();
         assert_eq!(v.state, RepState::Pending);
         assert_eq!(v.source, "http://127.0.0.1:1/a/");

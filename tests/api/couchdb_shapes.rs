@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 
 /// The type skeleton of a JSON value: objects keep their keys, arrays become the set of their
 /// elements' skeletons, scalars their type name.
-fn shape(v: &Value) -> Value {
+pub(super) fn shape(v: &Value) -> Value {
     match v {
         Value::Null => json!("null"),
         Value::Bool(_) => json!("bool"),
@@ -31,7 +31,7 @@ fn shape(v: &Value) -> Value {
     }
 }
 
-fn assert_same_shape(what: &str, couch: &Value, ours: &Value) {
+pub(super) fn assert_same_shape(what: &str, couch: &Value, ours: &Value) {
     assert_eq!(
         shape(couch),
         shape(ours),
@@ -39,13 +39,18 @@ fn assert_same_shape(what: &str, couch: &Value, ours: &Value) {
     );
 }
 
-struct Couch {
-    peer: CouchPeer,
-    http: reqwest::Client,
+pub(super) struct Couch {
+    pub(super) peer: CouchPeer,
+    pub(super) http: reqwest::Client,
 }
 
 impl Couch {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    pub(super) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
         let mut r = self
             .http
             .request(method, format!("{}{path}", self.peer.url()))
@@ -56,21 +61,21 @@ impl Couch {
         r.send().await.unwrap().json().await.unwrap()
     }
 
-    async fn get(&self, path: &str) -> Value {
+    pub(super) async fn get(&self, path: &str) -> Value {
         self.call(reqwest::Method::GET, path, None).await
     }
 
-    async fn put(&self, path: &str, body: Value) -> Value {
+    pub(super) async fn put(&self, path: &str, body: Value) -> Value {
         self.call(reqwest::Method::PUT, path, Some(body)).await
     }
 
-    fn db(&self, name: &str) -> String {
+    pub(super) fn db(&self, name: &str) -> String {
         format!("{}/{name}", self.peer.admin_url())
     }
 }
 
 /// Entries of a list keyed by `doc_id` (transient ones under `transient`).
-fn by_doc(list: &Value) -> Map<String, Value> {
+pub(super) fn by_doc(list: &Value) -> Map<String, Value> {
     list.as_array()
         .unwrap()
         .iter()
@@ -81,9 +86,11 @@ fn by_doc(list: &Value) -> Map<String, Value> {
         .collect()
 }
 
-fn ready(docs: &Map<String, Value>, jobs: &Map<String, Value>, tasks: &Map<String, Value>) -> bool {
+/// The views once they show every state of the scenario; else what they show.
+fn ready(views: Views) -> Result<Views, String> {
+    let (docs, jobs, tasks) = &views;
     let state = |d: &str| docs.get(d).map(|e| e["state"].clone());
-    state("run") == Some(json!("running"))
+    let ok = state("run") == Some(json!("running"))
         && docs["run"]["info"]["docs_written"] == 3
         && state("crash") == Some(json!("crashing"))
         && state("done") == Some(json!("completed"))
@@ -92,7 +99,34 @@ fn ready(docs: &Map<String, Value>, jobs: &Map<String, Value>, tasks: &Map<Strin
             .get("transient")
             .is_some_and(|j| j["info"]["docs_written"] == 3)
         && tasks.contains_key("run")
-        && tasks.contains_key("transient")
+        && tasks.contains_key("transient");
+    if ok {
+        Ok(views)
+    } else {
+        Err(format!("{views:#?}"))
+    }
+}
+
+/// Polls both sides until each has shown what it must (`theirs` on CouchDB, `ours` on our
+/// node), returning what each showed.
+pub(super) async fn both<T: std::fmt::Debug>(
+    mut theirs: impl AsyncFnMut() -> Result<T, String>,
+    mut ours: impl AsyncFnMut() -> Result<T, String>,
+) -> (T, T) {
+    let (mut c, mut o) = (Err(String::new()), Err(String::new()));
+    for _ in 0..300 {
+        if c.is_err() {
+            c = theirs().await;
+        }
+        if o.is_err() {
+            o = ours().await;
+        }
+        if let (Ok(_), Ok(_)) = (&c, &o) {
+            return (c.unwrap(), o.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("not reached: CouchDB {c:#?}\nours {o:#?}");
 }
 
 /// Puts the scenario's documents into `db` on CouchDB, targets prefixed by `p`.
@@ -149,13 +183,7 @@ async fn scheduler_task_and_document_shapes_match_couchdb() {
             peer,
             http: reqwest::Client::new(),
         };
-        // A fresh CouchDB creates its cookie secret at the first login: log in once first.
-        let _ = couch
-            .http
-            .post(format!("{}/_session", couch.peer.url()))
-            .json(&json!({"name": "admin", "password": "admin"}))
-            .send()
-            .await;
+        couch.peer.warm_up_sessions().await;
         for db in ["_replicator", "a", "ourdocs"] {
             couch.put(&format!("/{db}"), json!({})).await;
         }
@@ -163,18 +191,7 @@ async fn scheduler_task_and_document_shapes_match_couchdb() {
             couch.put(&format!("/a/doc{i}"), json!({"n": i})).await;
         }
         let node = Node::start(HttpConfig::default()).await;
-        let db = ReplicatorDb::from_url(&couch.db("ourdocs")).unwrap();
-        let _dp = DocProcessor::start(
-            node.replicator.clone(),
-            DocProcessorConfig {
-                dbs: vec![db],
-                poll_timeout: Duration::from_millis(500),
-                retry_delay: Duration::from_millis(200),
-                rescan_interval: Duration::from_millis(300),
-                tls: Default::default(),
-            },
-        )
-        .unwrap();
+        let _dp = follow(&node, &couch, "ourdocs");
 
         scenario(&couch, "_replicator", "c").await;
         scenario(&couch, "ourdocs", "o").await;
@@ -210,85 +227,108 @@ async fn scheduler_task_and_document_shapes_match_couchdb() {
         let (s, _) = node.post("/_replicate", Some(ADMIN), &transient("o")).await;
         assert_eq!(s, 202);
 
-        let mut theirs = None;
-        let mut ours = None;
-        for _ in 0..300 {
-            if theirs.is_none() {
-                let v = views(async |p| couch.get(p).await).await;
-                theirs = ready(&v.0, &v.1, &v.2).then_some(v);
-            }
-            if ours.is_none() {
-                let v = views(async |p| node.get(p, Some(ADMIN)).await.1).await;
-                ours = ready(&v.0, &v.1, &v.2).then_some(v);
-            }
-            if theirs.is_some() && ours.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        let (Some((c_docs, c_jobs, c_tasks)), Some((o_docs, o_jobs, o_tasks))) = (&theirs, &ours)
-        else {
-            panic!("scenario not reached: CouchDB {theirs:#?}\nours {ours:#?}");
-        };
-        for d in ["run", "crash", "done", "dup"] {
-            assert_same_shape(&format!("_scheduler/docs {d}"), &c_docs[d], &o_docs[d]);
-            for k in ["state", "error_count"] {
-                assert_eq!(c_docs[d][k], o_docs[d][k], "_scheduler/docs {d} {k}");
-            }
-        }
-        for j in ["run", "crash", "transient"] {
-            assert_same_shape(&format!("_scheduler/jobs {j}"), &c_jobs[j], &o_jobs[j]);
-            let kinds = |e: &Value| -> BTreeSet<String> {
-                e["history"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|h| h["type"].as_str().unwrap().to_owned())
-                    .filter(|t| t != "pending")
-                    .collect()
-            };
-            assert_eq!(kinds(&c_jobs[j]), kinds(&o_jobs[j]), "history of {j}");
-        }
-        assert!(!o_jobs.contains_key("done") && !o_jobs.contains_key("dup"));
-        for t in ["run", "transient"] {
-            assert_same_shape(&format!("_active_tasks {t}"), &c_tasks[t], &o_tasks[t]);
-        }
-        // Credentials are stripped from URLs, as CouchDB strips them.
-        for v in [&o_docs["run"], &o_jobs["transient"], &o_tasks["run"]] {
-            assert!(!v.to_string().contains("admin:"), "{v}");
-            assert!(v["source"].as_str().unwrap().ends_with("/a/"), "{v}");
-        }
-
-        // The written-back documents.
-        for d in ["done", "dup"] {
-            let mut c = Value::Null;
-            let mut o = Value::Null;
-            for _ in 0..100 {
-                c = couch.get(&format!("/_replicator/{d}")).await;
-                o = couch.get(&format!("/ourdocs/{d}")).await;
-                if c.get("_replication_state").is_some() && o.get("_replication_state").is_some() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            assert_same_shape(&format!("_replicator/{d}"), &c, &o);
-            assert_eq!(c["_replication_state"], o["_replication_state"]);
-            assert_eq!(o["owner"], "admin");
-        }
-
-        // Invalid documents are refused at write time, as CouchDB refuses them.
-        let bad = [
-            json!({"source": couch.db("a"), "target": couch.db("x"), "worker_processes": "x"}),
-            json!({"source": couch.db("a")}),
-        ];
-        for (i, doc) in bad.into_iter().enumerate() {
-            let c = couch
-                .put(&format!("/_replicator/bad{i}"), doc.clone())
-                .await;
-            let o = couch.put(&format!("/ourdocs/bad{i}"), doc).await;
-            assert_eq!(c["error"], "forbidden", "{c}");
-            assert_eq!(o["error"], "forbidden", "{o}");
-        }
+        let (theirs, ours) = both(
+            async || ready(views(async |p| couch.get(p).await).await),
+            async || ready(views(async |p| node.get(p, Some(ADMIN)).await.1).await),
+        )
+        .await;
+        compare_views(&theirs, &ours);
+        written_back_and_refused(&couch).await;
     })
     .await;
+}
+
+/// `_scheduler/docs`, `_scheduler/jobs` and `_active_tasks` of both sides, state by state.
+fn compare_views(theirs: &Views, ours: &Views) {
+    let ((c_docs, c_jobs, c_tasks), (o_docs, o_jobs, o_tasks)) = (theirs, ours);
+    for d in ["run", "crash", "done", "dup"] {
+        assert_same_shape(&format!("_scheduler/docs {d}"), &c_docs[d], &o_docs[d]);
+        for k in ["state", "error_count"] {
+            assert_eq!(c_docs[d][k], o_docs[d][k], "_scheduler/docs {d} {k}");
+        }
+    }
+    for j in ["run", "crash", "transient"] {
+        assert_same_shape(&format!("_scheduler/jobs {j}"), &c_jobs[j], &o_jobs[j]);
+        let (c, o) = (&c_jobs[j], &o_jobs[j]);
+        assert_eq!(
+            events_but_pending(c),
+            events_but_pending(o),
+            "history of {j}"
+        );
+    }
+    assert!(!o_jobs.contains_key("done") && !o_jobs.contains_key("dup"));
+    for t in ["run", "transient"] {
+        assert_same_shape(&format!("_active_tasks {t}"), &c_tasks[t], &o_tasks[t]);
+    }
+    // Credentials are stripped from URLs, as CouchDB strips them.
+    for v in [&o_docs["run"], &o_jobs["transient"], &o_tasks["run"]] {
+        assert!(!v.to_string().contains("admin:"), "{v}");
+        assert!(v["source"].as_str().unwrap().ends_with("/a/"), "{v}");
+    }
+}
+
+/// The written-back documents, and invalid documents refused at write time.
+async fn written_back_and_refused(couch: &Couch) {
+    // The written-back documents.
+    for d in ["done", "dup"] {
+        let mut c = Value::Null;
+        let mut o = Value::Null;
+        for _ in 0..100 {
+            c = couch.get(&format!("/_replicator/{d}")).await;
+            o = couch.get(&format!("/ourdocs/{d}")).await;
+            if c.get("_replication_state").is_some() && o.get("_replication_state").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_same_shape(&format!("_replicator/{d}"), &c, &o);
+        assert_eq!(c["_replication_state"], o["_replication_state"]);
+        assert_eq!(o["owner"], "admin");
+    }
+
+    // Invalid documents are refused at write time, as CouchDB refuses them.
+    let bad = [
+        json!({"source": couch.db("a"), "target": couch.db("x"), "worker_processes": "x"}),
+        json!({"source": couch.db("a")}),
+    ];
+    for (i, doc) in bad.into_iter().enumerate() {
+        let c = couch
+            .put(&format!("/_replicator/bad{i}"), doc.clone())
+            .await;
+        let o = couch.put(&format!("/ourdocs/bad{i}"), doc).await;
+        assert_eq!(c["error"], "forbidden", "{c}");
+        assert_eq!(o["error"], "forbidden", "{o}");
+    }
+}
+
+/// A doc processor of `node` following `db` on CouchDB.
+pub(super) fn follow(node: &Node, couch: &Couch, db: &str) -> DocProcessor {
+    DocProcessor::start(
+        node.replicator.clone(),
+        DocProcessorConfig {
+            dbs: vec![ReplicatorDb::from_url(&couch.db(db)).unwrap()],
+            poll_timeout: Duration::from_millis(500),
+            retry_delay: Duration::from_millis(200),
+            rescan_interval: Duration::from_millis(300),
+            tls: Default::default(),
+        },
+    )
+    .unwrap()
+}
+
+/// The event types of a `_scheduler/jobs` entry's history, newest first.
+pub(super) fn events(job: &Value) -> Vec<String> {
+    let history = job["history"].as_array().unwrap();
+    history
+        .iter()
+        .map(|h| h["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The event types but `pending`: ours also records the couch_jobs re-enqueueing after a crash
+/// or a stop (as CouchDB 4.x), CouchDB 3.x does not.
+pub(super) fn events_but_pending(job: &Value) -> BTreeSet<String> {
+    let mut kinds: BTreeSet<String> = events(job).into_iter().collect();
+    kinds.remove("pending");
+    kinds
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::support::http::{Node, Pouch};
 use couch_replicator::replication::Endpoint;
 use couch_replicator::replication::client::{ClientConfig, HttpClient};
+use couch_replicator::replication::stats::CouchStats;
 use couch_replicator::replicator::doc_processor::{
     DocProcessor, DocProcessorConfig, DocStats, ReplicatorDb, Terminal, write_state,
 };
@@ -202,8 +203,11 @@ async fn terminal_states_are_written_once_through_conflicts() {
                 })
             };
             let stats = DocStats {
-                docs_written: 7,
-                docs_read: 7,
+                counters: CouchStats {
+                    docs_written: 7,
+                    docs_read: 7,
+                    ..CouchStats::default()
+                },
                 ..DocStats::default()
             };
             let wrote = write_state(&c, "r", Terminal::Completed(stats.clone()))

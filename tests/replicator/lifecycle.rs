@@ -1,10 +1,12 @@
 //! Job lifecycle through the embedded handle against real pouchdb-server endpoints.
 
-use crate::support::deadline;
+use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
 use crate::support::replicator::*;
-use couch_replicator::replicator::{JobKind, NewJob, RepState, ReplicatorEvent, WaitFor};
+use couch_replicator::replicator::{
+    JobKind, NewJob, RepState, ReplicatorEvent, ReplicatorSettings, WaitFor,
+};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,5 +168,45 @@ async fn a_transient_job_that_errors_fails_with_its_reason() {
             node.shutdown().await;
         },
     )
+    .await;
+}
+
+/// A finished transient job is removed once it is older than `transient_job_max_age`, and a
+/// persistent one is not (its `_replicator` document owns it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_transient_jobs_are_removed_after_their_max_age() {
+    deadline(120, "finished transient jobs are removed", async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "d", 5).await;
+        let store = Store::open();
+        let settings = ReplicatorSettings {
+            transient_job_max_age: Duration::from_secs(2),
+            ..test_settings()
+        };
+        let node = node(&store.db, "n1", settings).await;
+        let transient = NewJob::transient(pouch.url("src"), pouch.url("tgt")).create_target();
+        let t = node.add(transient).await.unwrap().job_id;
+        let persistent = NewJob::from_body(
+            JobKind::Persistent {
+                db_name: "_replicator".into(),
+                doc_id: "keep".into(),
+            },
+            json!({"source": pouch.url("src"), "target": pouch.url("tgt2"), "create_target": true}),
+        );
+        let p = node.add(persistent).await.unwrap().job_id;
+        for id in [&t, &p] {
+            node.wait(id, WaitFor::Completed, Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        wait_for(60, "the finished transient job removed", || async {
+            node.get(&t).await.is_err().then_some(())
+        })
+        .await;
+        let kept = node.get(&p).await.unwrap();
+        assert_eq!(kept.state, RepState::Completed);
+        node.shutdown().await;
+    })
     .await;
 }

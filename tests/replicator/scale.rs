@@ -25,7 +25,7 @@ async fn a_thousand_continuous_jobs_all_progress_with_max_jobs_100() {
 }
 
 async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
-    deadline(280, "rotation", async {
+    deadline(420, "rotation", async {
         let mut pouches = Vec::new();
         for _ in 0..SERVERS {
             pouches.push(Pouch::start().await);
