@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
 
+use super::checkpoint::instance_start_of;
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
@@ -76,6 +77,8 @@ pub struct ChangesReader {
     counters: Arc<Counters>,
     on_batch: OnBatch,
     next_index: u64,
+    /// The source's `instance_start_time` when the replication started, if known.
+    instance_start: Option<String>,
 }
 
 /// Parses one line of a continuous `_changes` feed: `None` for a heartbeat (blank line), else
@@ -113,6 +116,40 @@ impl ChangesReader {
             counters,
             on_batch,
             next_index: 0,
+            instance_start: None,
+        }
+    }
+
+    /// The source's `instance_start_time` at start: a continuous feed that reconnects checks
+    /// it, so a source deleted and re-created between two connections (whose new feed only
+    /// sends heartbeats from a sequence it never reaches) ends the job instead of idling.
+    pub fn expect_instance_start(mut self, instance: Option<String>) -> Self {
+        self.instance_start = instance;
+        self
+    }
+
+    /// Fails when the source is gone (404) or is another database than at the start; any
+    /// other answer (an unreachable server included) lets the reconnect find out.
+    async fn check_same_source(&self) -> Result<()> {
+        let Some(expected) = self.instance_start.as_deref().filter(|i| *i != "0") else {
+            return Ok(());
+        };
+        let Ok(r) = self.client.send(&Req::get("")).await else {
+            return Ok(());
+        };
+        if r.status == reqwest::StatusCode::NOT_FOUND {
+            return Err(gone(&self.client));
+        }
+        let info: Option<Value> = r.json("database info").ok();
+        let now = info.as_ref().and_then(instance_start_of);
+        match now.as_deref() {
+            Some(now) if now != "0" && now != expected => {
+                Err(ReplicationError::DbNotFound(format!(
+                    "{} (re-created since the replication started)",
+                    self.client.endpoint()
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -313,8 +350,12 @@ impl ChangesReader {
     ) -> Result<()> {
         let mut failures_without_progress = 0u32;
         let mut wait = reconnect_backoff();
+        let mut first = true;
         loop {
             let progressed;
+            if !std::mem::take(&mut first) {
+                self.check_same_source().await?;
+            }
             let outcome = tokio::select! {
                 r = self.stream_once(&mut since, &tx) => r,
                 _ = stop.wait_for(|s| *s) => return Ok(()),

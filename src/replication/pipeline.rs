@@ -294,7 +294,7 @@ async fn run(
         metrics: ctx.metrics.clone(),
     };
     progress.publish();
-    let tasks = spawn_tasks(&shared, &ctx, start_point.seq);
+    let tasks = spawn_tasks(&shared, &ctx, start_point.seq, instance_start_of(&src_info));
     supervise(&mut progress, tasks, stop, o.checkpoint_interval, &rep_id).await?;
     progress.finish(&rep_id).await
 }
@@ -374,9 +374,15 @@ struct Tasks {
     reader_stop: watch::Sender<bool>,
 }
 
-/// Starts the changes reader (from `since`) and `worker_processes` workers on a queue that
-/// holds two batches per worker, so workers never wait on the feed.
-fn spawn_tasks(shared: &Arc<Shared>, ctx: &Context, since: Value) -> Tasks {
+/// Starts the changes reader (from `since`, on the source whose `instance_start_time` is
+/// `src_instance`) and `worker_processes` workers on a queue that holds two batches per
+/// worker, so workers never wait on the feed.
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    ctx: &Context,
+    since: Value,
+    src_instance: Option<String>,
+) -> Tasks {
     let o = &shared.spec.options;
     let (tx, rx) = mpsc::channel::<Batch>(o.worker_processes * 2);
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -388,7 +394,8 @@ fn spawn_tasks(shared: &Arc<Shared>, ctx: &Context, since: Value) -> Tasks {
         o.clone(),
         shared.counters.clone(),
         on_batch,
-    );
+    )
+    .expect_instance_start(src_instance);
     let mut set: JoinSet<Result<()>> = JoinSet::new();
     let m = ctx.metrics.clone();
     let reading = reader.run(since, tx, reader_stop_rx);
