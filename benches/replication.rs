@@ -16,6 +16,8 @@
 
 #[path = "replication/data.rs"]
 mod data;
+#[path = "shared/entry.rs"]
+mod entry;
 #[path = "replication/load.rs"]
 mod load;
 #[path = "replication/measure.rs"]
@@ -46,39 +48,13 @@ struct Row {
     tgt_runnable: Option<f64>,
 }
 
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("replication bench: cannot start tokio: {e}");
-            std::process::exit(1);
-        }
-    };
     // On Ctrl-C the run is dropped, which kills the servers it started.
-    let outcome = rt.block_on(async {
-        tokio::select! {
-            r = run() => r,
-            _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
-        }
-    });
-    if let Err(e) = outcome {
-        eprintln!("replication bench failed: {e}");
-        std::process::exit(1);
-    }
+    entry::run_main("replication", run());
 }
 
 async fn run() -> Result<(), String> {
-    let n = env_num("BENCH_DOCS", 100_000) as u64;
+    let n = entry::env_num("BENCH_DOCS", 100_000) as u64;
     // No compression: the ceilings must be the servers' best raw rates.
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -142,9 +118,9 @@ async fn run() -> Result<(), String> {
     }
 
     // Our engine.
-    let workers = env_num("BENCH_WORKERS", 4);
-    let batch = env_num("BENCH_BATCH", 500);
-    let conns = env_num("BENCH_CONNS", 20);
+    let workers = entry::env_num("BENCH_WORKERS", 4);
+    let batch = entry::env_num("BENCH_BATCH", 500);
+    let conns = entry::env_num("BENCH_CONNS", 20);
     let ours_rss;
     {
         let target = Server::start(&http).await?;

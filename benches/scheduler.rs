@@ -12,6 +12,8 @@
 //! Settings: `BENCH_MAX_JOBS` (default min(500, N/4)), `BENCH_CHURN` (default `max_jobs`),
 //! `BENCH_INTERVAL` seconds (default 5). Needs `COUCHDB_PEER_SCRIPT` (the CouchDB peer script).
 
+#[path = "shared/entry.rs"]
+mod entry;
 #[path = "replication/measure.rs"]
 #[allow(dead_code)]
 mod measure;
@@ -24,45 +26,20 @@ use peers::Couch;
 use runs::{Measured, Plan};
 use serde_json::{Value, json};
 
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("scheduler bench: cannot start tokio: {e}");
-            std::process::exit(1);
-        }
-    };
-    let outcome = rt.block_on(async {
-        tokio::select! {
-            r = run() => r,
-            _ = tokio::signal::ctrl_c() => Err("interrupted".to_owned()),
-        }
-    });
-    if let Err(e) = outcome {
-        eprintln!("scheduler bench failed: {e}");
-        std::process::exit(1);
-    }
+    // On Ctrl-C the run is dropped, which kills the servers it started.
+    entry::run_main("scheduler", run());
 }
 
 async fn run() -> Result<(), String> {
-    let jobs = env_num("BENCH_JOBS", 10_000).max(2);
-    let max_jobs = env_num("BENCH_MAX_JOBS", (jobs / 4).clamp(1, 500));
+    let jobs = entry::env_num("BENCH_JOBS", 10_000).max(2);
+    let max_jobs = entry::env_num("BENCH_MAX_JOBS", (jobs / 4).clamp(1, 500));
     let plan = Plan {
         jobs,
         max_jobs,
-        max_churn: env_num("BENCH_CHURN", max_jobs),
-        interval_sec: env_num("BENCH_INTERVAL", 5) as u64,
-        window_sec: env_num("BENCH_SECS", 60) as u64,
+        max_churn: entry::env_num("BENCH_CHURN", max_jobs),
+        interval_sec: entry::env_num("BENCH_INTERVAL", 5) as u64,
+        window_sec: entry::env_num("BENCH_SECS", 60) as u64,
     };
     eprintln!("plan: {plan:?}");
     // No idle sockets: while our node runs, this process's connections to the endpoint are
