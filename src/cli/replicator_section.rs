@@ -78,6 +78,12 @@ const SCHEDULER: &[(&str, &str, Setter)] = &[
         "connection_close_interval",
         |s, v| s.connection_close_interval = Duration::from_millis(v),
     ),
+    // Ours, not CouchDB's: see the field.
+    (
+        "max_requests_per_endpoint",
+        "max_requests_per_endpoint",
+        |s, v| s.max_requests_per_endpoint = v as usize,
+    ),
 ];
 
 fn secs(v: u64) -> Duration {

@@ -238,8 +238,9 @@ impl Checkpointer {
 
     /// CouchDB's answer to a one-shot `_replicate`, without `ok`: the checkpoint document
     /// last written, or, when this run wrote none, the source's one with `no_changes: true`.
-    pub fn record(&self) -> &Value {
-        &self.record
+    /// Taken by value: it is the checkpointer's last use, and the history is large.
+    pub fn into_record(self) -> Value {
+        self.record
     }
 
     /// Overrides the start sequence recorded in history (`since_seq`).
@@ -310,11 +311,17 @@ async fn put_local(
     body: &Value,
     rev: Option<String>,
 ) -> Result<Option<String>> {
-    let mut doc = body.clone();
-    if let (Some(m), Some(r)) = (doc.as_object_mut(), rev) {
-        m.insert("_rev".into(), Value::String(r));
+    // The record with its `_rev`, serialized without copying the (up to 50-entry) history.
+    #[derive(serde::Serialize)]
+    struct WithRev<'a> {
+        #[serde(rename = "_rev", skip_serializing_if = "Option::is_none")]
+        rev: Option<String>,
+        #[serde(flatten)]
+        body: &'a Value,
     }
-    let mut req = Req::json(Method::PUT, path, doc.to_string());
+    let doc = serde_json::to_string(&WithRev { rev, body })
+        .map_err(|e| ReplicationError::CheckpointFailed(e.to_string()))?;
+    let mut req = Req::json(Method::PUT, path, doc);
     req.headers
         .push(("x-couch-full-commit", "false".to_owned()));
     let r = c.send(&req).await?;

@@ -123,6 +123,8 @@ impl Resp {
 /// HTTP access to one endpoint.
 pub struct HttpClient {
     http: Arc<reqwest::Client>,
+    /// The endpoint's bound on buffered requests across jobs (shared clients only).
+    gate: Option<Arc<Semaphore>>,
     ep: Endpoint,
     auth: Auth,
     limiter: Arc<dyn RateLimiter>,
@@ -147,7 +149,7 @@ impl HttpClient {
     pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
         let builder = reqwest::Client::builder().pool_max_idle_per_host(cfg.http_connections);
         let http = Arc::new(build_http(&ep, &cfg, builder)?);
-        Ok(Self::assemble(http, ep, cfg, limiter))
+        Ok(Self::assemble(http, None, ep, cfg, limiter))
     }
 
     /// Builds the client for an endpoint on the shared client of its transport key (see
@@ -159,14 +161,15 @@ impl HttpClient {
         limiter: Arc<dyn RateLimiter>,
         transports: &Transports,
     ) -> Result<Self> {
-        let http = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
-        let mut c = Self::assemble(http, ep, cfg, limiter);
+        let shared = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
+        let mut c = Self::assemble(shared.http, Some(shared.gate), ep, cfg, limiter);
         c.auth.share_through(transports.sessions());
         Ok(c)
     }
 
     fn assemble(
         http: Arc<reqwest::Client>,
+        gate: Option<Arc<Semaphore>>,
         ep: Endpoint,
         cfg: ClientConfig,
         limiter: Arc<dyn RateLimiter>,
@@ -176,6 +179,7 @@ impl HttpClient {
         cfg.metrics.inc(Series::ConnectionCreates);
         Self {
             http,
+            gate,
             ep,
             auth,
             limiter,
@@ -232,6 +236,13 @@ impl HttpClient {
                     .acquire()
                     .await
                     .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+                // A streamed response (a continuous feed) may stay open for hours: only
+                // buffered requests pass the endpoint's gate.
+                let _gate = if buffer {
+                    self.pass_gate().await?
+                } else {
+                    None
+                };
                 self.cfg.metrics.inc(Series::Requests);
                 self.attempt(req, buffer).await
             };
@@ -291,6 +302,7 @@ impl HttpClient {
             .acquire()
             .await
             .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+        let _gate = self.pass_gate().await?;
         let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
         let failed = |e: String| ReplicationError::HttpRequestFailed(format!("{what}: {e}"));
         let rb = self
@@ -315,6 +327,18 @@ impl HttpClient {
             headers,
             body,
         })
+    }
+
+    /// Waits for a permit of the endpoint's gate (none on a private client).
+    async fn pass_gate(&self) -> Result<Option<tokio::sync::SemaphorePermit<'_>>> {
+        match &self.gate {
+            None => Ok(None),
+            Some(g) => g
+                .acquire()
+                .await
+                .map(Some)
+                .map_err(|_| ReplicationError::WorkerDied("endpoint gate closed".into())),
+        }
     }
 
     /// Counts one response as CouchDB does: 429 belongs to the rate limiter, 408 and 5xx

@@ -9,11 +9,19 @@
 //! table's `idle_close` (reqwest's idle timeout); a client no [`HttpClient`](super::client::HttpClient) uses any more is
 //! dropped by [`Transports::sweep`] once it has been unused for `idle_close`, which closes
 //! whatever sockets it still had.
+//!
+//! Each key also has a gate on the buffered requests in flight through its client, across
+//! every job ([`SharedTransport::gate`]): a client opens one socket per concurrent request,
+//! so without it a rotation that starts hundreds of jobs at once (each with a few start-up
+//! requests) opens a socket per request and closes most of them right after. Long-lived
+//! streamed requests (continuous `_changes` feeds) do not take the gate, or the feeds of
+//! running jobs would hold it shut.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::session_cache::SessionCache;
@@ -54,6 +62,7 @@ impl TransportKey {
 
 struct Entry {
     client: Arc<reqwest::Client>,
+    gate: Arc<Semaphore>,
     /// Since when no [`HttpClient`](super::client::HttpClient) holds the client, if so.
     unused_since: Option<Instant>,
 }
@@ -67,10 +76,20 @@ pub struct TransportUse {
     pub users: usize,
 }
 
+/// What an HTTP client gets from the table for its key.
+#[derive(Debug, Clone)]
+pub struct SharedTransport {
+    /// The shared reqwest client (its connection pool).
+    pub http: Arc<reqwest::Client>,
+    /// Permits for buffered requests in flight through `http`, shared by every job.
+    pub gate: Arc<Semaphore>,
+}
+
 /// The table of shared clients.
 pub struct Transports {
     idle_close: Duration,
     max_idle_per_host: usize,
+    max_requests: usize,
     clients: Mutex<HashMap<TransportKey, Entry>>,
     sessions: SessionCache,
 }
@@ -83,11 +102,13 @@ impl std::fmt::Debug for Transports {
 
 impl Transports {
     /// A table whose idle sockets and unused clients close after `idle_close`, keeping at
-    /// most `max_idle_per_host` idle sockets per client.
-    pub fn new(idle_close: Duration, max_idle_per_host: usize) -> Self {
+    /// most `max_idle_per_host` idle sockets per client, and letting at most `max_requests`
+    /// buffered requests through one client at once.
+    pub fn new(idle_close: Duration, max_idle_per_host: usize, max_requests: usize) -> Self {
         Self {
             idle_close,
             max_idle_per_host: max_idle_per_host.max(1),
+            max_requests: max_requests.max(1),
             clients: Mutex::new(HashMap::new()),
             sessions: SessionCache::default(),
         }
@@ -103,30 +124,37 @@ impl Transports {
         self.idle_close
     }
 
-    /// The client for `key`, built by `build` (given the table's pool settings) the first
-    /// time.
+    /// The client (and its gate) for `key`, built by `build` (given the table's pool
+    /// settings) the first time.
     pub fn client<E>(
         &self,
         key: TransportKey,
         build: impl FnOnce(reqwest::ClientBuilder) -> Result<reqwest::Client, E>,
-    ) -> Result<Arc<reqwest::Client>, E> {
+    ) -> Result<SharedTransport, E> {
         let mut clients = self.lock();
         if let Some(e) = clients.get_mut(&key) {
             e.unused_since = None;
-            return Ok(e.client.clone());
+            return Ok(SharedTransport {
+                http: e.client.clone(),
+                gate: e.gate.clone(),
+            });
         }
         let builder = reqwest::Client::builder()
             .pool_idle_timeout(self.idle_close)
             .pool_max_idle_per_host(self.max_idle_per_host);
-        let client = Arc::new(build(builder)?);
+        let shared = SharedTransport {
+            http: Arc::new(build(builder)?),
+            gate: Arc::new(Semaphore::new(self.max_requests)),
+        };
         clients.insert(
             key,
             Entry {
-                client: client.clone(),
+                client: shared.http.clone(),
+                gate: shared.gate.clone(),
                 unused_since: None,
             },
         );
-        Ok(client)
+        Ok(shared)
     }
 
     /// Drops the clients nobody has used for `idle_close` (closing their sockets); returns
@@ -201,10 +229,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn same_key_same_client_and_unused_clients_go_after_idle_close() {
-        let t = Transports::new(Duration::from_secs(10), 4);
-        let a = t.client(key("a"), build).unwrap();
-        let a2 = t.client(key("a"), build).unwrap();
-        let b = t.client(key("b"), build).unwrap();
+        let t = Transports::new(Duration::from_secs(10), 4, 8);
+        let a = t.client(key("a"), build).unwrap().http;
+        let a2 = t.client(key("a"), build).unwrap().http;
+        let b = t.client(key("b"), build).unwrap().http;
         assert!(Arc::ptr_eq(&a, &a2));
         assert!(!Arc::ptr_eq(&a, &b));
         assert_eq!(t.usage()[0].users, 2);
@@ -224,12 +252,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_gate_per_key_with_the_table_s_request_bound() {
+        let t = Transports::new(Duration::from_secs(10), 4, 8);
+        let a = t.client(key("a"), build).unwrap().gate;
+        let a2 = t.client(key("a"), build).unwrap().gate;
+        let b = t.client(key("b"), build).unwrap().gate;
+        assert!(Arc::ptr_eq(&a, &a2), "jobs on one endpoint share its gate");
+        assert!(!Arc::ptr_eq(&a, &b));
+        let _held = a.clone().try_acquire_many_owned(8).unwrap();
+        assert!(a2.try_acquire().is_err(), "8 in flight: the 9th waits");
+        assert_eq!(b.available_permits(), 8, "another endpoint is not held up");
+    }
+
+    #[tokio::test]
     async fn different_tls_settings_get_different_clients() {
-        let t = Transports::new(Duration::from_secs(10), 4);
-        let plain = t.client(key("a"), build).unwrap();
+        let t = Transports::new(Duration::from_secs(10), 4, 8);
+        let plain = t.client(key("a"), build).unwrap().http;
         let mut k = key("a");
         k.tls.verify = !k.tls.verify;
-        let other = t.client(k, build).unwrap();
+        let other = t.client(k, build).unwrap().http;
         assert!(!Arc::ptr_eq(&plain, &other));
     }
 

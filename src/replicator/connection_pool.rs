@@ -83,6 +83,8 @@ pub struct PoolObservation {
     pub budget: usize,
     /// Idle sockets each shared client keeps per host.
     pub max_idle: usize,
+    /// Buffered requests each shared client lets through at once.
+    pub max_requests: usize,
     /// Idle time after which an unused endpoint is forgotten.
     pub close_interval: Duration,
     /// The use of every endpoint the pool knows, by [`endpoint_key`] (a forgotten endpoint
@@ -121,6 +123,9 @@ pub struct ConnectionPool {
     /// closed at once. Without a cap, the peaks of many jobs starting together leave hundreds
     /// of idle sockets open for `close_interval`.
     pub max_idle: usize,
+    /// Buffered requests in flight per shared client, across jobs (continuous feeds are not
+    /// counted): what bounds the sockets a burst of job starts opens.
+    pub max_requests: usize,
     /// Idle time after which an unused endpoint's entry is closed.
     pub close_interval: Duration,
     /// Where acquires, releases and owner deaths are counted.
@@ -188,7 +193,11 @@ impl Server for ConnectionPool {
         });
         Ok(PoolState {
             endpoints: HashMap::new(),
-            transports: Arc::new(Transports::new(self.close_interval, self.max_idle)),
+            transports: Arc::new(Transports::new(
+                self.close_interval,
+                self.max_idle,
+                self.max_requests,
+            )),
             clients_closed: 0,
             timer,
         })
@@ -272,6 +281,7 @@ impl ConnectionPool {
         PoolObservation {
             budget: self.budget,
             max_idle: self.max_idle,
+            max_requests: self.max_requests,
             close_interval: self.close_interval,
             endpoints: endpoints.collect(),
             clients: state.transports.usage(),

@@ -63,6 +63,10 @@ pub struct ReplicatorSettings {
     pub rate_limiter_max_interval: Duration,
     /// Idle pooled connections are closed after this.
     pub connection_close_interval: Duration,
+    /// Ours: buffered requests in flight to one endpoint across all jobs (a job's own
+    /// `http_connections` still bounds it alone). Continuous feeds do not count. It bounds
+    /// the sockets a rotation's burst of job starts opens.
+    pub max_requests_per_endpoint: usize,
     /// What this node runs.
     pub node_types: Vec<NodeType>,
     /// Fair-share weight per `_replicator` database (`[replicator.shares]`, 1..=1000, others
@@ -97,6 +101,7 @@ impl Default for ReplicatorSettings {
             cluster_start_period: Duration::from_secs(5),
             rate_limiter_max_interval: MAX_RATE_LIMITER_INTERVAL,
             connection_close_interval: Duration::from_secs(90),
+            max_requests_per_endpoint: 100,
             node_types: vec![NodeType::ApiFrontend, NodeType::Replication],
             shares: BTreeMap::new(),
             usage_coeff: 0.5,
@@ -142,6 +147,10 @@ impl ReplicatorSettings {
             ("max_jobs", self.max_jobs == 0),
             ("interval", self.interval.is_zero()),
             ("max_acceptors", self.max_acceptors == 0),
+            (
+                "max_requests_per_endpoint",
+                self.max_requests_per_endpoint == 0,
+            ),
             (
                 "stats_update_interval",
                 self.stats_update_interval.is_zero(),

@@ -107,6 +107,7 @@ fn replication_children(
         // As many idle sockets per endpoint as one job may use at once (its default
         // `http_connections`): enough for the next job's burst, not one per job.
         max_idle: s.job_defaults.http_connections.max(1),
+        max_requests: s.max_requests_per_endpoint.max(1),
         close_interval: s.connection_close_interval,
         metrics: ctx.metrics().clone(),
     };

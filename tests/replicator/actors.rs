@@ -142,6 +142,7 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             let pool = ConnectionPool {
                 budget: 5,
                 max_idle: 2,
+                max_requests: 10,
                 close_interval: Duration::from_secs(2),
                 metrics: metrics.clone(),
             };

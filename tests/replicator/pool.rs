@@ -1,7 +1,8 @@
 //! The connection pool's shared clients, counted in real sockets through a TCP relay in front
 //! of pouchdb-server: jobs against one endpoint reuse one client's connections, idle ones are
-//! closed by the replicator after `connection_close_interval`, and a killed job's sockets and
-//! share of the client go with it.
+//! closed by the replicator after `connection_close_interval`, a burst of jobs never has more
+//! than `max_requests_per_endpoint` buffered requests (so sockets) in flight, and a killed
+//! job's sockets and share of the client go with it.
 
 use std::time::Duration;
 
@@ -173,5 +174,68 @@ async fn idle_sockets_beyond_the_cap_close_at_once() {
         );
         n.shutdown().await;
     })
+    .await;
+}
+
+/// Runs `JOBS` one-shot jobs at once through a fresh relay with the given endpoint gate; the
+/// most sockets that were open at once.
+async fn burst_peak(pouch: &Pouch, max_requests: usize, tag: &str) -> usize {
+    const JOBS: usize = 8;
+    let relay = TcpCounter::start(pouch.port).await;
+    let store = Store::open();
+    let mut settings = ReplicatorSettings {
+        max_jobs: JOBS,
+        max_requests_per_endpoint: max_requests,
+        ..pool_settings()
+    };
+    settings.job_defaults.http_connections = GATED_IDLE;
+    let n = node(&store.db, "n1", settings).await;
+    let mut ids = Vec::new();
+    for i in 0..JOBS {
+        let job = NewJob::transient(relay.url("src"), relay.url(&format!("{tag}{i}")))
+            .create_target()
+            .option("worker_processes", 4)
+            .option("worker_batch_size", 1);
+        ids.push(n.add(job).await.unwrap().job_id);
+    }
+    for id in &ids {
+        n.wait(id, WaitFor::Completed, Duration::from_secs(120))
+            .await
+            .unwrap();
+    }
+    n.shutdown().await;
+    relay.peak()
+}
+
+/// Idle sockets the gated node's shared client may keep (its jobs' `http_connections`).
+const GATED_IDLE: usize = 2;
+
+/// Eight jobs start at once, each with four workers fetching one document per request. With
+/// the endpoint's gate at 2, at most 2 buffered requests are in flight, so the sockets open at
+/// once are at most those 2, one feed per job, and the idle ones the client keeps; without
+/// the gate the same burst opens more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_jobs_keeps_buffered_requests_under_the_endpoint_gate() {
+    deadline(
+        240,
+        "a burst of jobs stays under the endpoint gate",
+        async {
+            let pouch = Pouch::start().await;
+            pouch.create_db("src").await;
+            pouch.put_docs("src", "d", 12).await;
+            const GATE: usize = 2;
+            let gated = burst_peak(&pouch, GATE, "gated").await;
+            let open = burst_peak(&pouch, 1000, "open").await;
+            eprintln!("peak sockets: gated {gated}, ungated {open}");
+            assert!(
+                gated <= GATE + 8 + GATED_IDLE,
+                "with the gate at {GATE}, {gated} sockets were open at once"
+            );
+            assert!(
+                open > gated,
+                "the ungated burst ({open} sockets) should need more than the gated one ({gated})"
+            );
+        },
+    )
     .await;
 }

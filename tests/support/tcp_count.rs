@@ -1,5 +1,5 @@
 //! A TCP relay in front of a real server that counts sockets: connections accepted, open now,
-//! and closed by the client side first (the replicator hung up, not the server). Tests point
+//! the most ever open at once, and closed by the client side first (the replicator hung up, not the server). Tests point
 //! endpoints at it to see how many connections the replicator really holds.
 
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 struct Counts {
     accepted: AtomicUsize,
     open: AtomicUsize,
+    peak: AtomicUsize,
     closed_by_client: AtomicUsize,
 }
 
@@ -39,7 +40,8 @@ impl TcpCounter {
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 c.accepted.fetch_add(1, Ordering::SeqCst);
-                c.open.fetch_add(1, Ordering::SeqCst);
+                let now = c.open.fetch_add(1, Ordering::SeqCst) + 1;
+                c.peak.fetch_max(now, Ordering::SeqCst);
                 tokio::spawn(relay(client, upstream, c.clone()));
             }
         });
@@ -59,6 +61,11 @@ impl TcpCounter {
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.counts.open.load(Ordering::SeqCst)
+    }
+
+    /// The most connections open at once so far.
+    pub fn peak(&self) -> usize {
+        self.counts.peak.load(Ordering::SeqCst)
     }
 
     /// Connections the client side closed first.
