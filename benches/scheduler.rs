@@ -193,6 +193,19 @@ fn report(plan: &Plan, ours: &Measured, theirs: &Measured) {
         ours.bench_cpu_s,
         ratio(per_start_ms(ours), per_start_ms(theirs))
     );
+    if ours.missed + theirs.missed > 0 {
+        println!(
+            "running set unreadable at {} of our samples, {} of couchdb's (left out)",
+            ours.missed, theirs.missed
+        );
+    }
+    if let Some(c) = theirs.own_counts {
+        println!(
+            "couchdb's own counters over the window: {} job starts, {} stops, {} crashes \
+             (starts above: jobs seen newly running in _active_tasks, sampled every second)",
+            c.starts, c.stops, c.crashes
+        );
+    }
     results(ours, theirs);
 }
 

@@ -20,7 +20,7 @@ use couch_replicator::store::embedded::EmbeddedStore;
 use serde_json::{Value, json};
 
 use super::peers::{Couch, rss_mb};
-use super::sampler::{SAMPLE_EVERY, Sampled, Spec, Who};
+use super::sampler::{Counts, SAMPLE_EVERY, Sampled, Spec, Who};
 
 /// The two `_replicator` databases and their shares; [`group`] gives each its share of jobs.
 const GROUPS: [(&str, u32); 2] = [("a/_replicator", 100), ("b/_replicator", 900)];
@@ -70,6 +70,10 @@ pub struct Measured {
     pub fairness: f64,
     /// Jobs never seen running in the window (a fairness of `inf`: how many).
     pub never_ran: usize,
+    /// Samples lost because the running set could not be read.
+    pub missed: usize,
+    /// CouchDB only: its own job counters over the window.
+    pub own_counts: Option<Counts>,
     /// [`share_error`] of the two databases' running samples against 100:900.
     pub share_error: f64,
     /// p99 of the update-to-target latency, ms.
@@ -233,7 +237,10 @@ pub async fn couchdb(
     }
     eprintln!("couchdb: {} documents added", plan.jobs);
     let spec = spec(endpoint, plan, scheduler.beam, "tgt_couch");
-    let who = Who::Couch(scheduler.url("_active_tasks"));
+    let who = Who::Couch {
+        tasks: scheduler.url("_active_tasks"),
+        stats: scheduler.url("_node/_local/_stats/couch_replicator/jobs"),
+    };
     Ok(summarize(plan, super::sampler::measure(spec, who).await?))
 }
 
@@ -283,5 +290,7 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         p99_ms: p99,
         probes: lat.len(),
         never_ran: s.running.iter().filter(|r| **r == 0).count(),
+        missed: s.missed,
+        own_counts: s.own_counts,
     }
 }

@@ -33,8 +33,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Who {
     /// Our job server, and job id -> job index.
     Ours(ActorRef<JobServerMsg>, HashMap<String, usize>),
-    /// CouchDB's `_active_tasks` URL.
-    Couch(String),
+    /// CouchDB's `_active_tasks` URL and its `couch_replicator/jobs` stats URL.
+    Couch {
+        /// `_active_tasks`.
+        tasks: String,
+        /// `_node/_local/_stats/couch_replicator/jobs`.
+        stats: String,
+    },
 }
 
 /// What one window measures.
@@ -74,6 +79,10 @@ pub struct Sampled {
     pub connections: f64,
     /// Update-to-target latencies, ms, sorted.
     pub latencies_ms: Vec<f64>,
+    /// Samples lost because the running set could not be read.
+    pub missed: usize,
+    /// CouchDB only: its own job counters over the window.
+    pub own_counts: Option<Counts>,
 }
 
 /// Runs the window on its own thread and returns its figures.
@@ -117,50 +126,94 @@ fn cpu_of(pid: u32) -> f64 {
 }
 
 impl Who {
-    async fn running(&self, http: &reqwest::Client) -> Vec<usize> {
+    /// The jobs running now; `None` when the question failed (not "nothing runs": a failed
+    /// read taken as an empty set would count every running job as started again).
+    async fn running(&self, http: &reqwest::Client) -> Option<Vec<usize>> {
         match self {
-            Who::Ours(server, index) => supervisors::observe(server)
-                .await
-                .map(|o| {
-                    o.jobs
-                        .iter()
-                        .filter_map(|j| index.get(&j.job_id).copied())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            Who::Couch(url) => {
-                let Ok(r) = http.get(url).send().await else {
-                    return Vec::new();
-                };
-                let tasks: Vec<Value> = r.json().await.unwrap_or_default();
-                tasks
+            Who::Ours(server, index) => supervisors::observe(server).await.map(|o| {
+                o.jobs
                     .iter()
-                    .filter_map(|t| t.get("doc_id")?.as_str()?.strip_prefix('r')?.parse().ok())
+                    .filter_map(|j| index.get(&j.job_id).copied())
                     .collect()
+            }),
+            Who::Couch { tasks: url, .. } => {
+                let r = http.get(url).send().await.ok()?;
+                if !r.status().is_success() {
+                    return None;
+                }
+                let tasks: Vec<Value> = r.json().await.ok()?;
+                Some(
+                    tasks
+                        .iter()
+                        .filter_map(|t| t.get("doc_id")?.as_str()?.strip_prefix('r')?.parse().ok())
+                        .collect(),
+                )
             }
+        }
+    }
+
+    /// CouchDB's own counters of job starts, stops and crashes (its scheduler's view, which
+    /// also counts jobs stopped before they showed in `_active_tasks`); `None` for ours.
+    async fn own_counts(&self, http: &reqwest::Client) -> Option<Counts> {
+        let Who::Couch { stats, .. } = self else {
+            return None;
+        };
+        let v: Value = http.get(stats).send().await.ok()?.json().await.ok()?;
+        let n = |k: &str| v[k]["value"].as_u64();
+        Some(Counts {
+            starts: n("starts")?,
+            stops: n("stops")?,
+            crashes: n("crashes")?,
+        })
+    }
+}
+
+/// CouchDB's `couch_replicator.jobs` counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counts {
+    /// Jobs started.
+    pub starts: u64,
+    /// Jobs stopped (rotated out, among others).
+    pub stops: u64,
+    /// Job crashes noticed.
+    pub crashes: u64,
+}
+
+impl Counts {
+    fn since(self, before: Counts) -> Counts {
+        Counts {
+            starts: self.starts.saturating_sub(before.starts),
+            stops: self.stops.saturating_sub(before.stops),
+            crashes: self.crashes.saturating_sub(before.crashes),
         }
     }
 }
 
-/// Warms up: at least `spec.warm_up`, and until the scheduler has rotated once (a running
-/// job stopped). CouchDB's scheduler takes a new `interval` only after its timer set with the
-/// old one (60 s by default) fires, so two short intervals are not enough for it; waiting for
-/// a rotation starts both windows in the steady state. Returns the running set.
+/// Warms up: at least `spec.warm_up`, and until the scheduler has rotated once: CouchDB's
+/// own stop counter moved, or for ours a running job stopped. CouchDB's scheduler takes a new
+/// `interval` only after its timer set with the old one (60 s by default) fires, so two short
+/// intervals are not enough for it; waiting for a rotation starts both windows in the steady
+/// state. Returns the running set.
 async fn warm_up(spec: &Spec, who: &Who, http: &reqwest::Client) -> Result<Vec<usize>, String> {
     let warm = Instant::now();
-    let mut prev: HashSet<usize> = HashSet::new();
+    let counts0 = who.own_counts(http).await;
+    let mut prev: Option<HashSet<usize>> = None;
     let mut rotated = !spec.rotates;
     loop {
-        let running = who.running(http).await;
-        let now: HashSet<usize> = running.iter().copied().collect();
-        rotated |= prev.difference(&now).next().is_some();
-        if warm.elapsed() >= spec.warm_up && rotated && !running.is_empty() {
-            return Ok(running);
+        if let Some(running) = who.running(http).await {
+            let now: HashSet<usize> = running.iter().copied().collect();
+            rotated |= match (counts0, who.own_counts(http).await) {
+                (Some(c0), Some(c1)) => c1.since(c0).stops > 0,
+                _ => prev.is_some_and(|p| p.difference(&now).next().is_some()),
+            };
+            if warm.elapsed() >= spec.warm_up && rotated && !running.is_empty() {
+                return Ok(running);
+            }
+            prev = Some(now);
         }
         if warm.elapsed() > Duration::from_secs(600) {
             return Err("no rotation of the running jobs after 10 minutes".into());
         }
-        prev = now;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -173,6 +226,7 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let mut prev: HashSet<usize> = warm_up(spec, who, &http).await?.into_iter().collect();
+    let counts0 = who.own_counts(&http).await;
     let (cpu0, bench0) = (cpu_of(spec.pid), thread_cpu_seconds());
     let t0 = Instant::now();
     let mut out = Sampled {
@@ -183,7 +237,11 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
     let mut probes = Probes::new(spec, t0);
     while t0.elapsed() < spec.window {
         let tick = Instant::now();
-        let running = who.running(&http).await;
+        let Some(running) = who.running(&http).await else {
+            out.missed += 1;
+            tokio::time::sleep(SAMPLE_EVERY.saturating_sub(tick.elapsed())).await;
+            continue;
+        };
         let now: HashSet<usize> = running.iter().copied().collect();
         for &i in &now {
             if let Some(s) = out.running.get_mut(i) {
@@ -206,6 +264,9 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
         out.cpu_s -= out.bench_cpu_s;
     }
     out.rss_mb = rss_mb(spec.pid);
+    if let (Some(c0), Some(c1)) = (counts0, who.own_counts(&http).await) {
+        out.own_counts = Some(c1.since(c0));
+    }
     out.connections = conns as f64 / conn_samples.max(1) as f64;
     // The last probe may still wait for its target; its latency counts, its CPU is past the
     // window's end.
