@@ -9,14 +9,20 @@
 //! the same documents in the same two databases and the same settings (`max_jobs`,
 //! `max_churn`, `interval`, shares).
 //!
-//! Each run warms up for two intervals, then measures for a window of three rotation periods
-//! (a rotation: ceil(N / min(`max_churn`, `max_jobs`)) intervals, the time for every job to
-//! run once under round-robin), so every job should get the same running time whatever its
-//! phase; `BENCH_SECS` overrides the window. Every second it reads which jobs run (fairness:
+//! Each run warms up for at least two intervals and until its scheduler has rotated once
+//! (CouchDB's first reschedule comes from the 60 s timer it set before the interval was
+//! configured), then measures for a window of three rotation periods (a rotation:
+//! ceil(N / min(`max_churn`, `max_jobs`)) intervals, the time for every job to run once under
+//! round-robin with one interval per turn), so every job should get the same running time
+//! whatever its phase; a scheduler whose jobs run longer turns rotates more slowly and needs a
+//! longer window (`BENCH_SECS` overrides it). Every second it reads which jobs run (fairness:
 //! max/min of per-job running samples over all jobs; fair-share error of the two databases'
 //! totals against 100:900; job starts: a job running that was not a second before), every two
 //! seconds the TCP connections the scheduler's process holds to the endpoint, and twenty
-//! times the latency of a document update reaching the target for a running job.
+//! times the latency of a document update reaching the target for a running job. Ours is read
+//! from the job server (a job counts from its start); CouchDB's from `_active_tasks` (cheap,
+//! but a job shows there only once its replication has initialised, so short turns are
+//! undercounted); CouchDB's own job counters over the window are printed beside it.
 //!
 //! CPU is the scheduler process's over the window: beam's for CouchDB; for ours, this
 //! process's less the sampling, which runs on its own OS thread (with its own runtime) whose

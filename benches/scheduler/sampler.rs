@@ -24,6 +24,8 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// a mean over a window of minutes needs no finer grain, and walking `/proc/net/tcp` and the
 /// process's fd table (hundreds of sockets) is the costliest reading; doing it half as often
 /// keeps the sampling thread from competing with the scheduler under test for the cores.
+/// (A probe in flight may hold one connection of this process to the endpoint at that moment:
+/// at most one among hundreds.)
 const CONNS_EVERY: u32 = 2;
 /// Latency probes spread over the window.
 const PROBES: u32 = 20;
