@@ -1,13 +1,35 @@
 //! Scheduler benchmark (issue 14): N continuous replications (`BENCH_JOBS`, default 10,000)
 //! on one node, each of one document (`doc_ids`) from one source database of a real CouchDB
-//! 3.4.3 endpoint into a target database there; half the jobs in `_replicator` database
-//! `a/_replicator` (100 shares), half in `b/_replicator` (900 shares). The same N jobs run
-//! first on our node (in this process, on an embedded store), then on a second CouchDB 3.4.3
-//! whose own scheduler is given the same documents and settings (`max_jobs`, `max_churn`,
-//! `interval`). Each run warms up for two intervals, then for `BENCH_SECS` (default 60) it
-//! samples every 2 s which jobs run and how many TCP connections the scheduler's process holds
-//! to the endpoint, and probes the latency of a document update reaching the target for a
-//! running job. Printed: a table, then the ratios as `RESULT` lines.
+//! 3.4.3 endpoint into a target database there. The jobs are split between two `_replicator`
+//! databases in proportion to their shares: one in ten (job i with i % 10 == 0) in
+//! `a/_replicator` (100 shares), the rest in `b/_replicator` (900 shares); so fair share and
+//! per-job fairness coincide: every job's fair running time is `max_jobs`/N of the time and both
+//! databases rotate with the same period. The same N jobs run first on our node (in this
+//! process, on an embedded store), then on a second CouchDB 3.4.3 whose own scheduler is given
+//! the same documents in the same two databases and the same settings (`max_jobs`,
+//! `max_churn`, `interval`, shares).
+//!
+//! Each run warms up for at least two intervals and until its scheduler has rotated once
+//! (CouchDB's first reschedule comes from the 60 s timer it set before the interval was
+//! configured), then measures for a window of three rotation periods (a rotation:
+//! ceil(N / min(`max_churn`, `max_jobs`)) intervals, the time for every job to run once under
+//! round-robin with one interval per turn), so every job should get the same running time
+//! whatever its phase; a scheduler whose jobs run longer turns rotates more slowly and needs a
+//! longer window (`BENCH_SECS` overrides it). Every second it reads which jobs run (fairness:
+//! max/min of per-job running samples over all jobs; fair-share error of the two databases'
+//! totals against 100:900; job starts: a job running that was not a second before), every two
+//! seconds the TCP connections the scheduler's process holds to the endpoint, and twenty
+//! times the latency of a document update reaching the target for a running job. Ours is read
+//! from the job server (a job counts from its start); CouchDB's from `_active_tasks` (cheap,
+//! but a job shows there only once its replication has initialised, so short turns are
+//! undercounted); CouchDB's own job counters over the window are printed beside it.
+//!
+//! CPU is the scheduler process's over the window: beam's for CouchDB; for ours, this
+//! process's less the sampling, which runs on its own OS thread (with its own runtime) whose
+//! CPU time is read and subtracted. Answering "which jobs run" is our job server's work on its
+//! own task and stays billed to ours, as `_active_tasks` is billed to beam. Printed: a table
+//! (with starts and CPU per start, to see whether both did the same rotation work), then the
+//! ratios as `RESULT` lines.
 //!
 //! Settings: `BENCH_MAX_JOBS` (default min(500, N/4)), `BENCH_CHURN` (default `max_jobs`),
 //! `BENCH_INTERVAL` seconds (default 5). Needs `COUCHDB_PEER_SCRIPT` (the CouchDB peer script).
@@ -21,6 +43,8 @@ mod measure;
 mod peers;
 #[path = "scheduler/runs.rs"]
 mod runs;
+#[path = "scheduler/sampler.rs"]
+mod sampler;
 
 use peers::Couch;
 use runs::{Measured, Plan};
@@ -34,13 +58,15 @@ fn main() {
 async fn run() -> Result<(), String> {
     let jobs = entry::env_num("BENCH_JOBS", 10_000).max(2);
     let max_jobs = entry::env_num("BENCH_MAX_JOBS", (jobs / 4).clamp(1, 500));
-    let plan = Plan {
+    let mut plan = Plan {
         jobs,
         max_jobs,
         max_churn: entry::env_num("BENCH_CHURN", max_jobs),
         interval_sec: entry::env_num("BENCH_INTERVAL", 5) as u64,
-        window_sec: entry::env_num("BENCH_SECS", 60) as u64,
+        window_sec: 0,
     };
+    // Whole rotations: under round-robin every job runs the same time in them.
+    plan.window_sec = entry::env_num("BENCH_SECS", 3 * plan.rotation_sec() as usize) as u64;
     eprintln!("plan: {plan:?}");
     // No idle sockets: while our node runs, this process's connections to the endpoint are
     // counted as the node's, so the bench's own probes must not linger among them.
@@ -58,7 +84,7 @@ async fn run() -> Result<(), String> {
 
     let pending_bytes = runs::pending_job_bytes(&endpoint, &plan).await?;
     eprintln!("ours: {pending_bytes:.0} bytes per pending job");
-    let ours = runs::ours(&http, &endpoint, &plan).await?;
+    let ours = runs::ours(&endpoint, &plan).await?;
     eprintln!("ours: {ours:?}");
     let scheduler = Couch::start()?;
     let theirs = runs::couchdb(&http, &endpoint, &scheduler, &plan).await?;
@@ -127,19 +153,74 @@ fn ratio(a: f64, b: f64) -> f64 {
 
 fn report(plan: &Plan, ours: &Measured, theirs: &Measured) {
     println!(
-        "\nscheduler: {} continuous jobs, max_jobs {}, max_churn {}, interval {} s, window {} s",
-        plan.jobs, plan.max_jobs, plan.max_churn, plan.interval_sec, plan.window_sec
+        "\nscheduler: {} continuous jobs (1 in 10 in a/_replicator, 100 shares; the rest in \
+         b/_replicator, 900 shares), max_jobs {}, max_churn {}, interval {} s, \
+         rotation {} s, window {} s",
+        plan.jobs,
+        plan.max_jobs,
+        plan.max_churn,
+        plan.interval_sec,
+        plan.rotation_sec(),
+        plan.window_sec
     );
     println!(
-        "{:<10} {:>8} {:>9} {:>8} {:>12} {:>11} {:>10} {:>9}",
-        "scheduler", "cpu s", "rss MiB", "conns", "fair max/min", "share err", "p99 ms", "probes"
+        "{:<10} {:>8} {:>9} {:>8} {:>12} {:>10} {:>11} {:>10} {:>9} {:>8} {:>13}",
+        "scheduler",
+        "cpu s",
+        "rss MiB",
+        "conns",
+        "fair max/min",
+        "never ran",
+        "share err",
+        "p99 ms",
+        "probes",
+        "starts",
+        "cpu ms/start"
     );
     for (name, m) in [("ours", ours), ("couchdb", theirs)] {
         println!(
-            "{:<10} {:>8.2} {:>9.1} {:>8.1} {:>12.2} {:>11.3} {:>10.0} {:>9}",
-            name, m.cpu_s, m.rss_mb, m.connections, m.fairness, m.share_error, m.p99_ms, m.probes
+            "{:<10} {:>8.2} {:>9.1} {:>8.1} {:>12.2} {:>10} {:>11.3} {:>10.0} {:>9} {:>8} {:>13.2}",
+            name,
+            m.cpu_s,
+            m.rss_mb,
+            m.connections,
+            m.fairness,
+            m.never_ran,
+            m.share_error,
+            m.p99_ms,
+            m.probes,
+            m.starts,
+            per_start_ms(m)
         );
     }
+    println!(
+        "ours: {:.2} CPU s of the bench's sampling thread subtracted; CPU per start, ours over \
+         couchdb: {:.3}",
+        ours.bench_cpu_s,
+        ratio(per_start_ms(ours), per_start_ms(theirs))
+    );
+    if ours.missed + theirs.missed > 0 {
+        println!(
+            "running set unreadable at {} of our samples, {} of couchdb's (left out)",
+            ours.missed, theirs.missed
+        );
+    }
+    if let Some(c) = theirs.own_counts {
+        println!(
+            "couchdb's own counters over the window: {} job starts, {} stops, {} crashes \
+             (starts above: jobs seen newly running in _active_tasks, sampled every second)",
+            c.starts, c.stops, c.crashes
+        );
+    }
+    results(ours, theirs);
+}
+
+/// CPU milliseconds per job start.
+fn per_start_ms(m: &Measured) -> f64 {
+    ratio(m.cpu_s * 1000.0, m.starts as f64)
+}
+
+fn results(ours: &Measured, theirs: &Measured) {
     println!(
         "RESULT scheduler_cpu_ours_over_couchdb = {:.3}",
         ratio(ours.cpu_s, theirs.cpu_s)

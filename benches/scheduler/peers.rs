@@ -60,8 +60,14 @@ impl Couch {
 
     /// `http://admin:admin@127.0.0.1:{port}/{path}`.
     pub fn url(&self, path: &str) -> String {
-        format!("http://admin:admin@127.0.0.1:{}/{path}", self.port)
+        url_at(self.port, path)
     }
+}
+
+/// `http://admin:admin@127.0.0.1:{port}/{path}`: a node's URL from its port alone, for the
+/// sampling thread, which does not hold the node.
+pub fn url_at(port: u16, path: &str) -> String {
+    format!("http://admin:admin@127.0.0.1:{port}/{path}")
 }
 
 /// The beam process whose command line names `dir` (its args file lives there).

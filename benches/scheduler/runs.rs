@@ -1,11 +1,12 @@
 //! The two runs of the scheduler benchmark (our node in this process, CouchDB's scheduler in a
-//! second CouchDB) and the measuring window they share: which jobs run (sampled every 2 s),
-//! connections to the endpoint, CPU and RSS of the scheduler's process, and update-to-target
-//! latency probes on running jobs.
+//! second CouchDB): the jobs both are given, split between two `_replicator` databases in
+//! proportion to their shares, and the figures each run's measuring window
+//! ([`super::sampler`]) comes to: CPU, RSS, connections, per-job fairness, fair-share error,
+//! job starts and latency.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use couch_replicator::jobs::JobsOptions;
 use couch_replicator::replicator::job_server::JobServerMsg;
@@ -16,15 +17,13 @@ use couch_replicator::replicator::{
 };
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
-use ractor::ActorRef;
 use serde_json::{Value, json};
 
-use super::measure::{proc_cpu_seconds, self_cpu_seconds};
-use super::peers::{Couch, connections_to, rss_mb};
+use super::peers::{Couch, rss_mb};
+use super::sampler::{Counts, SAMPLE_EVERY, Sampled, Spec, Who};
 
-const SAMPLE_EVERY: Duration = Duration::from_secs(2);
-const PROBES: u32 = 20;
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The two `_replicator` databases and their shares; [`group`] gives each its share of jobs.
+const GROUPS: [(&str, u32); 2] = [("a/_replicator", 100), ("b/_replicator", 900)];
 
 /// What both runs are given.
 #[derive(Debug, Clone)]
@@ -41,11 +40,25 @@ pub struct Plan {
     pub window_sec: u64,
 }
 
+impl Plan {
+    /// Seconds for every job to have run once under perfect round-robin: each interval starts
+    /// at most min(`max_churn`, `max_jobs`) jobs.
+    pub fn rotation_sec(&self) -> u64 {
+        let per_interval = self.max_churn.min(self.max_jobs).max(1);
+        self.jobs.div_ceil(per_interval) as u64 * self.interval_sec
+    }
+}
+
 /// One run's figures.
 #[derive(Debug, Clone, Default)]
 pub struct Measured {
-    /// CPU seconds of the scheduler's process over the window.
+    /// CPU seconds of the scheduler's process over the window (ours: less the bench's
+    /// sampling thread).
     pub cpu_s: f64,
+    /// CPU seconds of the bench's sampling thread, subtracted from ours.
+    pub bench_cpu_s: f64,
+    /// Job starts seen in the window.
+    pub starts: usize,
     /// Its RSS at the end of the window, MiB.
     pub rss_mb: f64,
     /// Ours only: how much the RSS grew from before the jobs were added to the end of the
@@ -53,8 +66,14 @@ pub struct Measured {
     pub rss_grown_mb: f64,
     /// Mean established connections to the endpoint.
     pub connections: f64,
-    /// Worst, over the two databases, of the most over the least sampled job's running samples.
+    /// The most over the least sampled job's running samples, over all jobs.
     pub fairness: f64,
+    /// Jobs never seen running in the window (a fairness of `inf`: how many).
+    pub never_ran: usize,
+    /// Samples lost because the running set could not be read.
+    pub missed: usize,
+    /// CouchDB only: its own job counters over the window.
+    pub own_counts: Option<Counts>,
     /// [`share_error`] of the two databases' running samples against 100:900.
     pub share_error: f64,
     /// p99 of the update-to-target latency, ms.
@@ -63,11 +82,13 @@ pub struct Measured {
     pub probes: usize,
 }
 
+/// Job `i`'s database: one job in ten in `a` (100 shares), nine in `b` (900 shares), so
+/// every job's fair running time is the same and both databases rotate at the same pace.
 fn group(i: usize) -> &'static str {
-    if i.is_multiple_of(2) {
-        "a/_replicator"
+    if i.is_multiple_of(10) {
+        GROUPS[0].0
     } else {
-        "b/_replicator"
+        GROUPS[1].0
     }
 }
 
@@ -82,7 +103,7 @@ fn rep_body(endpoint: &Couch, target: &str, i: usize) -> Value {
 
 fn share_params() -> ShareParams {
     ShareParams {
-        shares: BTreeMap::from([("a/_replicator".into(), 100), ("b/_replicator".into(), 900)]),
+        shares: GROUPS.iter().map(|(g, s)| ((*g).into(), *s)).collect(),
         ..ShareParams::default()
     }
 }
@@ -150,11 +171,7 @@ pub async fn pending_job_bytes(endpoint: &Couch, plan: &Plan) -> Result<f64, Str
 }
 
 /// Our node in this process.
-pub async fn ours(
-    http: &reqwest::Client,
-    endpoint: &Couch,
-    plan: &Plan,
-) -> Result<Measured, String> {
+pub async fn ours(endpoint: &Couch, plan: &Plan) -> Result<Measured, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let node = our_node(dir.path(), plan, true).await?;
     let rss_before = rss_mb(std::process::id());
@@ -164,10 +181,11 @@ pub async fn ours(
         .tree()
         .which_child::<JobServerMsg>("job_server")
         .ok_or("no job server")?;
-    let who = Who::Ours(server, index);
-    let m = window(http, endpoint, plan, &who, std::process::id(), "tgt_ours").await;
+    let spec = spec(endpoint, plan, std::process::id(), "tgt_ours");
+    let sampled = super::sampler::measure(spec, Who::Ours(server, index)).await;
     node.shutdown().await;
-    m.map(|m| Measured {
+    let m = summarize(plan, sampled?);
+    Ok(Measured {
         rss_grown_mb: m.rss_mb - rss_before,
         ..m
     })
@@ -187,18 +205,18 @@ pub async fn couchdb(
             "replicator/interval",
             (plan.interval_sec * 1000).to_string(),
         ),
-        ("replicator.shares/a%2F_replicator", "100".into()),
-        ("replicator.shares/b%2F_replicator", "900".into()),
     ];
     for (key, value) in config {
         let url = scheduler.url(&format!("_node/_local/_config/{key}"));
         super::put(http, &url, json!(value)).await?;
     }
-    for db in ["a%2F_replicator", "b%2F_replicator"] {
-        super::put(http, &scheduler.url(db), json!({})).await?;
-        let parity = usize::from(db.starts_with('b'));
+    for (g, shares) in GROUPS {
+        let db = g.replace('/', "%2F");
+        let url = scheduler.url(&format!("_node/_local/_config/replicator.shares/{db}"));
+        super::put(http, &url, json!(shares.to_string())).await?;
+        super::put(http, &scheduler.url(&db), json!({})).await?;
         let docs: Vec<Value> = (0..plan.jobs)
-            .filter(|i| i % 2 == parity)
+            .filter(|i| group(*i) == g)
             .map(|i| {
                 let mut d = rep_body(endpoint, "tgt_couch", i);
                 d["_id"] = json!(format!("r{i}"));
@@ -218,161 +236,61 @@ pub async fn couchdb(
         }
     }
     eprintln!("couchdb: {} documents added", plan.jobs);
-    let who = Who::Couch(scheduler.url("_active_tasks"));
-    window(http, endpoint, plan, &who, scheduler.beam, "tgt_couch").await
+    let spec = spec(endpoint, plan, scheduler.beam, "tgt_couch");
+    let who = Who::Couch {
+        tasks: scheduler.url("_active_tasks"),
+        stats: scheduler.url("_node/_local/_stats/couch_replicator/jobs"),
+    };
+    Ok(summarize(plan, super::sampler::measure(spec, who).await?))
 }
 
-/// Where the running jobs are read.
-enum Who {
-    Ours(ActorRef<JobServerMsg>, HashMap<String, usize>),
-    Couch(String),
-}
-
-impl Who {
-    async fn running(&self, http: &reqwest::Client) -> Vec<usize> {
-        match self {
-            Who::Ours(server, index) => supervisors::observe(server)
-                .await
-                .map(|o| {
-                    o.jobs
-                        .iter()
-                        .filter_map(|j| index.get(&j.job_id).copied())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            Who::Couch(url) => {
-                let Ok(r) = http.get(url).send().await else {
-                    return Vec::new();
-                };
-                let tasks: Vec<Value> = r.json().await.unwrap_or_default();
-                tasks
-                    .iter()
-                    .filter_map(|t| t.get("doc_id")?.as_str()?.strip_prefix('r')?.parse().ok())
-                    .collect()
-            }
-        }
+fn spec(endpoint: &Couch, plan: &Plan, pid: u32, target: &str) -> Spec {
+    Spec {
+        jobs: plan.jobs,
+        warm_up: Duration::from_secs(2 * plan.interval_sec),
+        rotates: plan.jobs > plan.max_jobs,
+        window: Duration::from_secs(plan.window_sec),
+        pid,
+        port: endpoint.port,
+        target: target.into(),
     }
 }
 
-fn cpu_of(pid: u32) -> f64 {
-    if pid == std::process::id() {
-        self_cpu_seconds()
-    } else {
-        proc_cpu_seconds(pid).unwrap_or(0.0)
-    }
-}
-
-async fn window(
-    http: &reqwest::Client,
-    endpoint: &Couch,
-    plan: &Plan,
-    who: &Who,
-    pid: u32,
-    target: &str,
-) -> Result<Measured, String> {
-    // Warm up: two intervals, and at least one job running.
-    let warm = Instant::now();
-    while warm.elapsed() < Duration::from_secs(2 * plan.interval_sec)
-        || who.running(http).await.is_empty()
-    {
-        if warm.elapsed() > Duration::from_secs(600) {
-            return Err("no job running after 10 minutes".into());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let window = Duration::from_secs(plan.window_sec);
-    let cpu0 = cpu_of(pid);
-    let t0 = Instant::now();
-    let mut samples = vec![0u32; plan.jobs];
-    let (mut conns, mut n_samples) = (0usize, 0usize);
-    let mut latencies: Vec<f64> = Vec::new();
-    let probe_every = window / PROBES;
-    let mut next_probe = t0;
-    while t0.elapsed() < window {
-        let tick = Instant::now();
-        let running = who.running(http).await;
-        for &i in &running {
-            if let Some(s) = samples.get_mut(i) {
-                *s += 1;
-            }
-        }
-        conns += connections_to(pid, endpoint.port);
-        n_samples += 1;
-        if Instant::now() >= next_probe && !running.is_empty() {
-            let i = running[latencies.len() * 7919 % running.len()];
-            latencies.push(probe(http, endpoint, target, i).await?);
-            next_probe += probe_every;
-        }
-        tokio::time::sleep(SAMPLE_EVERY.saturating_sub(tick.elapsed())).await;
-    }
-    let cpu_s = cpu_of(pid) - cpu0;
+/// One run's figures from its window's samples.
+fn summarize(plan: &Plan, s: Sampled) -> Measured {
     let mut ran: BTreeMap<ShareKey, Duration> = BTreeMap::new();
-    let mut fairness: f64 = 1.0;
-    for g in ["a/_replicator", "b/_replicator"] {
-        let mine: Vec<u32> = (0..plan.jobs)
+    for (g, _) in GROUPS {
+        let total: u32 = (0..plan.jobs)
             .filter(|i| group(*i) == g)
-            .map(|i| samples[i])
-            .collect();
-        let total: u32 = mine.iter().sum();
+            .map(|i| s.running[i])
+            .sum();
         ran.insert(ShareKey::Db(g.into()), SAMPLE_EVERY * total);
-        let (max, min) = (
-            mine.iter().copied().max().unwrap_or(0),
-            mine.iter().copied().min().unwrap_or(0),
-        );
-        let f = if min == 0 {
-            f64::INFINITY
-        } else {
-            f64::from(max) / f64::from(min)
-        };
-        fairness = fairness.max(f);
     }
-    latencies.sort_by(f64::total_cmp);
-    let p99 = latencies
-        .get((latencies.len() * 99).div_ceil(100).saturating_sub(1))
+    let max = s.running.iter().copied().max().unwrap_or(0);
+    let min = s.running.iter().copied().min().unwrap_or(0);
+    let fairness = if min == 0 {
+        f64::INFINITY
+    } else {
+        f64::from(max) / f64::from(min)
+    };
+    let lat = &s.latencies_ms;
+    let p99 = lat
+        .get((lat.len() * 99).div_ceil(100).saturating_sub(1))
         .copied()
         .unwrap_or(f64::NAN);
-    Ok(Measured {
-        cpu_s,
-        rss_mb: rss_mb(pid),
+    Measured {
+        cpu_s: s.cpu_s,
+        bench_cpu_s: s.bench_cpu_s,
+        starts: s.starts,
+        rss_mb: s.rss_mb,
         rss_grown_mb: 0.0,
-        connections: conns as f64 / n_samples.max(1) as f64,
+        connections: s.connections,
         fairness,
         share_error: share_error(&share_params(), &ran),
         p99_ms: p99,
-        probes: latencies.len(),
-    })
-}
-
-/// Updates `d{i}` in the source and waits for the new revision in `target`: milliseconds.
-async fn probe(
-    http: &reqwest::Client,
-    endpoint: &Couch,
-    target: &str,
-    i: usize,
-) -> Result<f64, String> {
-    let src = endpoint.url(&format!("src/d{i}"));
-    let doc: Value = http
-        .get(&src)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut next = doc.clone();
-    next["v"] = json!(doc["v"].as_i64().unwrap_or(0) + 1);
-    let t0 = Instant::now();
-    let put = super::put(http, &src, next).await?;
-    let rev = put["rev"].as_str().unwrap_or_default().to_owned();
-    let tgt = endpoint.url(&format!("{target}/d{i}"));
-    while t0.elapsed() < PROBE_TIMEOUT {
-        if let Ok(r) = http.get(&tgt).send().await
-            && let Ok(v) = r.json::<Value>().await
-            && v["_rev"].as_str() == Some(rev.as_str())
-        {
-            return Ok(t0.elapsed().as_secs_f64() * 1000.0);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        probes: lat.len(),
+        never_ran: s.running.iter().filter(|r| **r == 0).count(),
+        missed: s.missed,
+        own_counts: s.own_counts,
     }
-    Ok(PROBE_TIMEOUT.as_secs_f64() * 1000.0)
 }
