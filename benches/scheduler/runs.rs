@@ -120,7 +120,9 @@ async fn our_node(
         max_jobs: plan.max_jobs,
         max_churn: plan.max_churn,
         interval: Duration::from_secs(plan.interval_sec),
-        min_run_time: Duration::from_secs(plan.interval_sec),
+        // Half an interval: CouchDB 3.x has no minimum run time, and the jobs a tick starts
+        // are a little younger than one interval at the next tick (starting takes time).
+        min_run_time: Duration::from_millis(plan.interval_sec * 500),
         shares: share_params().shares,
         ..ReplicatorSettings::default()
     };

@@ -29,7 +29,7 @@ use super::transport::Transports;
 use super::worker::{Shared, Tracker, worker};
 use crate::telemetry::{NodeMetrics, Series};
 
-/// How often the stats snapshot is refreshed.
+/// How soon after progress the stats snapshot is refreshed (and so how often at most).
 const STATS_PERIOD: Duration = Duration::from_millis(250);
 
 /// What a replication needs from its host.
@@ -285,6 +285,7 @@ async fn run(
         skipper: Mutex::new(DiffSkipper::default()),
         bulk_get: Mutex::new(BulkGetGate::default()),
         source_seq: Mutex::new(base.source_seq.clone()),
+        moved: tokio::sync::Notify::new(),
     });
     let mut progress = Progress {
         shared: shared.clone(),
@@ -431,8 +432,8 @@ fn spawn_tasks(
     Tasks { set, reader_stop }
 }
 
-/// The run loop: a checkpoint on every `checkpoint_interval` tick, a stats snapshot every
-/// `STATS_PERIOD`, and on a stop request the reader told to stop and every task aborted.
+/// The run loop: a checkpoint on every `checkpoint_interval` tick, a stats snapshot
+/// `STATS_PERIOD` after progress, and on a stop request the reader told to stop and every task aborted.
 /// Returns once every task has ended (the reader reached the end of a one-shot feed and the
 /// workers drained the queue, or a stop), or with the first failure, the other tasks
 /// aborted.
@@ -445,12 +446,25 @@ async fn supervise(
 ) -> Result<()> {
     let mut ckpt_timer = tokio::time::interval(checkpoint_interval);
     ckpt_timer.reset();
-    let mut stats_timer = tokio::time::interval(STATS_PERIOD);
+    let shared = progress.shared.clone();
+    // When the stats are next published: `STATS_PERIOD` after the first move since the last
+    // publication, so a busy job publishes at most that often and an idle one never wakes.
+    let mut stats_due: Option<tokio::time::Instant> = None;
     let mut stopped = false;
     loop {
         tokio::select! {
-            _ = ckpt_timer.tick() => progress.checkpoint().await?,
-            _ = stats_timer.tick() => progress.publish_if_changed(),
+            _ = ckpt_timer.tick() => {
+                progress.checkpoint().await?;
+                progress.publish_if_changed();
+            }
+            _ = shared.moved.notified(), if stats_due.is_none() => {
+                stats_due = Some(tokio::time::Instant::now() + STATS_PERIOD);
+            }
+            _ = tokio::time::sleep_until(stats_due.unwrap_or_else(tokio::time::Instant::now)),
+                if stats_due.is_some() => {
+                stats_due = None;
+                progress.publish_if_changed();
+            }
             joined = tasks.set.join_next() => match joined {
                 None => return Ok(()),
                 Some(Ok(Ok(()))) => {}

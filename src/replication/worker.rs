@@ -75,6 +75,9 @@ pub(super) struct Shared {
     pub(super) skipper: Mutex<DiffSkipper>,
     pub(super) bulk_get: Mutex<BulkGetGate>,
     pub(super) source_seq: Mutex<Value>,
+    /// Told of every batch registered or completed, so the run loop publishes stats after
+    /// progress instead of polling: an idle job then wakes nobody.
+    pub(super) moved: tokio::sync::Notify,
 }
 
 /// A poisoned lock only means a worker panicked mid-update; the data is still usable.
@@ -87,6 +90,7 @@ impl Shared {
     /// stats forward (never back: numeric sequences only grow, opaque ones are taken as is).
     pub(super) fn note_batch(&self, b: &Batch) {
         lock(&self.tracker).register(b.index, b.last_seq.clone());
+        self.moved.notify_one();
         let mut seq = lock(&self.source_seq);
         match (seq.as_u64(), b.last_seq.as_u64()) {
             (Some(cur), Some(new)) if new <= cur => {}
@@ -121,6 +125,7 @@ pub(super) async fn worker(
         let Some(batch) = next else { return Ok(()) };
         process(&sh, &batch).await?;
         lock(&sh.tracker).complete(batch.index);
+        sh.moved.notify_one();
     }
 }
 

@@ -393,8 +393,18 @@ async fn tick(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), B
         return Ok(());
     };
     let now = st.ctx.now_secs();
-    put_stats(st, &stats);
+    let errors = |r: &RepJobRecord| (r.error_count, r.last_error.is_none());
+    let before = errors(&st.record);
     heal(st, now);
+    let changed = st.record.rep_stats.as_ref() != Some(&stats) || errors(&st.record) != before;
+    // An idle job's stats do not move; rewriting them every tick was most of what 500 idle
+    // running jobs cost the store. It still writes at half the activity timeout, or
+    // couch_jobs would re-enqueue it as dead.
+    let keepalive = (st.ctx.settings().job_timeout / 2).as_secs().max(1) as i64;
+    if !changed && now - st.record.last_updated < keepalive {
+        return Ok(());
+    }
+    put_stats(st, &stats);
     st.record.last_updated = now;
     match st
         .ctx

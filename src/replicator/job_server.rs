@@ -7,6 +7,9 @@
 //! `min_run_time` back to `max_jobs` (never one-shot jobs), start up to `max_churn` extra
 //! acceptors when jobs are pending, remove finished transient jobs older than
 //! `transient_job_max_age`, refresh the gauges. The arithmetic is in [`super::churn`].
+//! Each extra job accepted trims one back out at once (CouchDB 4.x trims at the next
+//! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
+//! exceeded only while the new jobs start, not for a whole interval.
 //! Trimmed jobs go back to pending after one interval per `max_churn` waiting jobs (see
 //! `rotation_delay`; CouchDB waits one interval) so that no job starves.
 //!
@@ -41,7 +44,7 @@ use super::share::{FairShare, ShareKey, delay_factor};
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 /// At most this many intervals between a job's rotation and its next eligibility.
-const MAX_ROTATION_INTERVALS: usize = 10;
+const MAX_ROTATION_INTERVALS: usize = 40;
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;
 /// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
@@ -128,6 +131,8 @@ struct Worker {
     continuous: bool,
     group: ShareKey,
     started: Instant,
+    /// Told to rotate out: it no longer counts against `max_jobs` nor is trimmed again.
+    leaving: bool,
 }
 
 /// The job server's state.
@@ -136,6 +141,8 @@ pub struct JobServerState {
     next_acceptor: u64,
     workers: HashMap<ActorId, Worker>,
     churn: usize,
+    /// How long a job trimmed now waits before it is eligible again (set every tick).
+    rotation_delay: Duration,
     timer: Option<JoinHandle<()>>,
     share: FairShare<String>,
     /// When finished transient jobs were last looked for.
@@ -202,32 +209,16 @@ impl JobServer {
             }
             alive
         });
-        // 1. fair-share accounting, then trim
+        // The churn of this cycle: what this tick starts or stops. Jobs accepted since the
+        // last tick, and the trims they caused, belong to the last one.
+        st.churn = 0;
+        // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
-        let running: Vec<RunningJob<ActorId>> = st
-            .workers
-            .iter()
-            .map(|(id, w)| RunningJob {
-                id: *id,
-                continuous: w.continuous,
-                ran_for: w.started.elapsed(),
-                priority: st.share.priority(&w.job_id),
-            })
-            .collect();
-        let victims = trim_victims(&running, s.max_jobs, s.min_run_time);
-        if !victims.is_empty() {
-            let delay = self.rotation_delay().await;
-            let mean = running.iter().map(|j| j.priority as f64).sum::<f64>()
-                / running.len().max(1) as f64;
-            for v in &victims {
-                if let Some(w) = st.workers.get(v) {
-                    let factor = delay_factor(st.share.priority(&w.job_id), mean);
-                    let _ = w.actor.send_message(JobMsg::Rotate(delay.mul_f64(factor)));
-                }
-            }
-        }
-        st.churn += victims.len();
-        // 2. extra acceptors for pending work
+        st.rotation_delay = self.rotation_delay().await;
+        st.churn += trim(st, s.max_jobs, s.min_run_time);
+        // 2. extra acceptors for pending work; each one accepted trims the job with the
+        // highest fair-share priority back out (see `Accepted`), so a rotation completes
+        // within the cycle and `max_jobs` is exceeded only while a job starts
         let budget = extra_acceptor_budget(
             st.acceptors.len(),
             st.workers.len(),
@@ -262,7 +253,6 @@ impl JobServer {
         metrics::gauge!("couch_replicator_jobs_accepting").set(st.acceptors.len() as f64);
         metrics::gauge!("couch_replicator_jobs_running").set(st.workers.len() as f64);
         metrics::counter!("couch_replicator_jobs_reschedules").increment(1);
-        st.churn = 0;
         self.refill(myself, st);
         self.schedule_tick(myself, st);
     }
@@ -384,6 +374,39 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
     }
 }
 
+/// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
+/// `min_run_time` with the highest fair-share priority (see [`trim_victims`]); a job waits
+/// the cycle's rotation delay scaled by its priority against the mean of the jobs it
+/// competed with. Returns how many were told.
+fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
+    let running: Vec<RunningJob<ActorId>> = st
+        .workers
+        .iter()
+        .filter(|(_, w)| !w.leaving)
+        .map(|(id, w)| RunningJob {
+            id: *id,
+            continuous: w.continuous,
+            ran_for: w.started.elapsed(),
+            priority: st.share.priority(&w.job_id),
+        })
+        .collect();
+    let victims = trim_victims(&running, max_jobs, min_run_time);
+    if victims.is_empty() {
+        return 0;
+    }
+    let mean = running.iter().map(|j| j.priority as f64).sum::<f64>() / running.len().max(1) as f64;
+    for v in &victims {
+        if let Some(w) = st.workers.get_mut(v) {
+            let factor = delay_factor(st.share.priority(&w.job_id), mean);
+            let _ = w
+                .actor
+                .send_message(JobMsg::Rotate(st.rotation_delay.mul_f64(factor)));
+            w.leaving = true;
+        }
+    }
+    victims.len()
+}
+
 impl Server for JobServer {
     type Msg = JobServerMsg;
     type State = JobServerState;
@@ -399,6 +422,7 @@ impl Server for JobServer {
             next_acceptor: 0,
             workers: HashMap::new(),
             churn: 0,
+            rotation_delay: self.ctx.settings().interval,
             timer: None,
             share: FairShare::new(self.ctx.settings().share_params()),
             last_cleanup: None,
@@ -433,9 +457,12 @@ impl Server for JobServer {
                         continuous,
                         group,
                         started: now,
+                        leaving: false,
                     },
                 );
                 st.churn += 1;
+                let s = self.ctx.settings();
+                trim(st, s.max_jobs, s.min_run_time);
                 self.refill(&myself, st);
             }
             JobServerMsg::AcceptorEnded(acceptor) => {
