@@ -11,9 +11,10 @@
 //!
 //! Each run warms up for at least two intervals and until its scheduler has rotated once
 //! (CouchDB's first reschedule comes from the 60 s timer it set before the interval was
-//! configured), then measures for a window of three rotation periods (a rotation:
+//! configured), then measures for a window of four nominal rotation periods (a rotation:
 //! ceil(N / min(`max_churn`, `max_jobs`)) intervals, the time for every job to run once under
-//! round-robin with one interval per turn), so every job should get the same running time
+//! round-robin with one interval per turn; real turns are longer by the schedulers' jitter and
+//! work, so about three real rotations), so every job should get the same running time
 //! whatever its phase; a scheduler whose jobs run longer turns rotates more slowly and needs a
 //! longer window (`BENCH_SECS` overrides it). Every second it reads which jobs run (fairness:
 //! max/min of per-job running samples over all jobs; fair-share error of the two databases'
@@ -65,8 +66,10 @@ async fn run() -> Result<(), String> {
         interval_sec: entry::env_num("BENCH_INTERVAL", 5) as u64,
         window_sec: 0,
     };
-    // Whole rotations: under round-robin every job runs the same time in them.
-    plan.window_sec = entry::env_num("BENCH_SECS", 3 * plan.rotation_sec() as usize) as u64;
+    // Whole rotations: under round-robin every job runs the same time in them. Four nominal
+    // periods, because a real rotation is longer (ticks come an interval plus up to a third
+    // of it apart, plus the tick's own work): about three real ones.
+    plan.window_sec = entry::env_num("BENCH_SECS", 4 * plan.rotation_sec() as usize) as u64;
     eprintln!("plan: {plan:?}");
     // No idle sockets: while our node runs, this process's connections to the endpoint are
     // counted as the node's, so the bench's own probes must not linger among them.

@@ -143,6 +143,10 @@ pub struct JobServerState {
     churn: usize,
     /// How long a job trimmed now waits before it is eligible again (set every tick).
     rotation_delay: Duration,
+    /// The last tick, and the time between ticks as measured (a moving average): the
+    /// interval, its jitter and the tick's own work.
+    last_tick: Option<Instant>,
+    cycle: Duration,
     timer: Option<JoinHandle<()>>,
     share: FairShare<String>,
     /// When finished transient jobs were last looked for.
@@ -214,7 +218,10 @@ impl JobServer {
         st.churn = 0;
         // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
-        st.rotation_delay = self.rotation_delay().await;
+        if let Some(last) = st.last_tick.replace(now) {
+            st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
+        }
+        st.rotation_delay = self.rotation_delay(st.cycle).await;
         st.churn += trim(st, s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
         // highest fair-share priority back out (see `Accepted`), so a rotation completes
@@ -262,8 +269,10 @@ impl JobServer {
     /// never ran get their turn before the ones just rotated out. CouchDB 4.x waits one
     /// interval; since couch_jobs' accept picks at random among eligible jobs, that leaves a
     /// long tail of jobs waiting for their first run when pending work is much larger than
-    /// `max_churn`.
-    async fn rotation_delay(&self) -> Duration {
+    /// `max_churn`. A cycle is the measured time between ticks, not the interval: with
+    /// jitter and the tick's own work it is longer, and a delay counted in intervals makes
+    /// a rotated job eligible again before the jobs ahead of it ran (at random among them).
+    async fn rotation_delay(&self, cycle: Duration) -> Duration {
         let s = self.ctx.settings();
         // All pending jobs, eligible or not: at the end of a rotation most of them are the
         // ones just rotated out, and the few that never ran must come first.
@@ -276,7 +285,7 @@ impl JobServer {
         let cycles = pending
             .div_ceil(s.max_churn.max(1))
             .clamp(1, MAX_ROTATION_INTERVALS);
-        s.interval * cycles as u32
+        cycle.max(s.interval) * cycles as u32
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {
@@ -423,6 +432,8 @@ impl Server for JobServer {
             workers: HashMap::new(),
             churn: 0,
             rotation_delay: self.ctx.settings().interval,
+            last_tick: None,
+            cycle: self.ctx.settings().interval,
             timer: None,
             share: FairShare::new(self.ctx.settings().share_params()),
             last_cleanup: None,

@@ -210,3 +210,71 @@ async fn finished_transient_jobs_are_removed_after_their_max_age() {
     })
     .await;
 }
+
+/// An idle continuous job rewrites its record only when its stats move, or at half the
+/// activity timeout to stay alive: not at every stats tick (with 500 idle running jobs those
+/// rewrites were most of the store's work), and never so rarely that couch_jobs' activity
+/// monitor takes it for dead and re-enqueues it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_running_job_rewrites_its_record_only_to_stay_alive() {
+    deadline(
+        180,
+        "an idle running job rewrites its record only to stay alive",
+        async {
+            let pouch = Pouch::start().await;
+            pouch.create_db("src").await;
+            pouch.put_docs("src", "d", 3).await;
+            let store = Store::open();
+            let settings = ReplicatorSettings {
+                stats_update_interval: Duration::from_secs(1),
+                // Keep-alive writes 8 s after the last write.
+                job_timeout: Duration::from_secs(16),
+                ..test_settings()
+            };
+            let n = node(&store.db, "n1", settings).await;
+            let id = n
+                .add(
+                    NewJob::transient(pouch.url("src"), pouch.url("tgt"))
+                        .continuous()
+                        .create_target(),
+                )
+                .await
+                .unwrap()
+                .job_id;
+            // The copy is done and its stats are in the record, the same at two reads 1.5 s
+            // apart: the last write was at most ~3 s ago.
+            let mut prev = None;
+            let settled = loop {
+                let v = n.get(&id).await.unwrap();
+                if let Some(s) = v.stats.clone().filter(|s| s.docs_written == 3) {
+                    if prev.as_ref() == Some(&s) {
+                        break v;
+                    }
+                    prev = Some(s);
+                }
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+            };
+            let before = settled.last_updated;
+            // Two more ticks, well before the keep-alive is due.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            let after = n.get(&id).await.unwrap();
+            assert_eq!(
+                after.last_updated, before,
+                "nothing moved, yet the record was rewritten"
+            );
+            // Past the activity timeout it is still the same run: the keep-alive writes came.
+            tokio::time::sleep(Duration::from_secs(16)).await;
+            let later = n.get(&id).await.unwrap();
+            assert_eq!(later.state, RepState::Running);
+            assert!(later.last_updated > before, "no keep-alive write");
+            let starts = later
+                .history
+                .iter()
+                .filter(|h| h.kind.as_str() == "started")
+                .count();
+            assert_eq!(starts, 1, "re-enqueued as dead: {:?}", later.history);
+            n.shutdown().await;
+        },
+    )
+    .await;
+}
