@@ -293,7 +293,6 @@ async fn run(
         checkpointer,
         stats_tx,
         metrics: ctx.metrics.clone(),
-        published: None,
     };
     progress.publish();
     let tasks = spawn_tasks(&shared, &ctx, start_point.seq, instance_start_of(&src_info));
@@ -501,8 +500,6 @@ struct Progress {
     checkpointer: Option<Checkpointer>,
     stats_tx: watch::Sender<ReplicationStats>,
     metrics: Arc<NodeMetrics>,
-    /// [`Shared::fingerprint`] at the last publication; `None` forces the next one.
-    published: Option<(u64, u64)>,
 }
 
 impl Progress {
@@ -526,15 +523,9 @@ impl Progress {
     }
 
     /// Publishes only a change, so that an idle continuous job wakes nobody between its
-    /// changes; `updated_on` moves only with progress, as in CouchDB's task status. An idle
-    /// job's tick costs one lock and a few atomic loads: with 500 jobs running, building
-    /// and comparing a full snapshot four times a second each was a tenth of the node's CPU.
+    /// changes; `updated_on` moves only with progress, as in CouchDB's task status. Called
+    /// after progress (see `supervise`) and after a checkpoint, never on an idle timer.
     fn publish_if_changed(&mut self) {
-        let now = self.shared.fingerprint();
-        if self.published == Some(now) {
-            return;
-        }
-        self.published = Some(now);
         let mut s = self.snapshot();
         self.stats_tx.send_if_modified(|cur| {
             let now = s.updated_on;
@@ -553,8 +544,6 @@ impl Progress {
         let s = self.snapshot();
         if let Some(cp) = self.checkpointer.as_mut() {
             checkpoint(cp, &mut self.base, &s, &self.metrics).await?;
-            // The checkpointed sequence may have moved: show it at the next tick.
-            self.published = None;
         }
         Ok(())
     }

@@ -31,22 +31,6 @@ impl Counters {
         c.fetch_add(n, Relaxed);
     }
 
-    /// The sum of every counter: counters only grow (after the seed), so an unchanged sum
-    /// means nothing was counted since it was last taken.
-    pub fn total(&self) -> u64 {
-        [
-            &self.revisions_checked,
-            &self.missing_revisions_found,
-            &self.docs_read,
-            &self.docs_written,
-            &self.doc_write_failures,
-            &self.bulk_get_attempts,
-            &self.bulk_get_docs,
-        ]
-        .iter()
-        .fold(0u64, |sum, c| sum.wrapping_add(c.load(Relaxed)))
-    }
-
     /// Seeds counters (from a checkpoint history entry when resuming a session).
     pub fn seed(&self, s: &ReplicationStats) {
         self.revisions_checked.store(s.revisions_checked, Relaxed);

@@ -30,9 +30,6 @@ const INDIVIDUAL_FETCHES: usize = 4;
 pub(super) struct Tracker {
     pending: BTreeMap<u64, (Value, bool)>,
     through: Value,
-    /// Bumped by every batch registered or completed: the run loop's cheap "did anything
-    /// move" test before it builds a stats snapshot.
-    moves: u64,
 }
 
 impl Tracker {
@@ -41,17 +38,14 @@ impl Tracker {
         Self {
             pending: BTreeMap::new(),
             through: since,
-            moves: 0,
         }
     }
 
     fn register(&mut self, index: u64, seq: Value) {
-        self.moves += 1;
         self.pending.insert(index, (seq, false));
     }
 
     fn complete(&mut self, index: u64) {
-        self.moves += 1;
         if let Some(e) = self.pending.get_mut(&index) {
             e.1 = true;
         }
@@ -101,12 +95,6 @@ impl Shared {
     /// The sequence every batch up to which is written (where a checkpoint may point).
     pub(super) fn through_seq(&self) -> Value {
         lock(&self.tracker).through.clone()
-    }
-
-    /// What changes whenever the stats may have: batches registered or completed (which
-    /// also move the sequences) and the counters' total.
-    pub(super) fn fingerprint(&self) -> (u64, u64) {
-        (lock(&self.tracker).moves, self.counters.total())
     }
 
     /// The highest source sequence seen (the source's `update_seq` until a batch arrives).
