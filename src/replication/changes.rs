@@ -128,29 +128,44 @@ impl ChangesReader {
         self
     }
 
-    /// Fails when the source is gone (404) or is another database than at the start; any
-    /// other answer (an unreachable server included) lets the reconnect find out.
-    async fn check_same_source(&self) -> Result<()> {
-        let Some(expected) = self.instance_start.as_deref().filter(|i| *i != "0") else {
+    /// Fails when the source is gone (404) or is another database than the feed was reading:
+    /// its `instance_start_time` changed, or its integer `update_seq` is now below the
+    /// sequence already read (an integer-sequence server such as pouchdb-server re-creates a
+    /// deleted database, empty, when a request races the delete, and its feed would then
+    /// idle forever below `since`). Any other answer (an unreachable server included) lets
+    /// the reconnect find out. CouchDB's clustered sequences are opaque strings and its
+    /// server resolves a stale `since` itself, so they are not compared.
+    async fn check_same_source(&self, since: &Value) -> Result<()> {
+        let expected = self.instance_start.as_deref().filter(|i| *i != "0");
+        let since = integer_seq(since);
+        if expected.is_none() && since.is_none() {
             return Ok(());
-        };
+        }
         let Ok(r) = self.client.send(&Req::get("")).await else {
             return Ok(());
         };
         if r.status == reqwest::StatusCode::NOT_FOUND {
             return Err(gone(&self.client));
         }
-        let info: Option<Value> = r.json("database info").ok();
-        let now = info.as_ref().and_then(instance_start_of);
-        match now.as_deref() {
-            Some(now) if now != "0" && now != expected => {
-                Err(ReplicationError::DbNotFound(format!(
-                    "{} (re-created since the replication started)",
-                    self.client.endpoint()
-                )))
-            }
-            _ => Ok(()),
+        let Ok(info) = r.json::<Value>("database info") else {
+            return Ok(());
+        };
+        let now = instance_start_of(&info);
+        let recreated = match (expected, now.as_deref()) {
+            (Some(e), Some(n)) => n != "0" && n != e,
+            _ => false,
+        };
+        let behind = match (since, info.get("update_seq").and_then(integer_seq)) {
+            (Some(read), Some(now)) => now < read,
+            _ => false,
+        };
+        if recreated || behind {
+            return Err(ReplicationError::DbNotFound(format!(
+                "{} (re-created since the replication started)",
+                self.client.endpoint()
+            )));
         }
+        Ok(())
     }
 
     fn request(&self, feed: &str, since: &Value, limit: Option<usize>) -> Req {
@@ -354,7 +369,7 @@ impl ChangesReader {
         loop {
             let progressed;
             if !std::mem::take(&mut first) {
-                self.check_same_source().await?;
+                self.check_same_source(&since).await?;
             }
             let outcome = tokio::select! {
                 r = self.stream_once(&mut since, &tx) => r,
@@ -461,6 +476,16 @@ impl ChangesReader {
             }
         }
         Ok((false, progressed))
+    }
+}
+
+/// A sequence that is a plain integer (a JSON number, or a string of digits): the kind an
+/// integer-sequence server hands out, which can be compared.
+fn integer_seq(seq: &Value) -> Option<u64> {
+    match seq {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
     }
 }
 
