@@ -15,8 +15,8 @@
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
 //! (transient jobs to one group) every tick; trimming stops the highest fair-share priority
-//! first, and a trimmed job's rotation delay is scaled by its priority against the running
-//! jobs' mean ([`delay_factor`]), so jobs of an under-served database become eligible in
+//! first, and a trimmed job's rotation delay is scaled by its database's priority against the
+//! running jobs' mean ([`delay_factor`]), so jobs of an under-served database become eligible in
 //! couch_jobs' queue sooner and those of an over-served one later.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
@@ -202,6 +202,10 @@ impl JobServer {
     }
 
     async fn tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
+        // The next tick is timed from this one's start, not its end: the tick's own work
+        // (store scans, the stops it sends) would otherwise lengthen every cycle and, at
+        // 10,000 jobs, every rotation by a third.
+        self.schedule_tick(myself, st);
         let s = self.ctx.settings();
         // A job that ended before its Accepted arrived leaves a stale entry.
         let now = Instant::now();
@@ -261,7 +265,6 @@ impl JobServer {
         metrics::gauge!("couch_replicator_jobs_running").set(st.workers.len() as f64);
         metrics::counter!("couch_replicator_jobs_reschedules").increment(1);
         self.refill(myself, st);
-        self.schedule_tick(myself, st);
     }
 
     /// How long a trimmed job waits before it is eligible again: one `interval` per
@@ -385,8 +388,8 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
 /// `min_run_time` with the highest fair-share priority (see [`trim_victims`]); a job waits
-/// the cycle's rotation delay scaled by its priority against the mean of the jobs it
-/// competed with. Returns how many were told.
+/// the cycle's rotation delay scaled by its database's priority against the mean of the
+/// jobs it competed with. Returns how many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
     let running: Vec<RunningJob<ActorId>> = st
         .workers
@@ -403,10 +406,16 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     if victims.is_empty() {
         return 0;
     }
-    let mean = running.iter().map(|j| j.priority as f64).sum::<f64>() / running.len().max(1) as f64;
+    // Scaled by the group's priority, not the job's: two jobs of one database that ran
+    // alike must come back alike, and a job's own priority also carries the timing of its
+    // last turns, which a per-job factor turned into waits from a quarter to four rotations.
+    let share = &st.share;
+    let group_of = |w: &Worker| share.group_priority(&w.group);
+    let live = st.workers.values().filter(|w| !w.leaving);
+    let mean = live.clone().map(group_of).sum::<f64>() / live.count().max(1) as f64;
     for v in &victims {
         if let Some(w) = st.workers.get_mut(v) {
-            let factor = delay_factor(st.share.priority(&w.job_id), mean);
+            let factor = delay_factor(st.share.group_priority(&w.group), mean);
             let _ = w
                 .actor
                 .send_message(JobMsg::Rotate(st.rotation_delay.mul_f64(factor)));

@@ -209,6 +209,13 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
         self.jobs.is_empty()
     }
 
+    /// The priority a cycle of running adds to any job of group `key` (its decayed usage ×
+    /// its jobs / its shares²): the same for every job of the group, so it compares groups
+    /// without the differences between one job's recent turns and another's.
+    pub fn group_priority(&self, key: &ShareKey) -> f64 {
+        self.increment(key)
+    }
+
     /// Decayed usage per group, for observation.
     pub fn usage(&self) -> BTreeMap<ShareKey, u64> {
         self.usage
@@ -254,14 +261,15 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
     }
 }
 
-/// How much longer than the plain rotation delay a stopped job with `priority` waits, given
-/// the mean priority of the jobs it competed with: 1 at the mean, from 1/4 (a starved group's
-/// job comes back soon) to 4 (an over-served group's job waits).
-pub fn delay_factor(priority: u64, mean: f64) -> f64 {
-    if mean <= 0.0 {
+/// How much longer than the plain rotation delay a stopped job waits, given its group's
+/// priority ([`FairShare::group_priority`]) and the mean of the running jobs' group
+/// priorities: 1 at the mean, from 1/4 (a starved group's job comes back soon) to 4 (an
+/// over-served group's job waits).
+pub fn delay_factor(group_priority: f64, mean: f64) -> f64 {
+    if mean <= 0.0 || !mean.is_finite() {
         return 1.0;
     }
-    (priority as f64 / mean).clamp(0.25, 4.0)
+    (group_priority / mean).clamp(0.25, 4.0)
 }
 
 /// Running-time fraction per group vs the fraction its shares ask for: half the sum of the
