@@ -68,11 +68,14 @@ pub struct Measured {
     pub connections: f64,
     /// The most over the least sampled job's running samples, over all jobs.
     pub fairness: f64,
+    /// Per-job running samples: the least, the 1st percentile, the median, the 99th
+    /// percentile and the most (how the fairness ratio's extremes sit against the rest).
+    pub spread: [u32; 5],
     /// Jobs never seen running in the window (a fairness of `inf`: how many).
     pub never_ran: usize,
     /// Samples lost because the running set could not be read.
     pub missed: usize,
-    /// CouchDB only: its own job counters over the window.
+    /// The scheduler's own job counters over the window.
     pub own_counts: Option<Counts>,
     /// [`share_error`] of the two databases' running samples against 100:900.
     pub share_error: f64,
@@ -184,7 +187,8 @@ pub async fn ours(endpoint: &Couch, plan: &Plan) -> Result<Measured, String> {
         .which_child::<JobServerMsg>("job_server")
         .ok_or("no job server")?;
     let spec = spec(endpoint, plan, std::process::id(), "tgt_ours");
-    let sampled = super::sampler::measure(spec, Who::Ours(server, index)).await;
+    let sampled =
+        super::sampler::measure(spec, Who::Ours(server, index, node.metrics().clone())).await;
     node.shutdown().await;
     let m = summarize(plan, sampled?);
     Ok(Measured {
@@ -275,6 +279,15 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
     } else {
         f64::from(max) / f64::from(min)
     };
+    let mut sorted = s.running.clone();
+    sorted.sort_unstable();
+    let at = |q: usize| {
+        sorted
+            .get((sorted.len() * q / 100).min(sorted.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let spread = [min, at(1), at(50), at(99), max];
     let lat = &s.latencies_ms;
     let p99 = lat
         .get((lat.len() * 99).div_ceil(100).saturating_sub(1))
@@ -288,6 +301,7 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         rss_grown_mb: 0.0,
         connections: s.connections,
         fairness,
+        spread,
         share_error: share_error(&share_params(), &ran),
         p99_ms: p99,
         probes: lat.len(),

@@ -6,9 +6,11 @@
 //! the thread alone, whose CPU time is read at the end and subtracted from ours.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use couch_replicator::replicator::job_server::JobServerMsg;
+use couch_replicator::telemetry::{NodeMetrics, Series};
 use ractor::ActorRef;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -33,8 +35,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the running jobs are read.
 pub enum Who {
-    /// Our job server, and job id -> job index.
-    Ours(ActorRef<JobServerMsg>, HashMap<String, usize>),
+    /// Our job server, job id -> job index, and the node's metrics (its job counters).
+    Ours(
+        ActorRef<JobServerMsg>,
+        HashMap<String, usize>,
+        Arc<NodeMetrics>,
+    ),
     /// CouchDB's `_active_tasks` URL and its `couch_replicator/jobs` stats URL.
     Couch {
         /// `_active_tasks`.
@@ -83,7 +89,7 @@ pub struct Sampled {
     pub latencies_ms: Vec<f64>,
     /// Samples lost because the running set could not be read.
     pub missed: usize,
-    /// CouchDB only: its own job counters over the window.
+    /// The scheduler's own job counters over the window.
     pub own_counts: Option<Counts>,
 }
 
@@ -132,7 +138,7 @@ impl Who {
     /// read taken as an empty set would count every running job as started again).
     async fn running(&self, http: &reqwest::Client) -> Option<Vec<usize>> {
         match self {
-            Who::Ours(server, index) => supervisors::observe(server).await.map(|o| {
+            Who::Ours(server, index, _) => supervisors::observe(server).await.map(|o| {
                 o.jobs
                     .iter()
                     .filter_map(|j| index.get(&j.job_id).copied())
@@ -154,11 +160,19 @@ impl Who {
         }
     }
 
-    /// CouchDB's own counters of job starts, stops and crashes (its scheduler's view, which
-    /// also counts jobs stopped before they showed in `_active_tasks`); `None` for ours.
+    /// The scheduler's own counters of job starts, stops and crashes (CouchDB's
+    /// `couch_replicator.jobs` series, which ours keeps too): they count every start, also
+    /// of a job stopped again before a sample saw it or before it showed in `_active_tasks`.
     async fn own_counts(&self, http: &reqwest::Client) -> Option<Counts> {
-        let Who::Couch { stats, .. } = self else {
-            return None;
+        let stats = match self {
+            Who::Ours(_, _, m) => {
+                return Some(Counts {
+                    starts: m.couch.get(Series::JobsStarts),
+                    stops: m.couch.get(Series::JobsStops),
+                    crashes: m.couch.get(Series::JobsCrashes),
+                });
+            }
+            Who::Couch { stats, .. } => stats,
         };
         let v: Value = http.get(stats).send().await.ok()?.json().await.ok()?;
         let n = |k: &str| v[k]["value"].as_u64();
@@ -170,7 +184,7 @@ impl Who {
     }
 }
 
-/// CouchDB's `couch_replicator.jobs` counters.
+/// A scheduler's `couch_replicator.jobs` counters.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counts {
     /// Jobs started.
@@ -192,7 +206,7 @@ impl Counts {
 }
 
 /// Warms up: at least `spec.warm_up`, and until the scheduler has rotated once: CouchDB's
-/// own stop counter moved, or for ours a running job stopped. CouchDB's scheduler takes a new
+/// own stop counter moved. CouchDB's scheduler takes a new
 /// `interval` only after its timer set with the old one (60 s by default) fires, so two short
 /// intervals are not enough for it; waiting for a rotation starts both windows in the steady
 /// state. Returns the running set.
