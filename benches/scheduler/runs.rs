@@ -71,6 +71,8 @@ pub struct Measured {
     /// Per-job running samples: the least, the 1st percentile, the median, the 99th
     /// percentile and the most (how the fairness ratio's extremes sit against the rest).
     pub spread: [u32; 5],
+    /// The same spread of the turns each job was seen starting.
+    pub turn_spread: [u32; 5],
     /// Jobs never seen running in the window (a fairness of `inf`: how many).
     pub never_ran: usize,
     /// Samples lost because the running set could not be read.
@@ -279,15 +281,8 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
     } else {
         f64::from(max) / f64::from(min)
     };
-    let mut sorted = s.running.clone();
-    sorted.sort_unstable();
-    let at = |q: usize| {
-        sorted
-            .get((sorted.len() * q / 100).min(sorted.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0)
-    };
-    let spread = [min, at(1), at(50), at(99), max];
+    let spread = spread_of(&s.running);
+    let turn_spread = spread_of(&s.turns);
     let lat = &s.latencies_ms;
     let p99 = lat
         .get((lat.len() * 99).div_ceil(100).saturating_sub(1))
@@ -302,6 +297,7 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         connections: s.connections,
         fairness,
         spread,
+        turn_spread,
         share_error: share_error(&share_params(), &ran),
         p99_ms: p99,
         probes: lat.len(),
@@ -309,4 +305,23 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         missed: s.missed,
         own_counts: s.own_counts,
     }
+}
+
+/// The least, 1st percentile, median, 99th percentile and most of `v`.
+fn spread_of(v: &[u32]) -> [u32; 5] {
+    let mut sorted = v.to_vec();
+    sorted.sort_unstable();
+    let at = |q: usize| {
+        sorted
+            .get((sorted.len() * q / 100).min(sorted.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    [
+        at(0),
+        at(1),
+        at(50),
+        at(99),
+        sorted.last().copied().unwrap_or(0),
+    ]
 }

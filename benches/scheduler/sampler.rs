@@ -76,6 +76,8 @@ pub struct Sampled {
     pub running: Vec<u32>,
     /// Jobs running at a sample that were not at the previous one.
     pub starts: usize,
+    /// Per job, the turns seen starting in the window.
+    pub turns: Vec<u32>,
     /// CPU seconds of the scheduler's process over the window, less the sampling thread's
     /// when that process is this one.
     pub cpu_s: f64,
@@ -247,6 +249,7 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
     let t0 = Instant::now();
     let mut out = Sampled {
         running: vec![0; spec.jobs],
+        turns: vec![0; spec.jobs],
         ..Sampled::default()
     };
     let (mut conns, mut conn_samples, mut n) = (0usize, 0usize, 0u32);
@@ -264,7 +267,12 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
                 *s += 1;
             }
         }
-        out.starts += now.difference(&prev).count();
+        for &i in now.difference(&prev) {
+            out.starts += 1;
+            if let Some(t) = out.turns.get_mut(i) {
+                *t += 1;
+            }
+        }
         prev = now;
         if n.is_multiple_of(CONNS_EVERY) {
             conns += connections_to(spec.pid, spec.port);

@@ -37,6 +37,10 @@ pub struct AcceptOpts {
     pub no_schedule: bool,
     /// How long to wait for a job: `None` = forever, `Some(ZERO)` = do not wait.
     pub timeout: Option<Duration>,
+    /// How many of the earliest eligible jobs the random pick chooses among (default
+    /// [`ACCEPT_RANGE_LIMIT`], as couch_jobs). Fewer makes the queue nearly first-in
+    /// first-out by scheduled time, while concurrent acceptors still rarely pick the same job.
+    pub candidates: Option<usize>,
 }
 
 impl AcceptOpts {
@@ -50,6 +54,17 @@ impl AcceptOpts {
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
         self
+    }
+
+    /// Picks among the `n` earliest eligible jobs only (at least 1).
+    pub fn candidates(mut self, n: usize) -> Self {
+        self.candidates = Some(n.max(1));
+        self
+    }
+
+    /// How many candidates the pick chooses among.
+    pub(crate) fn candidate_limit(&self) -> usize {
+        self.candidates.unwrap_or(ACCEPT_RANGE_LIMIT).max(1)
     }
 
     /// Uses the random-probe dequeue; the type's jobs must all be scheduled at time 0.
@@ -101,18 +116,17 @@ pub async fn try_accept(
     keys: &Keys,
     tx: &Tx,
     ty: &str,
-    max_sched_time: i64,
-    no_schedule: bool,
+    opts: &AcceptOpts,
     rng: &AcceptRng,
 ) -> JobsResult<Option<(Job, JobData)>> {
-    let mut candidates = if no_schedule {
+    let mut candidates = if opts.no_schedule {
         probe_random(keys, tx, ty, rng).await?
     } else {
-        let (begin, end) = keys.pending_range(ty, max_sched_time);
+        let (begin, end) = keys.pending_range(ty, opts.effective_max_sched_time()?);
         tx.get_range(
             &begin,
             &end,
-            RangeOptions::all().snapshot().limit(ACCEPT_RANGE_LIMIT),
+            RangeOptions::all().snapshot().limit(opts.candidate_limit()),
         )
         .await?
     };

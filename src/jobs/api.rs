@@ -252,15 +252,7 @@ impl Jobs {
             let (found, watch) = self
                 .db()
                 .run(|tx| async move {
-                    let found = try_accept(
-                        self.keys(),
-                        &tx,
-                        ty,
-                        max_sched_time,
-                        opts.no_schedule,
-                        self.rng(),
-                    )
-                    .await?;
+                    let found = try_accept(self.keys(), &tx, ty, &opts, self.rng()).await?;
                     let watch = match found {
                         Some(_) => None,
                         None => Some(tx.watch(&self.keys().watches_pending(ty))),
@@ -305,16 +297,7 @@ impl Jobs {
         ty: &str,
         opts: AcceptOpts,
     ) -> JobsResult<Option<(Job, JobData)>> {
-        let max_sched_time = opts.effective_max_sched_time()?;
-        try_accept(
-            self.keys(),
-            tx,
-            ty,
-            max_sched_time,
-            opts.no_schedule,
-            self.rng(),
-        )
-        .await
+        try_accept(self.keys(), tx, ty, &opts, self.rng()).await
     }
 
     /// Keep-alive and progress: fenced by the job lock ([`JobsError::Halt`] when lost).

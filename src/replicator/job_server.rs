@@ -43,6 +43,12 @@ use super::share::{FairShare, ShareKey, delay_factor};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
+/// The earliest eligible jobs an acceptor picks among: a rotated job waits its rotation
+/// delay, and the jobs that waited longest should come first. couch_jobs picks among 1,024,
+/// which at thousands of jobs made each job's number of turns a lottery (the scheduler
+/// bench's per-job running times spread 1 to 2); a few keeps the order by scheduled time
+/// while concurrent acceptors seldom collide on one job.
+const ACCEPT_CANDIDATES: usize = 8;
 /// At most this many intervals between a job's rotation and its next eligibility.
 const MAX_ROTATION_INTERVALS: usize = 40;
 /// Pending jobs counted for the rotation delay.
@@ -267,14 +273,16 @@ impl JobServer {
         self.refill(myself, st);
     }
 
-    /// How long a trimmed job waits before it is eligible again: one `interval` per
-    /// `max_churn` pending jobs (at most [`MAX_ROTATION_INTERVALS`]), so jobs that
-    /// never ran get their turn before the ones just rotated out. CouchDB 4.x waits one
-    /// interval; since couch_jobs' accept picks at random among eligible jobs, that leaves a
-    /// long tail of jobs waiting for their first run when pending work is much larger than
-    /// `max_churn`. A cycle is the measured time between ticks, not the interval: with
-    /// jitter and the tick's own work it is longer, and a delay counted in intervals makes
-    /// a rotated job eligible again before the jobs ahead of it ran (at random among them).
+    /// How long a trimmed job waits before it is eligible again. With `pending` jobs
+    /// waiting and `max_churn` started per cycle, a job trimmed now is due at the tick
+    /// `ceil(pending / max_churn)` cycles on; it becomes eligible one cycle before that
+    /// (half a cycle when due at the next tick), so it is in the queue by its tick wherever
+    /// in this cycle's starts it was trimmed. Acceptors take the earliest scheduled first
+    /// ([`ACCEPT_CANDIDATES`]), so being eligible early does not let it jump the jobs ahead
+    /// of it. CouchDB 4.x waits one interval, which with couch_jobs' random pick among
+    /// 1,024 leaves a long tail of jobs waiting for their first run. A cycle is the
+    /// measured time between ticks (the interval and its jitter), not the interval. At most
+    /// [`MAX_ROTATION_INTERVALS`] cycles.
     async fn rotation_delay(&self, cycle: Duration) -> Duration {
         let s = self.ctx.settings();
         // All pending jobs, eligible or not: at the end of a rotation most of them are the
@@ -285,10 +293,14 @@ impl JobServer {
             .pending_count(REP_JOBS, None, Some(ROTATION_COUNT_LIMIT))
             .await
             .unwrap_or(0);
-        let cycles = pending
+        let due = pending
             .div_ceil(s.max_churn.max(1))
             .clamp(1, MAX_ROTATION_INTERVALS);
-        cycle.max(s.interval) * cycles as u32
+        let cycle = cycle.max(s.interval);
+        match due {
+            1 => cycle / 2,
+            n => cycle * (n - 1) as u32,
+        }
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {
@@ -334,7 +346,8 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
     loop {
         let opts = AcceptOpts::default()
             .max_sched_time(ctx.now_secs())
-            .timeout(ACCEPT_WAIT);
+            .timeout(ACCEPT_WAIT)
+            .candidates(ACCEPT_CANDIDATES);
         match ctx.jobs().accept(REP_JOBS, opts).await {
             Ok((job, data)) => {
                 let record = match RepJobRecord::from_data(&data) {
