@@ -1,6 +1,6 @@
 //! The job server's rotation arithmetic (CouchDB 4.x's couch_replicator_job_server.erl), kept free of actors and clocks so every
-//! edge is unit-tested: how many idle acceptors to keep, which running jobs to trim, and how
-//! many extra acceptors to start when work is pending.
+//! edge is unit-tested: how many idle acceptors to keep, which running jobs to trim, how
+//! many extra acceptors to start when work is pending, and how long a trimmed job waits.
 //!
 //! A node runs about `max_jobs` jobs, with spikes up to `max_jobs + max_churn`: extra
 //! acceptors start pending jobs, and the next cycle trims continuous jobs back to `max_jobs`:
@@ -73,6 +73,27 @@ pub fn extra_acceptor_budget(
     churn_left.min(slots)
 }
 
+/// How long a job trimmed now waits before it is eligible again, with `pending` jobs waiting
+/// and `max_churn` started per cycle of `cycle` (the measured time between ticks): it is due
+/// at the tick `ceil(pending / max_churn)` cycles on (at most `max_cycles`), and becomes
+/// eligible one cycle before that, half a cycle when due at the next tick. Eligible early,
+/// it is in the queue by its tick wherever in this cycle's starts it was trimmed; the
+/// acceptors take the earliest scheduled first, so it does not jump the jobs ahead of it.
+pub fn rotation_delay(
+    pending: usize,
+    max_churn: usize,
+    cycle: Duration,
+    max_cycles: usize,
+) -> Duration {
+    let due = pending
+        .div_ceil(max_churn.max(1))
+        .clamp(1, max_cycles.max(1));
+    match due {
+        1 => cycle / 2,
+        n => cycle * (n - 1) as u32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +150,22 @@ mod tests {
     fn trim_may_stop_fewer_than_the_excess() {
         let running = vec![job(1, false, 900), job(2, true, 10), job(3, false, 5)];
         assert!(trim_victims(&running, 0, Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn a_trimmed_job_is_eligible_one_cycle_before_its_tick() {
+        let c = Duration::from_secs(6);
+        // 9,500 waiting, 500 started per cycle: due 19 cycles on, eligible after 18.
+        assert_eq!(rotation_delay(9_500, 500, c, 40), c * 18);
+        // 1,500 waiting: due at the third tick, eligible after two cycles.
+        assert_eq!(rotation_delay(1_500, 500, c, 40), c * 2);
+        assert_eq!(rotation_delay(1_501, 500, c, 40), c * 3);
+        // Due at the next tick (or nothing waits): half a cycle, never back at once.
+        assert_eq!(rotation_delay(300, 500, c, 40), c / 2);
+        assert_eq!(rotation_delay(0, 500, c, 40), c / 2);
+        // A huge queue is capped; a zero churn counts as one.
+        assert_eq!(rotation_delay(1_000_000, 500, c, 40), c * 39);
+        assert_eq!(rotation_delay(3, 0, c, 40), c * 2);
     }
 
     #[test]

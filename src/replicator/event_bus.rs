@@ -1,5 +1,5 @@
-//! event_bus: the replicator's typed publish/subscribe (CouchDB's couch_replicator_notifier.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's
-//! `couch_replication` gen_event), the first child of the tree.
+//! event_bus: the replicator's typed publish/subscribe (CouchDB's `couch_replicator_notifier`,
+//! its `couch_replication` gen_event), the first child of the tree.
 //!
 //! Messages: [`EventBusMsg::Subscribe`] (a channel sender; the subscription dies with the
 //! subscriber: when its receiver is dropped — the subscribing task or actor ended — the entry

@@ -1,4 +1,4 @@
-//! job: one actor per running replication (CouchDB 4.x's couch_replicator_job.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's `couch_replicator_job`).
+//! job: one actor per running replication (CouchDB 4.x's `couch_replicator_job`, RFC 016).
 //!
 //! Started by `job_sup` for a job an acceptor took from couch_jobs. Messages: `Start` (sent to
 //! itself from `init`, so a failing start runs the terminate hook), `Tick` (stats timer:

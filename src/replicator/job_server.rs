@@ -1,4 +1,4 @@
-//! job_server: the 4.x acceptor model (CouchDB 4.x's couch_replicator_job_server.erl; CouchDB 4.x's couch_replicator, RFC 016ouchDB's `couch_replicator_job_server`).
+//! job_server: the acceptor model of CouchDB 4.x's `couch_replicator_job_server` (RFC 016).
 //!
 //! Keeps up to `max_acceptors` acceptor tasks waiting in `accept(max_sched_time = now)` while
 //! acceptors + running jobs < `max_jobs`; an acceptor that gets a job asks `job_sup` to start
@@ -10,8 +10,9 @@
 //! Each extra job accepted trims one back out at once (CouchDB 4.x trims at the next
 //! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
 //! exceeded only while the new jobs start, not for a whole interval.
-//! Trimmed jobs go back to pending after one interval per `max_churn` waiting jobs (see
-//! `rotation_delay`; CouchDB waits one interval) so that no job starves.
+//! A trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
+//! waiting jobs, less one; see `rotation_delay`) and acceptors take the earliest scheduled
+//! first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
 //! (transient jobs to one group) every tick; trimming stops the highest fair-share priority
@@ -32,7 +33,9 @@ use tokio::time::Instant;
 
 use crate::jobs::{AcceptOpts, JobState, JobsError};
 
-use super::churn::{RunningJob, acceptors_to_add, extra_acceptor_budget, trim_victims};
+use super::churn::{
+    RunningJob, acceptors_to_add, extra_acceptor_budget, rotation_delay, trim_victims,
+};
 use super::context::NodeCtx;
 use super::job::{JobArgs, JobMsg};
 use super::job_record::RepJobRecord;
@@ -43,13 +46,13 @@ use super::share::{FairShare, ShareKey, delay_factor};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
-/// The earliest eligible jobs an acceptor picks among: a rotated job waits its rotation
-/// delay, and the jobs that waited longest should come first. couch_jobs picks among 1,024,
-/// which at thousands of jobs made each job's number of turns a lottery (the scheduler
-/// bench's per-job running times spread 1 to 2); a few keeps the order by scheduled time
-/// while concurrent acceptors seldom collide on one job.
+/// The earliest eligible jobs an acceptor picks among. A trimmed job becomes eligible a
+/// cycle before its turn (see [`rotation_delay`]), so at a tick the queue holds it beside
+/// jobs scheduled before it; picking among couch_jobs' 1,024 would let it jump them, among
+/// a few keeps the order by scheduled time while concurrent acceptors seldom pick the same
+/// job (and read 8 keys, not 1,024).
 const ACCEPT_CANDIDATES: usize = 8;
-/// At most this many intervals between a job's rotation and its next eligibility.
+/// At most this many cycles between a job's rotation and its turn.
 const MAX_ROTATION_INTERVALS: usize = 40;
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;
@@ -231,7 +234,7 @@ impl JobServer {
         if let Some(last) = st.last_tick.replace(now) {
             st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
         }
-        st.rotation_delay = self.rotation_delay(st.cycle).await;
+        st.rotation_delay = self.delay_now(st.cycle).await;
         st.churn += trim(st, s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
         // highest fair-share priority back out (see `Accepted`), so a rotation completes
@@ -273,17 +276,12 @@ impl JobServer {
         self.refill(myself, st);
     }
 
-    /// How long a trimmed job waits before it is eligible again. With `pending` jobs
-    /// waiting and `max_churn` started per cycle, a job trimmed now is due at the tick
-    /// `ceil(pending / max_churn)` cycles on; it becomes eligible one cycle before that
-    /// (half a cycle when due at the next tick), so it is in the queue by its tick wherever
-    /// in this cycle's starts it was trimmed. Acceptors take the earliest scheduled first
-    /// ([`ACCEPT_CANDIDATES`]), so being eligible early does not let it jump the jobs ahead
-    /// of it. CouchDB 4.x waits one interval, which with couch_jobs' random pick among
-    /// 1,024 leaves a long tail of jobs waiting for their first run. A cycle is the
-    /// measured time between ticks (the interval and its jitter), not the interval. At most
-    /// [`MAX_ROTATION_INTERVALS`] cycles.
-    async fn rotation_delay(&self, cycle: Duration) -> Duration {
+    /// How long a job trimmed in this cycle waits before it is eligible again
+    /// ([`rotation_delay`]): counted over every pending job, and in measured cycles (the
+    /// interval and its jitter), not intervals. CouchDB 4.x waits one interval, which with
+    /// couch_jobs' random pick among 1,024 leaves a long tail of jobs that wait many
+    /// rotations.
+    async fn delay_now(&self, cycle: Duration) -> Duration {
         let s = self.ctx.settings();
         // All pending jobs, eligible or not: at the end of a rotation most of them are the
         // ones just rotated out, and the few that never ran must come first.
@@ -293,14 +291,12 @@ impl JobServer {
             .pending_count(REP_JOBS, None, Some(ROTATION_COUNT_LIMIT))
             .await
             .unwrap_or(0);
-        let due = pending
-            .div_ceil(s.max_churn.max(1))
-            .clamp(1, MAX_ROTATION_INTERVALS);
-        let cycle = cycle.max(s.interval);
-        match due {
-            1 => cycle / 2,
-            n => cycle * (n - 1) as u32,
-        }
+        rotation_delay(
+            pending,
+            s.max_churn,
+            cycle.max(s.interval),
+            MAX_ROTATION_INTERVALS,
+        )
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {

@@ -201,6 +201,39 @@ async fn remove_in_every_state() {
     .await
 }
 
+/// `candidates(n)` narrows the random pick to the `n` earliest scheduled eligible jobs: with
+/// one, jobs come out in scheduled order (whatever their ids); with two, never a job that
+/// has two earlier ones still waiting. The default (1,024) picks among all of them.
+#[tokio::test(start_paused = true)]
+async fn accept_candidates_narrow_the_pick_to_the_earliest_scheduled() {
+    deadline(30, "accept candidates", async {
+        let (j, _) = memory_jobs();
+        j.set_type_timeout(T, 10).await.unwrap();
+        let now = j.clock().now_secs();
+        // Ids in the opposite order of their scheduled times.
+        let ids: Vec<String> = (0..12).map(|i| format!("job{:02}", 11 - i)).collect();
+        for (i, id) in ids.iter().enumerate() {
+            j.add(T, id, data(json!({})), now - 100 + i as i64)
+                .await
+                .unwrap();
+        }
+        let opts = |n| now0(&j).candidates(n);
+        for want in &ids[..4] {
+            let (job, _) = j.accept(T, opts(1)).await.unwrap();
+            assert_eq!(&job.id, want, "one candidate: the earliest scheduled");
+        }
+        let mut waiting: Vec<String> = ids[4..].to_vec();
+        while !waiting.is_empty() {
+            let (job, _) = j.accept(T, opts(2)).await.unwrap();
+            let at = waiting.iter().position(|w| *w == job.id).unwrap();
+            assert!(at < 2, "{} picked with {at} earlier jobs waiting", job.id);
+            waiting.remove(at);
+        }
+        assert_eq!(j.accept(T, opts(2)).await, Err(JobsError::NotFound));
+    })
+    .await
+}
+
 #[tokio::test(start_paused = true)]
 async fn accept_respects_max_sched_time_and_waits_for_new_jobs() {
     deadline(
