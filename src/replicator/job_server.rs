@@ -417,7 +417,8 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     }
     // Scaled by the group's priority, not the job's: two jobs of one database that ran
     // alike must come back alike, and a job's own priority also carries the timing of its
-    // last turns, which a per-job factor turned into waits from a quarter to four rotations.
+    // last turns. (The group's value still moves every cycle with the mix of jobs that ran;
+    // at 10,000 jobs that spreads the small database's jobs' running times wider.)
     let share = &st.share;
     let group_of = |w: &Worker| share.group_priority(&w.group);
     let live = st.workers.values().filter(|w| !w.leaving);
