@@ -73,25 +73,28 @@ pub fn extra_acceptor_budget(
     churn_left.min(slots)
 }
 
-/// How long a job trimmed now waits before it is eligible again, with `pending` jobs waiting
-/// and `max_churn` started per cycle of `cycle` (the measured time between ticks): it is due
-/// at the tick `ceil(pending / max_churn)` cycles on (at most `max_cycles`), and becomes
-/// eligible one cycle before that, half a cycle when due at the next tick. Eligible early,
-/// it is in the queue by its tick wherever in this cycle's starts it was trimmed; the
-/// acceptors take the earliest scheduled first, so it does not jump the jobs ahead of it.
-pub fn rotation_delay(
-    pending: usize,
-    max_churn: usize,
-    cycle: Duration,
-    max_cycles: usize,
-) -> Duration {
+/// When a job trimmed now is due to run again, with `pending` jobs waiting and `max_churn`
+/// started per cycle of `cycle` (the measured time between ticks): at the tick
+/// `ceil(pending / max_churn)` cycles on, at least one and at most `max_cycles`.
+pub fn turn_due(pending: usize, max_churn: usize, cycle: Duration, max_cycles: usize) -> Duration {
     let due = pending
         .div_ceil(max_churn.max(1))
         .clamp(1, max_cycles.max(1));
-    match due {
-        1 => cycle / 2,
-        n => cycle * (n - 1) as u32,
-    }
+    cycle * due as u32
+}
+
+/// How long a job trimmed now waits before it is eligible again: its turn, `due` scaled by
+/// its database's fair-share `factor`, less one `cycle`, and at least half a cycle. Eligible
+/// a cycle early, it is in the queue by its tick wherever in this cycle's starts it was
+/// trimmed; the acceptors take the earliest scheduled first, so it does not jump the jobs
+/// ahead of it.
+pub fn eligible_after(due: Duration, cycle: Duration, factor: f64) -> Duration {
+    let factor = if factor.is_finite() {
+        factor.max(0.0)
+    } else {
+        1.0
+    };
+    due.mul_f64(factor).saturating_sub(cycle).max(cycle / 2)
 }
 
 #[cfg(test)]
@@ -153,19 +156,24 @@ mod tests {
     }
 
     #[test]
-    fn a_trimmed_job_is_eligible_one_cycle_before_its_tick() {
+    fn a_trimmed_job_is_eligible_one_cycle_before_its_turn() {
         let c = Duration::from_secs(6);
         // 9,500 waiting, 500 started per cycle: due 19 cycles on, eligible after 18.
-        assert_eq!(rotation_delay(9_500, 500, c, 40), c * 18);
-        // 1,500 waiting: due at the third tick, eligible after two cycles.
-        assert_eq!(rotation_delay(1_500, 500, c, 40), c * 2);
-        assert_eq!(rotation_delay(1_501, 500, c, 40), c * 3);
+        assert_eq!(turn_due(9_500, 500, c, 40), c * 19);
+        assert_eq!(eligible_after(c * 19, c, 1.0), c * 18);
+        // 1,500 waiting: due at the third tick; 1,501: at the fourth.
+        assert_eq!(turn_due(1_500, 500, c, 40), c * 3);
+        assert_eq!(turn_due(1_501, 500, c, 40), c * 4);
         // Due at the next tick (or nothing waits): half a cycle, never back at once.
-        assert_eq!(rotation_delay(300, 500, c, 40), c / 2);
-        assert_eq!(rotation_delay(0, 500, c, 40), c / 2);
+        assert_eq!(turn_due(0, 500, c, 40), c);
+        assert_eq!(eligible_after(c, c, 1.0), c / 2);
         // A huge queue is capped; a zero churn counts as one.
-        assert_eq!(rotation_delay(1_000_000, 500, c, 40), c * 39);
-        assert_eq!(rotation_delay(3, 0, c, 40), c * 2);
+        assert_eq!(turn_due(1_000_000, 500, c, 40), c * 40);
+        assert_eq!(turn_due(3, 0, c, 40), c * 3);
+        // The fair-share factor scales the turn, then the cycle comes off.
+        assert_eq!(eligible_after(c * 3, c, 2.0), c * 5);
+        assert_eq!(eligible_after(c * 3, c, 0.25), c / 2);
+        assert_eq!(eligible_after(c * 3, c, f64::NAN), c * 2);
     }
 
     #[test]

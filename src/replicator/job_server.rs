@@ -11,7 +11,7 @@
 //! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
 //! exceeded only while the new jobs start, not for a whole interval.
 //! A trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
-//! waiting jobs, less one; see `rotation_delay`) and acceptors take the earliest scheduled
+//! waiting jobs, less one; see [`eligible_after`]) and acceptors take the earliest scheduled
 //! first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use crate::jobs::{AcceptOpts, JobState, JobsError};
 
 use super::churn::{
-    RunningJob, acceptors_to_add, extra_acceptor_budget, rotation_delay, trim_victims,
+    RunningJob, acceptors_to_add, eligible_after, extra_acceptor_budget, trim_victims, turn_due,
 };
 use super::context::NodeCtx;
 use super::job::{JobArgs, JobMsg};
@@ -47,7 +47,7 @@ use super::share::{FairShare, ShareKey, delay_factor};
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 /// The earliest eligible jobs an acceptor picks among. A trimmed job becomes eligible a
-/// cycle before its turn (see [`rotation_delay`]), so at a tick the queue holds it beside
+/// cycle before its turn (see [`eligible_after`]), so at a tick the queue holds it beside
 /// jobs scheduled before it; picking among couch_jobs' 1,024 would let it jump them, among
 /// a few keeps the order by scheduled time while concurrent acceptors seldom pick the same
 /// job (and read 8 keys, not 1,024).
@@ -150,8 +150,10 @@ pub struct JobServerState {
     next_acceptor: u64,
     workers: HashMap<ActorId, Worker>,
     churn: usize,
-    /// How long a job trimmed now waits before it is eligible again (set every tick).
-    rotation_delay: Duration,
+    /// When a job trimmed in this cycle is due to run again, and the cycle it was counted
+    /// in (both set every tick; see [`turn_due`]).
+    turn_due: Duration,
+    turn_cycle: Duration,
     /// The last tick, and the time between ticks as measured (a moving average): the
     /// interval, its jitter and the tick's own work.
     last_tick: Option<Instant>,
@@ -234,7 +236,8 @@ impl JobServer {
         if let Some(last) = st.last_tick.replace(now) {
             st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
         }
-        st.rotation_delay = self.delay_now(st.cycle).await;
+        st.turn_cycle = st.cycle.max(s.interval);
+        st.turn_due = self.turn_due_now(st.turn_cycle).await;
         st.churn += trim(st, s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
         // highest fair-share priority back out (see `Accepted`), so a rotation completes
@@ -276,12 +279,11 @@ impl JobServer {
         self.refill(myself, st);
     }
 
-    /// How long a job trimmed in this cycle waits before it is eligible again
-    /// ([`rotation_delay`]): counted over every pending job, and in measured cycles (the
-    /// interval and its jitter), not intervals. CouchDB 4.x waits one interval, which with
-    /// couch_jobs' random pick among 1,024 leaves a long tail of jobs that wait many
-    /// rotations.
-    async fn delay_now(&self, cycle: Duration) -> Duration {
+    /// When a job trimmed in this cycle is due again ([`turn_due`]): counted over every
+    /// pending job, and in measured cycles (the interval and its jitter), not intervals.
+    /// CouchDB 4.x lets a rotated job back after one interval, which with couch_jobs'
+    /// random pick among 1,024 leaves a long tail of jobs that wait many rotations.
+    async fn turn_due_now(&self, cycle: Duration) -> Duration {
         let s = self.ctx.settings();
         // All pending jobs, eligible or not: at the end of a rotation most of them are the
         // ones just rotated out, and the few that never ran must come first.
@@ -291,12 +293,7 @@ impl JobServer {
             .pending_count(REP_JOBS, None, Some(ROTATION_COUNT_LIMIT))
             .await
             .unwrap_or(0);
-        rotation_delay(
-            pending,
-            s.max_churn,
-            cycle.max(s.interval),
-            MAX_ROTATION_INTERVALS,
-        )
+        turn_due(pending, s.max_churn, cycle, MAX_ROTATION_INTERVALS)
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {
@@ -397,8 +394,8 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
 /// `min_run_time` with the highest fair-share priority (see [`trim_victims`]); a job waits
-/// the cycle's rotation delay scaled by its database's priority against the mean of the
-/// jobs it competed with. Returns how many were told.
+/// until a cycle before its turn, the turn scaled by its database's priority against the
+/// mean of the jobs it competed with. Returns how many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
     let running: Vec<RunningJob<ActorId>> = st
         .workers
@@ -426,9 +423,11 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     for v in &victims {
         if let Some(w) = st.workers.get_mut(v) {
             let factor = delay_factor(st.share.group_priority(&w.group), mean);
-            let _ = w
-                .actor
-                .send_message(JobMsg::Rotate(st.rotation_delay.mul_f64(factor)));
+            let _ = w.actor.send_message(JobMsg::Rotate(eligible_after(
+                st.turn_due,
+                st.turn_cycle,
+                factor,
+            )));
             w.leaving = true;
         }
     }
@@ -450,7 +449,8 @@ impl Server for JobServer {
             next_acceptor: 0,
             workers: HashMap::new(),
             churn: 0,
-            rotation_delay: self.ctx.settings().interval,
+            turn_due: self.ctx.settings().interval,
+            turn_cycle: self.ctx.settings().interval,
             last_tick: None,
             cycle: self.ctx.settings().interval,
             timer: None,
