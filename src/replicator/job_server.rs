@@ -18,7 +18,8 @@
 //! (transient jobs to one group) every tick; trimming stops the highest fair-share priority
 //! first, and a trimmed job's rotation delay is scaled by its database's priority against the
 //! running jobs' mean ([`delay_factor`]), so jobs of an under-served database become eligible in
-//! couch_jobs' queue sooner and those of an over-served one later.
+//! couch_jobs' queue sooner and those of an over-served one later. Within a dead band around
+//! the mean the delay is left alone: a database that gets its share is rotated like the rest.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
@@ -414,8 +415,8 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     }
     // Scaled by the group's priority, not the job's: two jobs of one database that ran
     // alike must come back alike, and a job's own priority also carries the timing of its
-    // last turns. (The group's value still moves every cycle with the mix of jobs that ran;
-    // at 10,000 jobs that spreads the small database's jobs' running times wider.)
+    // last turns. The group's value also moves every cycle with the mix of jobs that ran;
+    // `delay_factor`'s dead band keeps that noise out of the delays.
     let share = &st.share;
     let group_of = |w: &Worker| share.group_priority(&w.group);
     let live = st.workers.values().filter(|w| !w.leaving);

@@ -261,15 +261,32 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
     }
 }
 
+/// How far a group's priority may stray from the running jobs' mean, either way, before it
+/// changes a delay at all. Usage decays by half each cycle, so a group's priority follows
+/// the mix of the last cycle or two: with 1,000 of 10,000 jobs it swings by about a tenth
+/// while the group gets exactly its share. A trimmed job's turn comes many cycles later,
+/// so acting on that noise fed it back (the group's jobs bunched and spread, measured at
+/// 10,000 jobs); only a real imbalance passes this band.
+pub const DELAY_DEAD_BAND: f64 = 1.25;
+
 /// How much longer than the plain rotation delay a stopped job waits, given its group's
 /// priority ([`FairShare::group_priority`]) and the mean of the running jobs' group
-/// priorities: 1 at the mean, from 1/4 (a starved group's job comes back soon) to 4 (an
-/// over-served group's job waits).
+/// priorities: 1 within [`DELAY_DEAD_BAND`] of the mean, beyond it the ratio less the band
+/// (so the factor moves continuously), from 1/4 (a starved group's job comes back soon)
+/// to 4 (an over-served group's job waits).
 pub fn delay_factor(group_priority: f64, mean: f64) -> f64 {
-    if mean <= 0.0 || !mean.is_finite() {
+    if mean <= 0.0 || !mean.is_finite() || !group_priority.is_finite() {
         return 1.0;
     }
-    (group_priority / mean).clamp(0.25, 4.0)
+    let ratio = group_priority / mean;
+    let banded = if ratio > DELAY_DEAD_BAND {
+        ratio / DELAY_DEAD_BAND
+    } else if ratio * DELAY_DEAD_BAND < 1.0 {
+        ratio * DELAY_DEAD_BAND
+    } else {
+        1.0
+    };
+    banded.clamp(0.25, 4.0)
 }
 
 /// Running-time fraction per group vs the fraction its shares ask for: half the sum of the

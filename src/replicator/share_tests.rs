@@ -171,7 +171,11 @@ fn share_error_measures_the_distance_from_the_shares() {
     assert!(share_error(&p, &ran(10, 90)) < 1e-9);
     assert!((share_error(&p, &ran(50, 50)) - 0.4).abs() < 1e-9);
     assert_eq!(delay_factor(10.0, 0.0), 1.0);
-    assert_eq!(delay_factor(100.0, 50.0), 2.0);
+    assert_eq!(delay_factor(100.0, 50.0), 1.6, "twice the mean, less the band");
+    assert_eq!(delay_factor(60.0, 50.0), 1.0, "within the band");
+    assert_eq!(delay_factor(42.0, 50.0), 1.0, "within the band");
+    assert_eq!(delay_factor(25.0, 50.0), 0.625, "half the mean, less the band");
+    assert_eq!(delay_factor(f64::NAN, 50.0), 1.0);
     assert_eq!(delay_factor(0.0, 50.0), 0.25);
     assert_eq!(delay_factor(10_000.0, 50.0), 4.0);
 }

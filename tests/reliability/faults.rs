@@ -351,8 +351,16 @@ async fn a_source_deleted_and_recreated_mid_run_is_replicated_from_scratch() {
         // changes), so the proxy does what CouchDB would.
         // CouchDB ends every feed of the deleted database, also one the reader opened just
         // before the delete reached the server: keep cutting until the job notices.
+        // pouchdb-server can also bring the deleted database back with its old documents
+        // when a request races the delete (CouchDB never does): to the job that is the same
+        // database, so nothing would be noticed. Delete such a resurrection again.
         let crashed = wait_for(30, "the job to notice the deleted source", || async {
             rig.proxy.cut_streams();
+            let (status, info) = rig.couch.db_info("s").await;
+            if status == 200 && info["doc_count"].as_u64().unwrap_or(0) > 0 {
+                eprintln!("pouchdb-server brought the source back with its documents; deleting again");
+                rig.couch.delete_db("s").await;
+            }
             let v = rig.node.get(&id).await.ok()?;
             (v.error_count > 0 || v.state == RepState::Crashing).then_some(v)
         })
