@@ -16,10 +16,11 @@
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
 //! (transient jobs to one group) every tick; trimming stops the highest fair-share priority
-//! first, and a trimmed job's rotation delay is scaled by its database's priority against the
-//! running jobs' mean ([`delay_factor`]), so jobs of an under-served database become eligible in
-//! couch_jobs' queue sooner and those of an over-served one later. Within a dead band around
-//! the mean the delay is left alone: a database that gets its share is rotated like the rest.
+//! first, and a trimmed job's rotation delay is scaled by how its database is served: its
+//! recent running time against its shares' part ([`delay_factor`]), so jobs of an
+//! under-served database become eligible in couch_jobs' queue sooner and those of an
+//! over-served one later. Within a dead band around its part the delay is left alone: a
+//! database that gets its share is rotated like the rest.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
@@ -395,8 +396,8 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
 /// `min_run_time` with the highest fair-share priority (see [`trim_victims`]); a job waits
-/// until a cycle before its turn, the turn scaled by its database's priority against the
-/// mean of the jobs it competed with. Returns how many were told.
+/// until a cycle before its turn, the turn scaled by how its database is served (see
+/// [`delay_factor`]). Returns how many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
     let running: Vec<RunningJob<ActorId>> = st
         .workers
@@ -413,17 +414,12 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     if victims.is_empty() {
         return 0;
     }
-    // Scaled by the group's priority, not the job's: two jobs of one database that ran
-    // alike must come back alike, and a job's own priority also carries the timing of its
-    // last turns. The group's value also moves every cycle with the mix of jobs that ran;
-    // `delay_factor`'s dead band keeps that noise out of the delays.
-    let share = &st.share;
-    let group_of = |w: &Worker| share.group_priority(&w.group);
-    let live = st.workers.values().filter(|w| !w.leaving);
-    let mean = live.clone().map(group_of).sum::<f64>() / live.count().max(1) as f64;
+    // Scaled by how the group is served, not by the job's priority: two jobs of one
+    // database that ran alike must come back alike, and a job's own priority also carries
+    // the timing of its last turns.
     for v in &victims {
         if let Some(w) = st.workers.get_mut(v) {
-            let factor = delay_factor(st.share.group_priority(&w.group), mean);
+            let factor = delay_factor(st.share.service_ratio(&w.group));
             let _ = w.actor.send_message(JobMsg::Rotate(eligible_after(
                 st.turn_due,
                 st.turn_cycle,

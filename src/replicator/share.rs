@@ -209,11 +209,25 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
         self.jobs.is_empty()
     }
 
-    /// The priority a cycle of running adds to any job of group `key` (its decayed usage ×
-    /// its jobs / its shares²): the same for every job of the group, so it compares groups
-    /// without the differences between one job's recent turns and another's.
-    pub fn group_priority(&self, key: &ShareKey) -> f64 {
-        self.increment(key)
+    /// How group `key`'s recent running time compares with what its shares ask for: its part
+    /// of all groups' decayed usage over its shares' part among the groups with jobs. 1 is
+    /// exactly its share, above 1 over-served, 0 nothing ran lately; 1 while nothing ran at
+    /// all or the group has no jobs. Unlike the priorities it does not grow with a group's
+    /// number of jobs, so a group whose jobs outnumber its shares' part is not pushed back
+    /// for getting exactly its share.
+    pub fn service_ratio(&self, key: &ShareKey) -> f64 {
+        let total_usage: f64 = self.usage.values().sum();
+        let total_shares: f64 = self
+            .num_jobs
+            .keys()
+            .map(|k| f64::from(self.params.shares(k)))
+            .sum();
+        if total_usage <= 0.0 || total_shares <= 0.0 || !self.num_jobs.contains_key(key) {
+            return 1.0;
+        }
+        let used = self.usage.get(key).copied().unwrap_or(0.0) / total_usage;
+        let entitled = f64::from(self.params.shares(key)) / total_shares;
+        used / entitled
     }
 
     /// Decayed usage per group, for observation.
@@ -261,28 +275,26 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
     }
 }
 
-/// How far a group's priority may stray from the running jobs' mean, either way, before it
-/// changes a delay at all. Usage decays by half each cycle, so a group's priority follows
-/// the mix of the last cycle or two: with 1,000 of 10,000 jobs it swings by about a tenth
-/// while the group gets exactly its share. A trimmed job's turn comes many cycles later,
-/// so acting on that noise fed it back (the group's jobs bunched and spread, measured at
-/// 10,000 jobs); only a real imbalance passes this band.
+/// How far a group's [`FairShare::service_ratio`] may stray from 1, either way, before it
+/// changes a delay at all. Usage decays by half each cycle, so the ratio follows the mix of
+/// the last cycle or two: with 1,000 of 10,000 jobs it swings by about a tenth while the
+/// group gets exactly its share. A trimmed job's turn comes many cycles later, so acting on
+/// that noise fed it back (the group's jobs bunched and spread, measured at 10,000 jobs);
+/// only a real imbalance passes this band.
 pub const DELAY_DEAD_BAND: f64 = 1.25;
 
 /// How much longer than the plain rotation delay a stopped job waits, given its group's
-/// priority ([`FairShare::group_priority`]) and the mean of the running jobs' group
-/// priorities: 1 within [`DELAY_DEAD_BAND`] of the mean, beyond it the ratio less the band
-/// (so the factor moves continuously), from 1/4 (a starved group's job comes back soon)
-/// to 4 (an over-served group's job waits).
-pub fn delay_factor(group_priority: f64, mean: f64) -> f64 {
-    if mean <= 0.0 || !mean.is_finite() || !group_priority.is_finite() {
+/// [`FairShare::service_ratio`]: 1 within [`DELAY_DEAD_BAND`] of 1, beyond it the ratio
+/// less the band (so the factor moves continuously), from 1/4 (a starved group's job comes
+/// back soon) to 4 (an over-served group's job waits).
+pub fn delay_factor(service_ratio: f64) -> f64 {
+    if !service_ratio.is_finite() {
         return 1.0;
     }
-    let ratio = group_priority / mean;
-    let banded = if ratio > DELAY_DEAD_BAND {
-        ratio / DELAY_DEAD_BAND
-    } else if ratio * DELAY_DEAD_BAND < 1.0 {
-        ratio * DELAY_DEAD_BAND
+    let banded = if service_ratio > DELAY_DEAD_BAND {
+        service_ratio / DELAY_DEAD_BAND
+    } else if service_ratio * DELAY_DEAD_BAND < 1.0 {
+        service_ratio * DELAY_DEAD_BAND
     } else {
         1.0
     };

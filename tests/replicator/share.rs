@@ -68,6 +68,7 @@ async fn the_database_with_more_shares_gets_more_running_time() {
                 .get(&ShareKey::Db("b/_replicator".into()))
                 .copied()
                 .unwrap_or(0);
+            eprintln!("SHARE running samples: a {a}, b {b}");
             // Without fair share both would get about half (same number of jobs).
             assert!(b >= 2 * a.max(1), "running samples: a {a}, b {b}");
             n.shutdown().await;
