@@ -358,7 +358,9 @@ async fn a_source_deleted_and_recreated_mid_run_is_replicated_from_scratch() {
             rig.proxy.cut_streams();
             let (status, info) = rig.couch.db_info("s").await;
             if status == 200 && info["doc_count"].as_u64().unwrap_or(0) > 0 {
-                eprintln!("pouchdb-server brought the source back with its documents; deleting again");
+                eprintln!(
+                    "pouchdb-server brought the source back with its documents; deleting again"
+                );
                 rig.couch.delete_db("s").await;
             }
             let v = rig.node.get(&id).await.ok()?;
