@@ -4,7 +4,7 @@
 //!
 //! A node runs about `max_jobs` jobs, with spikes up to `max_jobs + max_churn`: extra
 //! acceptors start pending jobs, and the next cycle trims continuous jobs back to `max_jobs`:
-//! the highest fair-share priority first, then the longest running. One-shot jobs are never trimmed (they would lose their snapshot
+//! the highest fair-share rank first, then the longest running. One-shot jobs are never trimmed (they would lose their snapshot
 //! semantics), nor jobs younger than `min_run_time`.
 
 use std::time::Duration;
@@ -18,7 +18,8 @@ pub struct RunningJob<Id> {
     pub continuous: bool,
     /// How long it has been running.
     pub ran_for: Duration,
-    /// Its fair-share priority (higher: its database had more than its share).
+    /// Its fair-share rank, higher stopped first (the job server puts its database's delay
+    /// factor there, so jobs of an over-served database go first).
     pub priority: u64,
 }
 
@@ -35,7 +36,7 @@ pub fn acceptors_to_add(
 }
 
 /// The jobs to stop this cycle: the continuous jobs that ran at least `min_run_time` with the
-/// highest fair-share priority, the longest-running first among equals (CouchDB 3.2+), at most
+/// highest fair-share rank, the longest-running first among equals (CouchDB 3.2+), at most
 /// `workers - max_jobs` of them. Returns the victims; the caller adds
 /// the excess (not the victim count) to its churn, as CouchDB does.
 pub fn trim_victims<Id: Clone>(

@@ -15,7 +15,7 @@
 //! first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
-//! (transient jobs to one group) every tick; trimming stops the highest fair-share priority
+//! (transient jobs to one group) every tick; trimming stops jobs of over-served databases
 //! first, and a trimmed job's rotation delay is scaled by how its database is served: its
 //! recent running time against its shares' part ([`delay_factor`]), so jobs of an
 //! under-served database become eligible in couch_jobs' queue sooner and those of an
@@ -242,7 +242,7 @@ impl JobServer {
         st.turn_due = self.turn_due_now(st.turn_cycle).await;
         st.churn += trim(st, s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
-        // highest fair-share priority back out (see `Accepted`), so a rotation completes
+        // most over-served, longest-running job back out (see `Accepted`), so a rotation completes
         // within the cycle and `max_jobs` is exceeded only while a job starts
         let budget = extra_acceptor_budget(
             st.acceptors.len(),
@@ -395,31 +395,43 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 }
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
-/// `min_run_time` with the highest fair-share priority (see [`trim_victims`]); a job waits
-/// until a cycle before its turn, the turn scaled by how its database is served (see
-/// [`delay_factor`]). Returns how many were told.
+/// `min_run_time`, those of databases served over their share first, then the longest
+/// running (see [`trim_victims`]); a job waits until a cycle before its turn, the turn
+/// scaled by how its database is served (see [`delay_factor`]). Returns how many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
+    let live = st.workers.values().filter(|w| !w.leaving).count();
+    if live <= max_jobs {
+        return 0;
+    }
+    // Ranked and delayed by how the database is served, not by the job's own priority:
+    // two jobs of one database that ran alike must come back alike, and a job's priority
+    // also carries the timing of its last turns, so ranking by it stopped some jobs just
+    // after their start and others a cycle late (uneven turns, measured at 10,000 jobs).
+    // Within the dead band every database ranks alike and the oldest turn ends first.
+    let mut factors: HashMap<&ShareKey, f64> = HashMap::new();
     let running: Vec<RunningJob<ActorId>> = st
         .workers
         .iter()
         .filter(|(_, w)| !w.leaving)
-        .map(|(id, w)| RunningJob {
-            id: *id,
-            continuous: w.continuous,
-            ran_for: w.started.elapsed(),
-            priority: st.share.priority(&w.job_id),
+        .map(|(id, w)| {
+            let share = &st.share;
+            let factor = *factors
+                .entry(&w.group)
+                .or_insert_with(|| delay_factor(share.service_ratio(&w.group)));
+            RunningJob {
+                id: *id,
+                continuous: w.continuous,
+                ran_for: w.started.elapsed(),
+                priority: (factor * 1000.0).round() as u64,
+            }
         })
         .collect();
     let victims = trim_victims(&running, max_jobs, min_run_time);
-    if victims.is_empty() {
-        return 0;
-    }
-    // Scaled by how the group is served, not by the job's priority: two jobs of one
-    // database that ran alike must come back alike, and a job's own priority also carries
-    // the timing of its last turns.
+    let factors: HashMap<ShareKey, f64> =
+        factors.into_iter().map(|(k, f)| (k.clone(), f)).collect();
     for v in &victims {
         if let Some(w) = st.workers.get_mut(v) {
-            let factor = delay_factor(st.share.service_ratio(&w.group));
+            let factor = factors.get(&w.group).copied().unwrap_or(1.0);
             let _ = w.actor.send_message(JobMsg::Rotate(eligible_after(
                 st.turn_due,
                 st.turn_cycle,
