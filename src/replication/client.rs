@@ -8,15 +8,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use reqwest::{Method, StatusCode, header::HeaderMap};
+use reqwest::{Method, StatusCode};
 use tokio::sync::Semaphore;
 
 use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
+use super::coalesce::{Coalescer, Shared};
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
+pub use super::response::Resp;
 use super::tls::TlsOptions;
 use super::transport::{TransportKey, Transports};
 use crate::telemetry::{NodeMetrics, Series};
@@ -100,31 +102,13 @@ impl Req {
     }
 }
 
-/// A fully read response.
-#[derive(Debug)]
-pub struct Resp {
-    /// Status code.
-    pub status: StatusCode,
-    /// Headers.
-    pub headers: HeaderMap,
-    /// Body.
-    pub body: Bytes,
-}
-
-impl Resp {
-    /// Parses the body as JSON whatever the Content-Type says (pouchdb-server sends
-    /// `text/plain`).
-    pub fn json<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T> {
-        serde_json::from_slice(&self.body)
-            .map_err(|e| ReplicationError::BadResponse(format!("{what}: invalid JSON ({e})")))
-    }
-}
-
 /// HTTP access to one endpoint.
 pub struct HttpClient {
     http: Arc<reqwest::Client>,
     /// The endpoint's bound on buffered requests across jobs (shared clients only).
     gate: Option<Arc<Semaphore>>,
+    /// The identical reads in flight across jobs (shared clients only).
+    reads: Option<Arc<Coalescer<Resp>>>,
     ep: Endpoint,
     auth: Auth,
     limiter: Arc<dyn RateLimiter>,
@@ -163,6 +147,7 @@ impl HttpClient {
     ) -> Result<Self> {
         let shared = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
         let mut c = Self::assemble(shared.http, Some(shared.gate), ep, cfg, limiter);
+        c.reads = Some(shared.reads);
         c.auth.share_through(transports.sessions());
         Ok(c)
     }
@@ -180,6 +165,7 @@ impl HttpClient {
         Self {
             http,
             gate,
+            reads: None,
             ep,
             auth,
             limiter,
@@ -191,6 +177,17 @@ impl HttpClient {
     /// The endpoint this client talks to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.ep
+    }
+
+    /// `GET path` like [`HttpClient::send`], but jobs of the same shared transport that read
+    /// the same path with the same credentials at the same time share one request (see
+    /// [`super::coalesce`]): for start-up reads such as the database info.
+    pub async fn read_shared(&self, path: &str) -> Result<Shared<Resp>> {
+        let Some(reads) = &self.reads else {
+            return self.send(&Req::get(path)).await.map(Arc::new);
+        };
+        let req = Req::get(path);
+        reads.read(&self.ep, path, || self.send(&req)).await
     }
 
     /// Sends a request and reads the whole body, retrying as D.6 says. Returns any status the

@@ -196,7 +196,8 @@ async fn compute_ids_with(
 
 /// `GET db` (D.2 step 2): returns the db info or the error class.
 async fn open_db(c: &HttpClient) -> Result<Value> {
-    let r = c.send(&Req::get("")).await?;
+    // Jobs starting together on the same database share this read.
+    let r = c.read_shared("").await?;
     let ep = c.endpoint().to_string();
     match r.status {
         StatusCode::OK => {

@@ -24,6 +24,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::coalesce::Coalescer;
+use super::response::Resp;
 use super::session_cache::SessionCache;
 use super::tls::TlsOptions;
 
@@ -63,6 +65,7 @@ impl TransportKey {
 struct Entry {
     client: Arc<reqwest::Client>,
     gate: Arc<Semaphore>,
+    reads: Arc<Coalescer<Resp>>,
     /// Since when no [`HttpClient`](super::client::HttpClient) holds the client, if so.
     unused_since: Option<Instant>,
 }
@@ -83,6 +86,8 @@ pub struct SharedTransport {
     pub http: Arc<reqwest::Client>,
     /// Permits for buffered requests in flight through `http`, shared by every job.
     pub gate: Arc<Semaphore>,
+    /// Identical reads in flight through `http`, joined across jobs.
+    pub reads: Arc<Coalescer<Resp>>,
 }
 
 /// The table of shared clients.
@@ -137,6 +142,7 @@ impl Transports {
             return Ok(SharedTransport {
                 http: e.client.clone(),
                 gate: e.gate.clone(),
+                reads: e.reads.clone(),
             });
         }
         let builder = reqwest::Client::builder()
@@ -145,12 +151,14 @@ impl Transports {
         let shared = SharedTransport {
             http: Arc::new(build(builder)?),
             gate: Arc::new(Semaphore::new(self.max_requests)),
+            reads: Arc::default(),
         };
         clients.insert(
             key,
             Entry {
                 client: shared.http.clone(),
                 gate: shared.gate.clone(),
+                reads: shared.reads.clone(),
                 unused_since: None,
             },
         );

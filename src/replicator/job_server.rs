@@ -15,8 +15,8 @@
 //! first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
-//! (transient jobs to one group) every tick; trimming stops jobs of over-served databases
-//! first, and a trimmed job's rotation delay is scaled by how its database is served: its
+//! (transient jobs to one group) every tick; trimming stops the longest-running jobs, those
+//! of a database far over its share first, and a trimmed job's rotation delay is scaled by how its database is served: its
 //! recent running time against its shares' part ([`delay_factor`]), so jobs of an
 //! under-served database become eligible in couch_jobs' queue sooner and those of an
 //! over-served one later. Within a dead band around its part the delay is left alone: a
@@ -44,7 +44,7 @@ use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
 use super::settings::ReplicatorSettings;
-use super::share::{FairShare, ShareKey, delay_factor};
+use super::share::{FairShare, ShareKey, delay_factor, stop_rank};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
@@ -395,8 +395,8 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 }
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
-/// `min_run_time`, those of databases served over their share first, then the longest
-/// running (see [`trim_victims`]); a job waits until a cycle before its turn, the turn
+/// `min_run_time`, the longest running first, those of a database far over its share
+/// before any other (see [`trim_victims`], [`stop_rank`]); a job waits until a cycle before its turn, the turn
 /// scaled by how its database is served (see [`delay_factor`]). Returns how many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
     let live = st.workers.values().filter(|w| !w.leaving).count();
@@ -407,7 +407,8 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     // two jobs of one database that ran alike must come back alike, and a job's priority
     // also carries the timing of its last turns, so ranking by it stopped some jobs just
     // after their start and others a cycle late (uneven turns, measured at 10,000 jobs).
-    // Within the dead band every database ranks alike and the oldest turn ends first.
+    // Only a database far over its share ranks first (`stop_rank`); otherwise the oldest
+    // turn ends first.
     let mut factors: HashMap<&ShareKey, f64> = HashMap::new();
     let running: Vec<RunningJob<ActorId>> = st
         .workers
@@ -422,7 +423,7 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
                 id: *id,
                 continuous: w.continuous,
                 ran_for: w.started.elapsed(),
-                priority: (factor * 1000.0).round() as u64,
+                priority: stop_rank(factor),
             }
         })
         .collect();

@@ -301,6 +301,19 @@ pub fn delay_factor(service_ratio: f64) -> f64 {
     banded.clamp(0.25, 4.0)
 }
 
+/// The delay factor from which a group's running jobs are stopped before any other's: its
+/// service ratio is then at least 2.5 (twice the band past 2), a real imbalance. Below it
+/// every group ranks alike and the oldest turn ends first; ranking by smaller differences
+/// stopped a whole database's jobs in one burst whenever its ratio crossed the band, and
+/// measured at 10,000 jobs its jobs' turns became uneven (one to four turns in a window).
+pub const STOP_FIRST_FACTOR: f64 = 2.0;
+
+/// Where a running job of a group with delay `factor` ([`delay_factor`]) stands in the
+/// stop order: 1 (stopped first) for a group at [`STOP_FIRST_FACTOR`] or over, else 0.
+pub fn stop_rank(factor: f64) -> u64 {
+    u64::from(factor >= STOP_FIRST_FACTOR)
+}
+
 /// Running-time fraction per group vs the fraction its shares ask for: half the sum of the
 /// absolute differences (0 = exact, 1 = all time to the wrong group). Groups are weighted
 /// by their shares alone, as when every group has more jobs than it can run.

@@ -177,6 +177,16 @@ fn share_error_measures_the_distance_from_the_shares() {
     assert_eq!(delay_factor(f64::NAN), 1.0);
     assert_eq!(delay_factor(0.0), 0.25);
     assert_eq!(delay_factor(200.0), 4.0);
+    assert_eq!(
+        stop_rank(delay_factor(2.4)),
+        0,
+        "over its share, not stopped first"
+    );
+    assert_eq!(
+        stop_rank(delay_factor(2.5)),
+        1,
+        "two and a half times: stopped first"
+    );
 }
 
 #[test]
