@@ -52,12 +52,14 @@ pub fn trim_victims<Id: Clone>(
         .iter()
         .filter(|j| j.continuous && j.ran_for >= min_run_time)
         .collect();
-    candidates.sort_by_key(|j| std::cmp::Reverse((j.priority, j.ran_for)));
-    candidates
-        .into_iter()
-        .take(excess)
-        .map(|j| j.id.clone())
-        .collect()
+    let order = |j: &&RunningJob<Id>| std::cmp::Reverse((j.priority, j.ran_for));
+    // Usually one victim among hundreds (each start trims one): select, then sort the few.
+    if excess < candidates.len() {
+        candidates.select_nth_unstable_by_key(excess, order);
+        candidates.truncate(excess);
+    }
+    candidates.sort_by_key(order);
+    candidates.into_iter().map(|j| j.id.clone()).collect()
 }
 
 /// The most extra acceptors worth starting: bounded by the churn left this cycle and by the

@@ -144,6 +144,9 @@ struct Worker {
     started: Instant,
     /// Told to rotate out: it no longer counts against `max_jobs` nor is trimmed again.
     leaving: bool,
+    /// Its database's fair-share delay factor ([`delay_factor`]) as of the last tick:
+    /// usage changes only at a tick, so the trims after each start need not recompute it.
+    factor: f64,
 }
 
 /// The job server's state.
@@ -151,6 +154,8 @@ pub struct JobServerState {
     acceptors: HashMap<u64, JoinHandle<()>>,
     next_acceptor: u64,
     workers: HashMap<ActorId, Worker>,
+    /// Each database's delay factor as of the last tick (see [`Worker::factor`]).
+    factors: HashMap<ShareKey, f64>,
     churn: usize,
     /// When a job trimmed in this cycle is due to run again, and the cycle it was counted
     /// in (both set every tick; see [`turn_due`]).
@@ -235,6 +240,7 @@ impl JobServer {
         st.churn = 0;
         // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
+        refresh_factors(st);
         if let Some(last) = st.last_tick.replace(now) {
             st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
         }
@@ -394,6 +400,19 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
     }
 }
 
+/// Recomputes each database's delay factor after the tick's fair-share update, for the
+/// state's table and every running job.
+fn refresh_factors(st: &mut JobServerState) {
+    let share = &st.share;
+    let factors = &mut st.factors;
+    factors.clear();
+    for w in st.workers.values_mut() {
+        w.factor = *factors
+            .entry(w.group.clone())
+            .or_insert_with(|| delay_factor(share.service_ratio(&w.group)));
+    }
+}
+
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
 /// `min_run_time`, the longest running first, those of a database far over its share
 /// before any other (see [`trim_victims`], [`stop_rank`]); a job waits until a cycle before its turn, the turn
@@ -409,34 +428,24 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
     // after their start and others a cycle late (uneven turns, measured at 10,000 jobs).
     // Only a database far over its share ranks first (`stop_rank`); otherwise the oldest
     // turn ends first.
-    let mut factors: HashMap<&ShareKey, f64> = HashMap::new();
     let running: Vec<RunningJob<ActorId>> = st
         .workers
         .iter()
         .filter(|(_, w)| !w.leaving)
-        .map(|(id, w)| {
-            let share = &st.share;
-            let factor = *factors
-                .entry(&w.group)
-                .or_insert_with(|| delay_factor(share.service_ratio(&w.group)));
-            RunningJob {
-                id: *id,
-                continuous: w.continuous,
-                ran_for: w.started.elapsed(),
-                priority: stop_rank(factor),
-            }
+        .map(|(id, w)| RunningJob {
+            id: *id,
+            continuous: w.continuous,
+            ran_for: w.started.elapsed(),
+            priority: stop_rank(w.factor),
         })
         .collect();
     let victims = trim_victims(&running, max_jobs, min_run_time);
-    let factors: HashMap<ShareKey, f64> =
-        factors.into_iter().map(|(k, f)| (k.clone(), f)).collect();
     for v in &victims {
         if let Some(w) = st.workers.get_mut(v) {
-            let factor = factors.get(&w.group).copied().unwrap_or(1.0);
             let _ = w.actor.send_message(JobMsg::Rotate(eligible_after(
                 st.turn_due,
                 st.turn_cycle,
-                factor,
+                w.factor,
             )));
             w.leaving = true;
         }
@@ -458,6 +467,7 @@ impl Server for JobServer {
             acceptors: HashMap::new(),
             next_acceptor: 0,
             workers: HashMap::new(),
+            factors: HashMap::new(),
             churn: 0,
             turn_due: self.ctx.settings().interval,
             turn_cycle: self.ctx.settings().interval,
@@ -489,6 +499,10 @@ impl Server for JobServer {
                 st.acceptors.remove(&acceptor);
                 let now = Instant::now();
                 st.share.started(job_id.clone(), group.clone(), now);
+                let factor = match st.factors.get(&group) {
+                    Some(f) => *f,
+                    None => delay_factor(st.share.service_ratio(&group)),
+                };
                 st.workers.insert(
                     actor.get_id(),
                     Worker {
@@ -498,6 +512,7 @@ impl Server for JobServer {
                         group,
                         started: now,
                         leaving: false,
+                        factor,
                     },
                 );
                 st.churn += 1;
