@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
-use super::coalesce::{Coalescer, Shared};
+use super::coalesce::Coalescer;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
@@ -182,7 +182,7 @@ impl HttpClient {
     /// `GET path` like [`HttpClient::send`], but jobs of the same shared transport that read
     /// the same path with the same credentials at the same time share one request (see
     /// [`super::coalesce`]): for start-up reads such as the database info.
-    pub async fn read_shared(&self, path: &str) -> Result<Shared<Resp>> {
+    pub async fn read_shared(&self, path: &str) -> Result<Arc<Resp>> {
         let Some(reads) = &self.reads else {
             return self.send(&Req::get(path)).await.map(Arc::new);
         };

@@ -19,17 +19,15 @@ use tokio::sync::watch;
 
 use super::endpoint::Endpoint;
 
-/// An answer shared by the jobs that waited for it.
-pub type Shared<T> = Arc<T>;
-
 struct Flight<T> {
     id: u64,
     ep: Endpoint,
     path: String,
-    answer: watch::Receiver<Option<Shared<T>>>,
+    answer: watch::Receiver<Option<Arc<T>>>,
 }
 
-/// The reads in flight through one shared transport.
+/// The reads in flight through one shared transport (a list: only a few distinct reads are
+/// in flight at once, however many jobs wait for them).
 pub struct Coalescer<T> {
     flights: Mutex<Vec<Flight<T>>>,
     next_id: std::sync::atomic::AtomicU64,
@@ -72,7 +70,7 @@ impl<T> Coalescer<T> {
 
     /// The answer to reading `path` on `ep`: joins the identical read in flight if there is
     /// one, else sends it with `send`. A joined read that fails is sent again with `send`.
-    pub async fn read<E, F, Fut>(&self, ep: &Endpoint, path: &str, send: F) -> Result<Shared<T>, E>
+    pub async fn read<E, F, Fut>(&self, ep: &Endpoint, path: &str, send: F) -> Result<Arc<T>, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,

@@ -4,8 +4,8 @@
 //!
 //! A node runs about `max_jobs` jobs, with spikes up to `max_jobs + max_churn`: extra
 //! acceptors start pending jobs, and the next cycle trims continuous jobs back to `max_jobs`:
-//! the highest fair-share rank first, then the longest running. One-shot jobs are never trimmed (they would lose their snapshot
-//! semantics), nor jobs younger than `min_run_time`.
+//! the highest fair-share rank first, then the longest running. One-shot jobs are never
+//! trimmed (they would lose their snapshot semantics), nor jobs younger than `min_run_time`.
 
 use std::time::Duration;
 
@@ -18,8 +18,8 @@ pub struct RunningJob<Id> {
     pub continuous: bool,
     /// How long it has been running.
     pub ran_for: Duration,
-    /// Its fair-share rank, higher stopped first (the job server puts its database's delay
-    /// factor there, so jobs of an over-served database go first).
+    /// Its fair-share rank, higher stopped first (the job server puts its database's
+    /// `share::stop_rank` there, so a database far over its share goes first).
     pub priority: u64,
 }
 

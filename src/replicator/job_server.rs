@@ -16,11 +16,11 @@
 //!
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
 //! (transient jobs to one group) every tick; trimming stops the longest-running jobs, those
-//! of a database far over its share first, and a trimmed job's rotation delay is scaled by how its database is served: its
-//! recent running time against its shares' part ([`delay_factor`]), so jobs of an
-//! under-served database become eligible in couch_jobs' queue sooner and those of an
-//! over-served one later. Within a dead band around its part the delay is left alone: a
-//! database that gets its share is rotated like the rest.
+//! of a database far over its share first, and a trimmed job's rotation delay is scaled by
+//! how its database is served: its recent running time against its shares' part
+//! ([`delay_factor`]), so jobs of an under-served database become eligible in couch_jobs'
+//! queue sooner and those of an over-served one later. Within a dead band around its part
+//! the delay is left alone: a database that gets its share is rotated like the rest.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
@@ -248,8 +248,8 @@ impl JobServer {
         st.turn_due = self.turn_due_now(st.turn_cycle).await;
         st.churn += trim(st, s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
-        // most over-served, longest-running job back out (see `Accepted`), so a rotation completes
-        // within the cycle and `max_jobs` is exceeded only while a job starts
+        // longest-running job back out (see `Accepted`), so a rotation completes within the
+        // cycle and `max_jobs` is exceeded only while a job starts
         let budget = extra_acceptor_budget(
             st.acceptors.len(),
             st.workers.len(),
@@ -403,20 +403,28 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 /// Recomputes each database's delay factor after the tick's fair-share update, for the
 /// state's table and every running job.
 fn refresh_factors(st: &mut JobServerState) {
-    let share = &st.share;
-    let factors = &mut st.factors;
-    factors.clear();
+    st.factors.clear();
     for w in st.workers.values_mut() {
-        w.factor = *factors
-            .entry(w.group.clone())
-            .or_insert_with(|| delay_factor(share.service_ratio(&w.group)));
+        w.factor = factor_of(&mut st.factors, &st.share, &w.group);
     }
+}
+
+/// `group`'s delay factor from the tick's table, computed and kept there when missing.
+fn factor_of(
+    factors: &mut HashMap<ShareKey, f64>,
+    share: &FairShare<String>,
+    group: &ShareKey,
+) -> f64 {
+    *factors
+        .entry(group.clone())
+        .or_insert_with(|| delay_factor(share.service_ratio(group)))
 }
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
 /// `min_run_time`, the longest running first, those of a database far over its share
-/// before any other (see [`trim_victims`], [`stop_rank`]); a job waits until a cycle before its turn, the turn
-/// scaled by how its database is served (see [`delay_factor`]). Returns how many were told.
+/// before any other (see [`trim_victims`], [`stop_rank`]); a job waits until a cycle before
+/// its turn, the turn scaled by how its database is served (see [`delay_factor`]). Returns
+/// how many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
     let live = st.workers.values().filter(|w| !w.leaving).count();
     if live <= max_jobs {
@@ -499,10 +507,7 @@ impl Server for JobServer {
                 st.acceptors.remove(&acceptor);
                 let now = Instant::now();
                 st.share.started(job_id.clone(), group.clone(), now);
-                let factor = match st.factors.get(&group) {
-                    Some(f) => *f,
-                    None => delay_factor(st.share.service_ratio(&group)),
-                };
+                let factor = factor_of(&mut st.factors, &st.share, &group);
                 st.workers.insert(
                     actor.get_id(),
                     Worker {
