@@ -1,5 +1,5 @@
-//! Tracing: a subscriber (installed for this test's thread only, on a current-thread runtime so
-//! every task of the node runs under it) captures what one replication job logs. Every event
+//! Tracing: a subscriber (the process-wide one, for this crate's spans and events) captures
+//! what one replication job logs. Every event
 //! of the job's changes reader, workers and checkpointer carries the `replication_job` span
 //! with the job id, the replication id and masked endpoints; couch_jobs' accept, update and
 //! finish have their own spans; the source's password appears nowhere.
@@ -13,9 +13,11 @@ use crate::support::http::{Node, Pouch};
 use couch_replicator::http::HttpConfig;
 use couch_replicator::replicator::{JobKind, NewJob, WaitFor};
 use serde_json::json;
+use tracing::Level;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -128,8 +130,15 @@ const PASSWORD: &str = "s3cret-pw";
 #[test]
 fn a_jobs_tasks_log_under_its_span() {
     let capture = Capture::default();
-    let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let ours = Targets::new().with_target("couch_replicator", Level::TRACE);
+    let subscriber = tracing_subscriber::registry().with(capture.clone().with_filter(ours));
+    // The process-wide subscriber, not one for this thread: other tests of this binary run
+    // on other threads with none, and a callsite they register while a thread-local one is
+    // being set can keep a cached "never" (under plain `cargo test` the acceptors' spans were
+    // then never seen). It records only this crate's spans and events, and every check below
+    // picks this test's job by its id.
+    tracing::subscriber::set_global_default(subscriber)
+        .expect("no other test of this binary installs a global subscriber");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -187,13 +196,21 @@ fn a_jobs_tasks_log_under_its_span() {
         "checkpoint written",
         "replication finished",
     ] {
-        let ev = cap
+        let ours = |e: &&EventRec| {
+            job_span(&e.scope).and_then(|f| f.get("job_id").cloned()) == Some(job_id.clone())
+        };
+        let of_message: Vec<&EventRec> = cap
             .events
             .iter()
-            .find(|e| e.fields.get("message").map(String::as_str) == Some(message))
-            .unwrap_or_else(|| panic!("no `{message}` event was captured"));
-        let f = job_span(&ev.scope)
-            .unwrap_or_else(|| panic!("`{message}` is outside the job span: {ev:?}"));
+            .filter(|e| e.fields.get("message").map(String::as_str) == Some(message))
+            .collect();
+        assert!(!of_message.is_empty(), "no `{message}` event was captured");
+        let ev = of_message
+            .iter()
+            .copied()
+            .find(ours)
+            .unwrap_or_else(|| panic!("no `{message}` inside this job's span: {of_message:?}"));
+        let f = job_span(&ev.scope).unwrap_or_default();
         assert_eq!(f.get("job_id"), Some(&job_id), "{message}: {f:?}");
         assert_eq!(f.get("rep_id"), Some(&rep_id), "{message}: {f:?}");
         let src = f.get("source").unwrap();
@@ -206,7 +223,15 @@ fn a_jobs_tasks_log_under_its_span() {
             .filter(|s| s.name == name && s.fields.get("job_id") == Some(&job_id))
             .collect()
     };
-    assert!(!named("couch_jobs.accept").is_empty(), "no accept span");
+    assert!(
+        !named("couch_jobs.accept").is_empty(),
+        "no accept span for {job_id}: {:?}",
+        cap.spans
+            .iter()
+            .filter(|s| s.name.starts_with("couch_jobs"))
+            .map(|s| (&s.name, &s.fields))
+            .collect::<Vec<_>>()
+    );
     for name in ["couch_jobs.update", "couch_jobs.finish"] {
         let spans = named(name);
         assert!(!spans.is_empty(), "no {name} span");
