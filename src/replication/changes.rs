@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use reqwest::Method;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
@@ -19,11 +18,15 @@ use crate::backoff::Backoff;
 
 use super::checkpoint::instance_start_of;
 use super::client::{HttpClient, Req, describe};
+use super::db_watch::Watch;
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
+use super::feed_line::seq_arg;
+pub use super::feed_line::{Row, parse_feed_line};
 use super::normal_feed::NormalFeed;
 use super::options::{Filter, ReplicationOptions};
 use super::stats::Counters;
+use super::watch_feed;
 
 /// One changed document: its id, sequence and the leaf revisions to replicate.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,26 +50,6 @@ pub struct Batch {
     pub last_seq: Value,
 }
 
-#[derive(Debug, Deserialize)]
-struct RevObj {
-    rev: String,
-}
-
-/// One row of a `_changes` feed (a change, or the closing `last_seq`).
-#[derive(Debug, Deserialize)]
-pub struct Row {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    seq: Option<Value>,
-    #[serde(default)]
-    changes: Vec<RevObj>,
-    #[serde(default)]
-    removed: bool,
-    #[serde(default)]
-    last_seq: Option<Value>,
-}
-
 /// Called for each batch before it is queued (the checkpoint tracker registers it).
 pub(crate) type OnBatch = Arc<dyn Fn(&Batch) + Send + Sync>;
 
@@ -79,27 +62,6 @@ pub struct ChangesReader {
     next_index: u64,
     /// The source's `instance_start_time` when the replication started, if known.
     instance_start: Option<String>,
-}
-
-/// Parses one line of a continuous `_changes` feed: `None` for a heartbeat (blank line), else
-/// the row; anything that is not a JSON change row is a [`ReplicationError::BadResponse`]
-/// naming the problem.
-pub fn parse_feed_line(line: &[u8]) -> Result<Option<Row>> {
-    let line = line.trim_ascii();
-    if line.is_empty() {
-        return Ok(None);
-    }
-    serde_json::from_slice(line)
-        .map(Some)
-        .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))
-}
-
-/// Encodes a sequence for the `since` query argument: strings raw, others as JSON.
-pub(crate) fn seq_arg(seq: &Value) -> String {
-    match seq {
-        Value::String(s) => encode_query(s),
-        other => encode_query(&other.to_string()),
-    }
 }
 
 impl ChangesReader {
@@ -184,7 +146,7 @@ impl ChangesReader {
         if feed == "continuous" {
             // CouchDB ends the response after `timeout`; pouchdb-server never does, so ask
             // for heartbeats too, keeping the read timeout from firing on an idle feed.
-            let t = (self.opts.connection_timeout.as_millis() / 3).max(1000);
+            let t = self.heartbeat().as_millis();
             q.push_str(&format!("&timeout={t}&heartbeat={t}"));
         }
         let mut req = self.filtered(q);
@@ -194,6 +156,11 @@ impl ChangesReader {
             req.headers.push(("accept-encoding", "identity".to_owned()));
         }
         req
+    }
+
+    /// A third of the inactivity timeout, at least a second: what a live feed asks for.
+    fn heartbeat(&self) -> Duration {
+        (self.opts.connection_timeout / 3).max(Duration::from_secs(1))
     }
 
     fn filtered(&self, mut q: String) -> Req {
@@ -363,6 +330,13 @@ impl ChangesReader {
         tx: mpsc::Sender<Batch>,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<()> {
+        if let Some(watches) = self.client.watches().cloned() {
+            let (client, beat) = (self.client.clone(), self.heartbeat());
+            let watch = watches.subscribe(self.client.endpoint(), |ticks| {
+                watch_feed::start(client, beat, ticks)
+            });
+            return self.run_watched(since, tx, stop, &watch).await;
+        }
         let mut failures_without_progress = 0u32;
         let mut wait = reconnect_backoff();
         let mut first = true;
@@ -402,6 +376,115 @@ impl ChangesReader {
                 wait.wait().await;
             }
         }
+    }
+
+    /// A continuous feed on a shared client: normal reads from `since`, and between them a
+    /// wait for the database's shared watch ([`super::db_watch`]) to see a change, so the
+    /// job holds no socket while its source is quiet. A failed read is retried as a broken
+    /// feed is; a break of the watch's own feed makes the job check its source first.
+    async fn run_watched(
+        &mut self,
+        mut since: Value,
+        tx: mpsc::Sender<Batch>,
+        stop: &mut watch::Receiver<bool>,
+        watch: &Watch,
+    ) -> Result<()> {
+        let mut ticks = watch.ticks();
+        // Read before the first read: a change during a read wakes the next wait at once.
+        let mut seen = *ticks.borrow_and_update();
+        let mut failures = 0u32;
+        let mut wait = reconnect_backoff();
+        let reader_stop = stop.clone();
+        loop {
+            let read = tokio::select! {
+                r = self.read_new(&mut since, &tx, &reader_stop) => r,
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            };
+            match read {
+                Ok(()) => {
+                    failures = 0;
+                    wait.reset();
+                }
+                Err(e @ (ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_))) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures > self.opts.retries_per_request {
+                        return Err(e.into_changes_failure());
+                    }
+                    tracing::debug!(error = %e, "changes read failed, retrying");
+                    tokio::select! {
+                        _ = wait.wait() => {}
+                        _ = stop.wait_for(|s| *s) => return Ok(()),
+                    }
+                    continue;
+                }
+            }
+            if tx.is_closed() || *stop.borrow() {
+                return Ok(());
+            }
+            tokio::select! {
+                r = ticks.changed() => if r.is_err() {
+                    return Err(ReplicationError::ChangesReqFailed(format!(
+                        "{}: the change watch ended", self.client.endpoint()
+                    )));
+                },
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+                _ = tx.closed() => return Ok(()),
+            }
+            let now = *ticks.borrow_and_update();
+            if now.breaks != seen.breaks {
+                self.check_same_source(&since).await?;
+            }
+            seen = now;
+        }
+    }
+
+    /// Reads what is new since `since`: one page through the endpoint's gate (wake-ups come
+    /// in bursts, one read per waiting job), then, if the page was full, the rest streamed.
+    async fn read_new(
+        &mut self,
+        since: &mut Value,
+        tx: &mpsc::Sender<Batch>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<()> {
+        if self.read_page(since, tx).await? && !tx.is_closed() {
+            return self.stream_normal(since, tx, stop).await;
+        }
+        Ok(())
+    }
+
+    /// One buffered page of at most `worker_batch_size` rows from `since`, emitted as a
+    /// batch; true when it was full (more may follow).
+    async fn read_page(&mut self, since: &mut Value, tx: &mpsc::Sender<Batch>) -> Result<bool> {
+        let max = self.opts.worker_batch_size.max(1);
+        let r = self
+            .client
+            .send(&self.request("normal", since, Some(max)))
+            .await?;
+        if r.status == reqwest::StatusCode::NOT_FOUND {
+            return Err(gone(&self.client));
+        }
+        if !r.status.is_success() {
+            return Err(ReplicationError::ChangesReqFailed(format!(
+                "{}: _changes answered {}",
+                self.client.endpoint(),
+                r.status
+            )));
+        }
+        let mut feed = NormalFeed::default();
+        let rows = feed.push::<Row>(&r.body)?;
+        let last = feed.finish()?;
+        let full = rows.len() >= max;
+        let changes: Vec<Change> = rows.into_iter().filter_map(|r| self.to_change(r)).collect();
+        if !changes.is_empty() || last != *since {
+            if !self.emit(tx, changes, last.clone()).await {
+                return Ok(false);
+            }
+            *since = last;
+        }
+        Ok(full)
     }
 
     /// One continuous request. Returns (workers_gone, made_progress).

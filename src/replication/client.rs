@@ -15,6 +15,7 @@ use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
 use super::coalesce::Coalescer;
+use super::db_watch::Watches;
 use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::rate_limit::{RateKey, RateLimiter};
@@ -109,6 +110,8 @@ pub struct HttpClient {
     gate: Option<Arc<Semaphore>>,
     /// The identical reads in flight across jobs (shared clients only).
     reads: Option<Arc<Coalescer<Resp>>>,
+    /// The databases watched across jobs (shared clients only).
+    watches: Option<Arc<Watches>>,
     ep: Endpoint,
     auth: Auth,
     limiter: Arc<dyn RateLimiter>,
@@ -148,6 +151,7 @@ impl HttpClient {
         let shared = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
         let mut c = Self::assemble(shared.http, Some(shared.gate), ep, cfg, limiter);
         c.reads = Some(shared.reads);
+        c.watches = Some(shared.watches);
         c.auth.share_through(transports.sessions());
         Ok(c)
     }
@@ -166,6 +170,7 @@ impl HttpClient {
             http,
             gate,
             reads: None,
+            watches: None,
             ep,
             auth,
             limiter,
@@ -177,6 +182,11 @@ impl HttpClient {
     /// The endpoint this client talks to.
     pub fn endpoint(&self) -> &Endpoint {
         &self.ep
+    }
+
+    /// The table of shared change watches, on a shared client (see [`super::db_watch`]).
+    pub fn watches(&self) -> Option<&Arc<Watches>> {
+        self.watches.as_ref()
     }
 
     /// `GET path` like [`HttpClient::send`], but jobs of the same shared transport that read

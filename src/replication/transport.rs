@@ -25,6 +25,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::coalesce::Coalescer;
+use super::db_watch::Watches;
 use super::response::Resp;
 use super::session_cache::SessionCache;
 use super::tls::TlsOptions;
@@ -66,6 +67,7 @@ struct Entry {
     client: Arc<reqwest::Client>,
     gate: Arc<Semaphore>,
     reads: Arc<Coalescer<Resp>>,
+    watches: Arc<Watches>,
     /// Since when no [`HttpClient`](super::client::HttpClient) holds the client, if so.
     unused_since: Option<Instant>,
 }
@@ -88,6 +90,8 @@ pub struct SharedTransport {
     pub gate: Arc<Semaphore>,
     /// Identical reads in flight through `http`, joined across jobs.
     pub reads: Arc<Coalescer<Resp>>,
+    /// The databases watched through `http`, one feed each for every job reading them.
+    pub watches: Arc<Watches>,
 }
 
 /// The table of shared clients.
@@ -143,6 +147,7 @@ impl Transports {
                 http: e.client.clone(),
                 gate: e.gate.clone(),
                 reads: e.reads.clone(),
+                watches: e.watches.clone(),
             });
         }
         let builder = reqwest::Client::builder()
@@ -152,6 +157,7 @@ impl Transports {
             http: Arc::new(build(builder)?),
             gate: Arc::new(Semaphore::new(self.max_requests)),
             reads: Arc::default(),
+            watches: Arc::default(),
         };
         clients.insert(
             key,
@@ -159,6 +165,7 @@ impl Transports {
                 client: shared.http.clone(),
                 gate: shared.gate.clone(),
                 reads: shared.reads.clone(),
+                watches: shared.watches.clone(),
                 unused_since: None,
             },
         );

@@ -361,7 +361,7 @@ impl Replicator {
         let Some(actor) = sup.which_child(job_id) else {
             return;
         };
-        let _ = actor.send_message(super::job::JobMsg::Tick);
+        let _ = actor.send_message(super::job::JobMsg::CheckLock);
         let deadline = tokio::time::Instant::now() + 2 * super::job_sup::JOB_SHUTDOWN;
         while sup.which_child(job_id).is_some() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;

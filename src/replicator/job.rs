@@ -3,7 +3,8 @@
 //! Started by `job_sup` for a job an acceptor took from couch_jobs. Messages: `Start` (sent to
 //! itself from `init`, so a failing start runs the terminate hook), `Tick` (stats timer:
 //! `update` with fresh stats, which is also the keep-alive the activity monitor watches, and
-//! healing), `Done` (the replication ended), `Observe` (a snapshot for operators and tests).
+//! healing), `CheckLock` (the same update, forced: a cancel's), `Done` (the replication
+//! ended), `Observe` (a snapshot for operators and tests).
 //!
 //! Start: parse the document (invalid → `failed`), compute the replication id, then in one
 //! transaction claim it in the collision index (CouchDB 4.x's couch_replicator_jobs.erl) and mark the job `running` (node, pid,
@@ -55,6 +56,9 @@ pub enum JobMsg {
     Start,
     /// Stats / keep-alive timer.
     Tick,
+    /// Update the record now even if nothing changed: a cancel asks, so that the actor of a
+    /// removed job learns it lost its lock at once instead of at its next keep-alive.
+    CheckLock,
     /// The replication ended.
     Done(Box<Result<ReplicationStats, ReplicationError>>),
     /// A snapshot of the job.
@@ -186,7 +190,8 @@ async fn handle_msg(
             job_observe::count_start(st.ctx.metrics(), st.runner.is_some(), r.is_err());
             r
         }
-        JobMsg::Tick => tick(&myself, st).await,
+        JobMsg::Tick => tick(&myself, st, false).await,
+        JobMsg::CheckLock => tick(&myself, st, true).await,
         JobMsg::Done(result) => match *result {
             Ok(stats) => complete(&myself, st, stats).await,
             Err(e) => {
@@ -388,7 +393,11 @@ fn put_stats(st: &mut JobActorState, stats: &ReplicationStats) {
     st.record.rep_stats = Some(stats.clone());
 }
 
-async fn tick(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxError> {
+async fn tick(
+    myself: &ActorRef<JobMsg>,
+    st: &mut JobActorState,
+    force: bool,
+) -> Result<(), BoxError> {
     let Some(stats) = st.runner.as_ref().map(Runner::stats) else {
         return Ok(());
     };
@@ -401,7 +410,7 @@ async fn tick(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), B
     // running jobs cost the store. It still writes at half the activity timeout, or
     // couch_jobs would re-enqueue it as dead.
     let keepalive = (st.ctx.settings().job_timeout / 2).as_secs().max(1) as i64;
-    if !changed && now - st.record.last_updated < keepalive {
+    if !force && !changed && now - st.record.last_updated < keepalive {
         return Ok(());
     }
     put_stats(st, &stats);

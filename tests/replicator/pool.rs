@@ -1,8 +1,9 @@
 //! The connection pool's shared clients, counted in real sockets through a TCP relay in front
 //! of pouchdb-server: jobs against one endpoint reuse one client's connections, idle ones are
 //! closed by the replicator after `connection_close_interval`, a burst of jobs never has more
-//! than `max_requests_per_endpoint` buffered requests (so sockets) in flight, and a killed
-//! job's sockets and share of the client go with it.
+//! than `max_requests_per_endpoint` buffered requests (so sockets) in flight, continuous jobs
+//! on one source hold one socket between them (its change watch), and a killed job's sockets
+//! and share of the client go with it.
 
 use std::time::Duration;
 
@@ -74,19 +75,23 @@ async fn jobs_share_connections_and_idle_ones_close() {
 async fn a_killed_job_releases_its_share() {
     deadline(180, "a killed job releases its share", async {
         let pouch = Pouch::start().await;
-        pouch.create_db("src").await;
-        pouch.put_docs("src", "d", 5).await;
+        // Two sources: continuous jobs on one source would share one change watch, and
+        // the killed job would own no socket of its own.
+        for src in ["src_a", "src_b"] {
+            pouch.create_db(src).await;
+            pouch.put_docs(src, "d", 5).await;
+        }
         let relay = TcpCounter::start(pouch.port).await;
         let store = Store::open();
         let n = node(&store.db, "n1", pool_settings()).await;
         let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
-        let add = |tgt: &str| {
-            NewJob::transient(relay.url("src"), relay.url(tgt))
+        let add = |src: &str, tgt: &str| {
+            NewJob::transient(relay.url(src), relay.url(tgt))
                 .continuous()
                 .create_target()
         };
-        let a = n.add(add("tgt_a")).await.unwrap().job_id;
-        let b = n.add(add("tgt_b")).await.unwrap().job_id;
+        let a = n.add(add("src_a", "tgt_a")).await.unwrap().job_id;
+        let b = n.add(add("src_b", "tgt_b")).await.unwrap().job_id;
         pouch.wait_count("tgt_a", 5, Duration::from_secs(60)).await;
         pouch.wait_count("tgt_b", 5, Duration::from_secs(60)).await;
         // Two jobs, each a source and a target client, on one shared client.
@@ -101,9 +106,12 @@ async fn a_killed_job_releases_its_share() {
             format!("http://127.0.0.1:{}", relay.port)
         );
         let open_before = relay.open();
-        assert!(open_before >= 2, "two changes feeds: {open_before} sockets");
+        assert!(
+            open_before >= 2,
+            "two change watches: {open_before} sockets"
+        );
         n.job_sup().which_child(&a).unwrap().kill();
-        // Its HTTP clients and its lease go; its changes feed socket is closed by us.
+        // Its HTTP clients and its lease go; its source's watch socket is closed by us.
         wait_for(30, "the killed job's share released", || async {
             let s = observe(&pool).await?;
             let owners: usize = s.endpoints.values().map(|u| u.owners).sum();
@@ -115,9 +123,71 @@ async fn a_killed_job_releases_its_share() {
         })
         .await;
         // The other job still replicates.
-        pouch.put_docs("src", "e", 3).await;
+        pouch.put_docs("src_b", "e", 3).await;
         pouch.wait_count("tgt_b", 8, Duration::from_secs(60)).await;
         n.cancel(&b).await.unwrap();
+        n.shutdown().await;
+    })
+    .await;
+}
+
+/// Continuous jobs reading one source hold one socket between them while it is quiet: the
+/// source's shared change watch. Each job reads its own documents (`doc_ids`) when the watch
+/// sees a change, and the sockets of those reads close once idle. One feed per job, as
+/// CouchDB holds, would keep `JOBS` sockets open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_jobs_on_one_source_share_one_watch_socket() {
+    deadline(180, "continuous jobs share one watch socket", async {
+        const JOBS: usize = 8;
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "d", 3).await;
+        let relay = TcpCounter::start(pouch.port).await;
+        let store = Store::open();
+        let settings = ReplicatorSettings {
+            max_jobs: JOBS,
+            ..pool_settings()
+        };
+        let n = node(&store.db, "n1", settings).await;
+        let mut ids = Vec::new();
+        for i in 0..JOBS {
+            let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
+                .continuous()
+                .create_target()
+                .doc_ids([format!("x{i:05}")]);
+            ids.push(n.add(job).await.unwrap().job_id);
+        }
+        for id in &ids {
+            n.wait(id, WaitFor::Running, Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        // The jobs' start-up sockets close after the 1 s idle close; the watch stays.
+        wait_for(30, "one socket left open", || async {
+            (relay.open() == 1).then_some(())
+        })
+        .await;
+        // One write wakes every job; each copies its own document, and nothing else.
+        pouch.put_docs("src", "x", JOBS).await;
+        for i in 0..JOBS {
+            pouch
+                .wait_count(&format!("tgt{i}"), 1, Duration::from_secs(30))
+                .await;
+        }
+        wait_for(30, "back to one socket", || async {
+            (relay.open() == 1).then_some(())
+        })
+        .await;
+        for id in &ids {
+            n.cancel(id).await.unwrap();
+            // A cancel returns once the job's actor is gone, idle as the job was.
+            assert!(n.job_sup().which_child(id).is_none(), "{id} still runs");
+        }
+        // The last job gone, the watch's socket closes too.
+        wait_for(30, "the watch socket closed", || async {
+            (relay.open() == 0).then_some(())
+        })
+        .await;
         n.shutdown().await;
     })
     .await;
