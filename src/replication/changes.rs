@@ -1,11 +1,15 @@
 //! The changes reader (CouchDB's couch_replicator_changes_reader.erl): reads the source's `_changes` with `style=all_docs` from a
 //! start sequence and hands batches of at most `worker_batch_size` rows to the workers,
 //! running ahead of them through a bounded channel. One-shot replications read the normal
-//! feed in one streamed request (resumed from the last batch if it breaks); continuous ones
-//! stream `feed=continuous` line by line and reconnect from the last sequence seen.
+//! feed in one streamed request (resumed from the last batch if it breaks). Continuous ones
+//! on a shared client read `feed=normal` pages whenever the source's shared change watch
+//! ([`super::db_watch`]) sees a change, holding no socket while the source is quiet; on a
+//! private client they stream `feed=continuous` line by line and reconnect from the last
+//! sequence seen.
 //! Filters: `doc_ids` via `POST filter=_doc_ids`, `selector` via `POST filter=_selector`,
 //! named filters with `query_params` as query arguments.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +22,7 @@ use crate::backoff::Backoff;
 
 use super::checkpoint::instance_start_of;
 use super::client::{HttpClient, Req, describe};
-use super::db_watch::Watch;
+use super::db_watch::{Tick, Watch};
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
 use super::feed_line::seq_arg;
@@ -52,6 +56,16 @@ pub struct Batch {
 
 /// Called for each batch before it is queued (the checkpoint tracker registers it).
 pub(crate) type OnBatch = Arc<dyn Fn(&Batch) + Send + Sync>;
+
+/// What a tick of the change watch asks of a waiting job.
+enum Wake {
+    /// Read from its sequence.
+    Read,
+    /// Nothing it reads changed: wait again.
+    Skip,
+    /// The job is stopping.
+    Stop,
+}
 
 /// Reads the feed and feeds the workers.
 pub struct ChangesReader {
@@ -395,7 +409,21 @@ impl ChangesReader {
         let mut failures = 0u32;
         let mut wait = reconnect_backoff();
         let reader_stop = stop.clone();
+        let doc_ids: Option<HashSet<String>> = match &self.opts.filter {
+            Filter::DocIds(ids) => Some(ids.iter().cloned().collect()),
+            _ => None,
+        };
+        let mut must_read = true;
         loop {
+            if !must_read {
+                let woken = (&mut ticks, &mut seen, watch);
+                match self.wait_change(woken, &since, &doc_ids, stop, &tx).await? {
+                    Wake::Read => must_read = true,
+                    Wake::Skip => {}
+                    Wake::Stop => return Ok(()),
+                }
+                continue;
+            }
             let read = tokio::select! {
                 r = self.read_new(&mut since, &tx, &reader_stop) => r,
                 _ = stop.wait_for(|s| *s) => return Ok(()),
@@ -421,24 +449,46 @@ impl ChangesReader {
                     continue;
                 }
             }
-            if tx.is_closed() || *stop.borrow() {
-                return Ok(());
-            }
-            tokio::select! {
-                r = ticks.changed() => if r.is_err() {
-                    return Err(ReplicationError::ChangesReqFailed(format!(
-                        "{}: the change watch ended", self.client.endpoint()
-                    )));
-                },
-                _ = stop.wait_for(|s| *s) => return Ok(()),
-                _ = tx.closed() => return Ok(()),
-            }
-            let now = *ticks.borrow_and_update();
-            if now.breaks != seen.breaks {
-                self.check_same_source(&since).await?;
-            }
-            seen = now;
+            must_read = false;
         }
+    }
+
+    /// Waits for the watch's next tick and says whether it calls for a read: a blind spot
+    /// or a break of the watch's feed, or a change to a document this job reads (with a
+    /// `doc_ids` filter, changes to other documents are skipped while the watch still knows
+    /// their ids). Errors if the source is gone.
+    async fn wait_change(
+        &self,
+        (ticks, seen, watch): (&mut watch::Receiver<Tick>, &mut Tick, &Watch),
+        since: &Value,
+        doc_ids: &Option<HashSet<String>>,
+        stop: &mut watch::Receiver<bool>,
+        tx: &mpsc::Sender<Batch>,
+    ) -> Result<Wake> {
+        if tx.is_closed() || *stop.borrow() {
+            return Ok(Wake::Stop);
+        }
+        tokio::select! {
+            r = ticks.changed() => if r.is_err() {
+                return Err(ReplicationError::ChangesReqFailed(format!(
+                    "{}: the change watch ended", self.client.endpoint()
+                )));
+            },
+            _ = stop.wait_for(|s| *s) => return Ok(Wake::Stop),
+            _ = tx.closed() => return Ok(Wake::Stop),
+        }
+        let now = *ticks.borrow_and_update();
+        let before = std::mem::replace(seen, now);
+        if now.breaks != before.breaks {
+            self.check_same_source(since).await?;
+        }
+        let relevant = match doc_ids {
+            Some(ids) if now.blind == before.blind && now.breaks == before.breaks => watch
+                .any_changed(before.changes, now.changes, |id| ids.contains(id))
+                .unwrap_or(true),
+            _ => true,
+        };
+        Ok(if relevant { Wake::Read } else { Wake::Skip })
     }
 
     /// Reads what is new since `since`: one page through the endpoint's gate (wake-ups come

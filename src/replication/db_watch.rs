@@ -14,7 +14,7 @@
 //! This module only keeps the table and the ticks; it does not know HTTP, so the client can
 //! hold a table without the two modules importing each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
@@ -23,21 +23,69 @@ use tokio::task::AbortHandle;
 use super::endpoint::Endpoint;
 
 /// What a watch has seen so far. Jobs compare two ticks: more `changes` means the database
-/// changed (read again); more `breaks` means the watch's feed failed (the database may have
-/// been deleted or re-created, so check that it is still the one being read).
+/// changed (read again, or only if a changed document is one the job reads, see
+/// [`Watch::any_changed`]); more `blind` means the feed (re)connected from "now", so a write
+/// just before may have been missed by a job's last read (read again, whatever the filter);
+/// more `breaks` means the feed failed (the database may have been deleted or re-created, so
+/// check that it is still the one being read).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tick {
-    /// Changes seen, plus one each time the feed (re)connected from "now" (anything written
-    /// before that moment may have been missed by a job's last read).
+    /// Changes seen.
     pub changes: u64,
+    /// Connections from "now".
+    pub blind: u64,
     /// Feed failures seen.
     pub breaks: u64,
+}
+
+/// How many recent changed ids a watch keeps: a job that falls further behind reads.
+const RECENT_IDS: usize = 4096;
+
+/// The ids of the last [`RECENT_IDS`] changes, each with its change number.
+type Recent = Mutex<VecDeque<(u64, Arc<str>)>>;
+
+/// The feed task's side of a watch: what it reports goes to every job waiting on it.
+#[derive(Debug)]
+pub struct FeedSink {
+    ticks: watch::Sender<Tick>,
+    recent: Arc<Recent>,
+}
+
+impl FeedSink {
+    /// Changes to the documents `ids` seen, in feed order. The ids are kept before the tick
+    /// moves, so a job woken by the tick finds them.
+    pub fn changed(&self, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut first = self.ticks.borrow().changes;
+        if let Ok(mut recent) = self.recent.lock() {
+            for id in &ids {
+                first += 1;
+                recent.push_back((first, Arc::from(id.as_str())));
+            }
+            let excess = recent.len().saturating_sub(RECENT_IDS);
+            recent.drain(..excess);
+        }
+        self.ticks.send_modify(|t| t.changes += ids.len() as u64);
+    }
+
+    /// The feed connected from "now".
+    pub fn blind(&self) {
+        self.ticks.send_modify(|t| t.blind += 1);
+    }
+
+    /// The feed failed.
+    pub fn broke(&self) {
+        self.ticks.send_modify(|t| t.breaks += 1);
+    }
 }
 
 /// One watched database; the feed task runs while any job holds it.
 #[derive(Debug)]
 pub struct Watch {
     ticks: watch::Receiver<Tick>,
+    recent: Arc<Recent>,
     task: AbortHandle,
 }
 
@@ -51,6 +99,25 @@ impl Watch {
     /// A receiver of the watch's ticks.
     pub fn ticks(&self) -> watch::Receiver<Tick> {
         self.ticks.clone()
+    }
+
+    /// Whether a change numbered after `from` and up to `to` was to a document `wanted`
+    /// takes; `None` when those changes are no longer all kept (the caller must read).
+    pub fn any_changed(&self, from: u64, to: u64, wanted: impl Fn(&str) -> bool) -> Option<bool> {
+        if to <= from {
+            return Some(false);
+        }
+        let recent = self.recent.lock().ok()?;
+        let oldest = recent.front().map_or(u64::MAX, |(n, _)| *n);
+        if oldest > from + 1 {
+            return None;
+        }
+        Some(
+            recent
+                .iter()
+                .filter(|(n, _)| *n > from && *n <= to)
+                .any(|(_, id)| wanted(id)),
+        )
     }
 }
 
@@ -73,11 +140,11 @@ struct Table {
 
 impl Watches {
     /// The watch of `ep`, joining the one running or starting one with `start`, which is
-    /// given the sender of the ticks and returns its feed task's abort handle.
+    /// given the feed's sink and returns its feed task's abort handle.
     pub fn subscribe(
         &self,
         ep: &Endpoint,
-        start: impl FnOnce(watch::Sender<Tick>) -> AbortHandle,
+        start: impl FnOnce(FeedSink) -> AbortHandle,
     ) -> Arc<Watch> {
         let Ok(mut table) = self.table.lock() else {
             return new_watch(start);
@@ -120,10 +187,18 @@ impl Watches {
     }
 }
 
-fn new_watch(start: impl FnOnce(watch::Sender<Tick>) -> AbortHandle) -> Arc<Watch> {
+fn new_watch(start: impl FnOnce(FeedSink) -> AbortHandle) -> Arc<Watch> {
     let (tx, ticks) = watch::channel(Tick::default());
-    let task = start(tx);
-    Arc::new(Watch { ticks, task })
+    let recent: Arc<Recent> = Arc::default();
+    let task = start(FeedSink {
+        ticks: tx,
+        recent: recent.clone(),
+    });
+    Arc::new(Watch {
+        ticks,
+        recent,
+        task,
+    })
 }
 
 #[cfg(test)]
@@ -138,10 +213,10 @@ mod tests {
     /// Subscribes, counting the feed tasks started; each task ticks once then waits forever.
     fn subscribe(w: &Watches, url: &str, started: &Arc<AtomicUsize>) -> Arc<Watch> {
         let started = started.clone();
-        w.subscribe(&ep(url), move |tx| {
+        w.subscribe(&ep(url), move |sink| {
             started.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
-                tx.send_modify(|t| t.changes += 1);
+                sink.changed(vec!["a".into()]);
                 std::future::pending::<()>().await;
             })
             .abort_handle()
@@ -183,5 +258,35 @@ mod tests {
         assert!(w.is_empty());
         let _a3 = subscribe(&w, "http://h:1/db", &started);
         assert_eq!(started.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_watch_tells_which_documents_changed_while_it_keeps_them() {
+        let w = Watches::default();
+        let sink = std::sync::Mutex::new(None);
+        let watch = w.subscribe(&ep("http://h:1/db"), |s| {
+            *sink.lock().unwrap() = Some(s);
+            tokio::spawn(std::future::pending::<()>()).abort_handle()
+        });
+        let sink = sink.into_inner().unwrap().unwrap();
+        sink.changed(vec!["a".into(), "b".into()]);
+        sink.changed(vec!["c".into()]);
+        assert_eq!(watch.ticks().borrow().changes, 3);
+        let is = |x: &'static str| move |id: &str| id == x;
+        assert_eq!(watch.any_changed(0, 3, is("c")), Some(true));
+        assert_eq!(watch.any_changed(0, 2, is("c")), Some(false));
+        assert_eq!(watch.any_changed(1, 3, is("a")), Some(false));
+        assert_eq!(watch.any_changed(3, 3, is("a")), Some(false));
+        // Past what is kept: unknown, so the job reads.
+        sink.changed((0..RECENT_IDS).map(|i| format!("x{i}")).collect());
+        assert_eq!(watch.any_changed(0, 3 + RECENT_IDS as u64, is("zz")), None);
+        assert_eq!(
+            watch.any_changed(3, 3 + RECENT_IDS as u64, is("zz")),
+            Some(false)
+        );
+        sink.blind();
+        sink.broke();
+        let t = *watch.ticks().borrow();
+        assert_eq!((t.blind, t.breaks), (1, 1));
     }
 }

@@ -1,11 +1,12 @@
 //! The task behind a shared change watch ([`super::db_watch`]): follows one database's
-//! continuous `_changes` feed, with no filter, and turns what it sees into [`Tick`]s.
+//! continuous `_changes` feed, with no filter, and reports what it sees to the watch's
+//! [`FeedSink`]: the ids of the changed documents.
 //!
-//! It starts from `since=now` and counts one change when that request is answered: a job's
-//! read that ended before this feed existed may have missed a write, so every waiting job
-//! reads once more. After that the feed resumes from the last sequence it saw, so nothing
+//! It starts from `since=now` and reports a blind spot when that request is answered: a
+//! job's read that ended before this feed existed may have missed a write, so every waiting
+//! job reads once more. After that the feed resumes from the last sequence it saw, so nothing
 //! between two connections is missed. When a request fails (the database was deleted, the
-//! server is down) it counts a break, so the waiting jobs check their source themselves, and
+//! server is down) it reports a break, so the waiting jobs check their source themselves, and
 //! retries with a doubling wait from "now" again. It never ends by itself: the watch aborts
 //! it when the last job lets go.
 
@@ -14,32 +15,27 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use crate::backoff::Backoff;
 
 use super::client::{HttpClient, Req, describe};
-use super::db_watch::Tick;
+use super::db_watch::FeedSink;
 use super::error::{ReplicationError, Result};
 use super::feed_line::{parse_feed_line, seq_arg};
 
 /// Spawns the feed task of a watch on `client`'s endpoint, asking for a heartbeat every
 /// `heartbeat` (so the client's inactivity timeout never fires on a quiet database).
-pub fn start(
-    client: Arc<HttpClient>,
-    heartbeat: Duration,
-    ticks: watch::Sender<Tick>,
-) -> AbortHandle {
-    tokio::spawn(follow(client, heartbeat, ticks)).abort_handle()
+pub fn start(client: Arc<HttpClient>, heartbeat: Duration, sink: FeedSink) -> AbortHandle {
+    tokio::spawn(follow(client, heartbeat, sink)).abort_handle()
 }
 
-async fn follow(client: Arc<HttpClient>, heartbeat: Duration, ticks: watch::Sender<Tick>) {
+async fn follow(client: Arc<HttpClient>, heartbeat: Duration, sink: FeedSink) {
     let mut since: Option<Value> = None;
     let mut wait = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
     loop {
         let began = tokio::time::Instant::now();
-        match follow_once(&client, heartbeat, &mut since, &ticks).await {
+        match follow_once(&client, heartbeat, &mut since, &sink).await {
             // The server ended the feed: reconnect from where it stopped, at once unless it
             // keeps ending feeds as soon as they start.
             Ok(()) if began.elapsed() >= Duration::from_secs(1) => wait.reset(),
@@ -47,7 +43,7 @@ async fn follow(client: Arc<HttpClient>, heartbeat: Duration, ticks: watch::Send
             Err(e) => {
                 tracing::debug!(error = %e, endpoint = %client.endpoint(), "change watch interrupted");
                 since = None;
-                ticks.send_modify(|t| t.breaks += 1);
+                sink.broke();
                 wait.wait().await;
             }
         }
@@ -59,7 +55,7 @@ async fn follow_once(
     client: &HttpClient,
     heartbeat: Duration,
     since: &mut Option<Value>,
-    ticks: &watch::Sender<Tick>,
+    sink: &FeedSink,
 ) -> Result<()> {
     let from = since.as_ref().map_or_else(|| "now".to_owned(), seq_arg);
     let beat = heartbeat.as_millis().max(1000);
@@ -77,14 +73,14 @@ async fn follow_once(
         )));
     }
     if since.is_none() {
-        ticks.send_modify(|t| t.changes += 1);
+        sink.blind();
     }
     let mut body = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
         buf.extend_from_slice(&chunk);
-        let (mut seen, mut ended) = (0u64, false);
+        let (mut ids, mut ended) = (Vec::new(), false);
         while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buf.drain(..=pos).collect();
             let Some(row) = parse_feed_line(&line)? else {
@@ -97,12 +93,10 @@ async fn follow_once(
             }
             if let Some(seq) = row.seq {
                 *since = Some(seq);
-                seen += 1;
+                ids.push(row.id.unwrap_or_default());
             }
         }
-        if seen > 0 {
-            ticks.send_modify(|t| t.changes += seen);
-        }
+        sink.changed(ids);
         if ended {
             return Ok(());
         }

@@ -133,7 +133,7 @@ async fn a_killed_job_releases_its_share() {
 
 /// Continuous jobs reading one source hold one socket between them while it is quiet: the
 /// source's shared change watch. Each job reads its own documents (`doc_ids`) when the watch
-/// sees a change, and the sockets of those reads close once idle. One feed per job, as
+/// sees a change to one of them, and the sockets of those reads close once idle. One feed per job, as
 /// CouchDB holds, would keep `JOBS` sockets open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuous_jobs_on_one_source_share_one_watch_socket() {
@@ -167,7 +167,7 @@ async fn continuous_jobs_on_one_source_share_one_watch_socket() {
             (relay.open() == 1).then_some(())
         })
         .await;
-        // One write wakes every job; each copies its own document, and nothing else.
+        // One write to their documents wakes every job; each copies its own, nothing else.
         pouch.put_docs("src", "x", JOBS).await;
         for i in 0..JOBS {
             pouch
@@ -178,6 +178,14 @@ async fn continuous_jobs_on_one_source_share_one_watch_socket() {
             (relay.open() == 1).then_some(())
         })
         .await;
+        // Writes to documents no job reads wake no read: each job checks its `doc_ids`
+        // against the ids the watch saw, and any read would need a new socket. (Only now:
+        // pouchdb-server answers the watch's request with its first change, and until the
+        // watch has its answer every job reads at a change.)
+        let before = relay.accepted();
+        pouch.put_docs("src", "other", 3).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(relay.accepted(), before, "jobs read after unrelated writes");
         for id in &ids {
             n.cancel(id).await.unwrap();
             // A cancel returns once the job's actor is gone, idle as the job was.
