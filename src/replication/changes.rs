@@ -76,6 +76,8 @@ pub struct ChangesReader {
     next_index: u64,
     /// The source's `instance_start_time` when the replication started, if known.
     instance_start: Option<String>,
+    /// When a watched feed's sequence last moved (see [`ChangesReader::read_page`]).
+    moved: tokio::time::Instant,
 }
 
 impl ChangesReader {
@@ -93,6 +95,7 @@ impl ChangesReader {
             on_batch,
             next_index: 0,
             instance_start: None,
+            moved: tokio::time::Instant::now(),
         }
     }
 
@@ -528,7 +531,14 @@ impl ChangesReader {
         let last = feed.finish()?;
         let full = rows.len() >= max;
         let changes: Vec<Change> = rows.into_iter().filter_map(|r| self.to_change(r)).collect();
-        if !changes.is_empty() || last != *since {
+        // A page with nothing for this job moves its sequence only once a heartbeat period
+        // has passed since it last moved, as a continuous feed's `last_seq` comes once per
+        // `timeout`: each move is a checkpoint to write, and a job whose source changes
+        // elsewhere would otherwise write one every turn. Reading again from the older
+        // sequence finds the same (no) changes.
+        let quiet = changes.is_empty() && self.moved.elapsed() < self.heartbeat();
+        if !quiet && (!changes.is_empty() || last != *since) {
+            self.moved = tokio::time::Instant::now();
             if !self.emit(tx, changes, last.clone()).await {
                 return Ok(false);
             }
