@@ -9,7 +9,6 @@
 //! Filters: `doc_ids` via `POST filter=_doc_ids`, `selector` via `POST filter=_selector`,
 //! named filters with `query_params` as query arguments.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,15 +21,15 @@ use crate::backoff::Backoff;
 
 use super::checkpoint::instance_start_of;
 use super::client::{HttpClient, Req, describe};
-use super::db_watch::{Tick, Watch};
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
 use super::feed_line::seq_arg;
 pub use super::feed_line::{Row, parse_feed_line};
+
+mod watched;
 use super::normal_feed::NormalFeed;
 use super::options::{Filter, ReplicationOptions};
 use super::stats::Counters;
-use super::watch_feed;
 
 /// One changed document: its id, sequence and the leaf revisions to replicate.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,16 +55,6 @@ pub struct Batch {
 
 /// Called for each batch before it is queued (the checkpoint tracker registers it).
 pub(crate) type OnBatch = Arc<dyn Fn(&Batch) + Send + Sync>;
-
-/// What a tick of the change watch asks of a waiting job.
-enum Wake {
-    /// Read from its sequence.
-    Read,
-    /// Nothing it reads changed: wait again.
-    Skip,
-    /// The job is stopping.
-    Stop,
-}
 
 /// Reads the feed and feeds the workers.
 pub struct ChangesReader {
@@ -348,11 +337,7 @@ impl ChangesReader {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<()> {
         if let Some(watches) = self.client.watches().cloned() {
-            let (client, beat) = (self.client.clone(), self.heartbeat());
-            let watch = watches.subscribe(self.client.endpoint(), |ticks| {
-                watch_feed::start(client, beat, ticks)
-            });
-            return self.run_watched(since, tx, stop, &watch).await;
+            return self.run_watched(&watches, since, tx, stop).await;
         }
         let mut failures_without_progress = 0u32;
         let mut wait = reconnect_backoff();
@@ -393,158 +378,6 @@ impl ChangesReader {
                 wait.wait().await;
             }
         }
-    }
-
-    /// A continuous feed on a shared client: normal reads from `since`, and between them a
-    /// wait for the database's shared watch ([`super::db_watch`]) to see a change, so the
-    /// job holds no socket while its source is quiet. A failed read is retried as a broken
-    /// feed is; a break of the watch's own feed makes the job check its source first.
-    async fn run_watched(
-        &mut self,
-        mut since: Value,
-        tx: mpsc::Sender<Batch>,
-        stop: &mut watch::Receiver<bool>,
-        watch: &Watch,
-    ) -> Result<()> {
-        let mut ticks = watch.ticks();
-        // Read before the first read: a change during a read wakes the next wait at once.
-        let mut seen = *ticks.borrow_and_update();
-        let mut failures = 0u32;
-        let mut wait = reconnect_backoff();
-        let reader_stop = stop.clone();
-        let doc_ids: Option<HashSet<String>> = match &self.opts.filter {
-            Filter::DocIds(ids) => Some(ids.iter().cloned().collect()),
-            _ => None,
-        };
-        let mut must_read = true;
-        loop {
-            if !must_read {
-                let woken = (&mut ticks, &mut seen, watch);
-                match self.wait_change(woken, &since, &doc_ids, stop, &tx).await? {
-                    Wake::Read => must_read = true,
-                    Wake::Skip => {}
-                    Wake::Stop => return Ok(()),
-                }
-                continue;
-            }
-            let read = tokio::select! {
-                r = self.read_new(&mut since, &tx, &reader_stop) => r,
-                _ = stop.wait_for(|s| *s) => return Ok(()),
-            };
-            match read {
-                Ok(()) => {
-                    failures = 0;
-                    wait.reset();
-                }
-                Err(e @ (ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_))) => {
-                    return Err(e);
-                }
-                Err(e) => {
-                    failures += 1;
-                    if failures > self.opts.retries_per_request {
-                        return Err(e.into_changes_failure());
-                    }
-                    tracing::debug!(error = %e, "changes read failed, retrying");
-                    tokio::select! {
-                        _ = wait.wait() => {}
-                        _ = stop.wait_for(|s| *s) => return Ok(()),
-                    }
-                    continue;
-                }
-            }
-            must_read = false;
-        }
-    }
-
-    /// Waits for the watch's next tick and says whether it calls for a read: a blind spot
-    /// or a break of the watch's feed, or a change to a document this job reads (with a
-    /// `doc_ids` filter, changes to other documents are skipped while the watch still knows
-    /// their ids). Errors if the source is gone.
-    async fn wait_change(
-        &self,
-        (ticks, seen, watch): (&mut watch::Receiver<Tick>, &mut Tick, &Watch),
-        since: &Value,
-        doc_ids: &Option<HashSet<String>>,
-        stop: &mut watch::Receiver<bool>,
-        tx: &mpsc::Sender<Batch>,
-    ) -> Result<Wake> {
-        if tx.is_closed() || *stop.borrow() {
-            return Ok(Wake::Stop);
-        }
-        tokio::select! {
-            r = ticks.changed() => if r.is_err() {
-                return Err(ReplicationError::ChangesReqFailed(format!(
-                    "{}: the change watch ended", self.client.endpoint()
-                )));
-            },
-            _ = stop.wait_for(|s| *s) => return Ok(Wake::Stop),
-            _ = tx.closed() => return Ok(Wake::Stop),
-        }
-        let now = *ticks.borrow_and_update();
-        let before = std::mem::replace(seen, now);
-        if now.breaks != before.breaks {
-            self.check_same_source(since).await?;
-        }
-        let relevant = match doc_ids {
-            Some(ids) if now.blind == before.blind && now.breaks == before.breaks => watch
-                .any_changed(before.changes, now.changes, |id| ids.contains(id))
-                .unwrap_or(true),
-            _ => true,
-        };
-        Ok(if relevant { Wake::Read } else { Wake::Skip })
-    }
-
-    /// Reads what is new since `since`: one page through the endpoint's gate (wake-ups come
-    /// in bursts, one read per waiting job), then, if the page was full, the rest streamed.
-    async fn read_new(
-        &mut self,
-        since: &mut Value,
-        tx: &mpsc::Sender<Batch>,
-        stop: &watch::Receiver<bool>,
-    ) -> Result<()> {
-        if self.read_page(since, tx).await? && !tx.is_closed() {
-            return self.stream_normal(since, tx, stop).await;
-        }
-        Ok(())
-    }
-
-    /// One buffered page of at most `worker_batch_size` rows from `since`, emitted as a
-    /// batch; true when it was full (more may follow).
-    async fn read_page(&mut self, since: &mut Value, tx: &mpsc::Sender<Batch>) -> Result<bool> {
-        let max = self.opts.worker_batch_size.max(1);
-        let r = self
-            .client
-            .send(&self.request("normal", since, Some(max)))
-            .await?;
-        if r.status == reqwest::StatusCode::NOT_FOUND {
-            return Err(gone(&self.client));
-        }
-        if !r.status.is_success() {
-            return Err(ReplicationError::ChangesReqFailed(format!(
-                "{}: _changes answered {}",
-                self.client.endpoint(),
-                r.status
-            )));
-        }
-        let mut feed = NormalFeed::default();
-        let rows = feed.push::<Row>(&r.body)?;
-        let last = feed.finish()?;
-        let full = rows.len() >= max;
-        let changes: Vec<Change> = rows.into_iter().filter_map(|r| self.to_change(r)).collect();
-        // A page with nothing for this job moves its sequence only once a heartbeat period
-        // has passed since it last moved, as a continuous feed's `last_seq` comes once per
-        // `timeout`: each move is a checkpoint to write, and a job whose source changes
-        // elsewhere would otherwise write one every turn. Reading again from the older
-        // sequence finds the same (no) changes.
-        let quiet = changes.is_empty() && self.moved.elapsed() < self.heartbeat();
-        if !quiet && (!changes.is_empty() || last != *since) {
-            self.moved = tokio::time::Instant::now();
-            if !self.emit(tx, changes, last.clone()).await {
-                return Ok(false);
-            }
-            *since = last;
-        }
-        Ok(full)
     }
 
     /// One continuous request. Returns (workers_gone, made_progress).
