@@ -17,14 +17,14 @@
 //! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
 //! (transient jobs to one group) every tick; trimming stops the longest-running jobs, those
 //! of a database far over its share first, and a trimmed job's rotation delay is scaled by
-//! how its database is served: its recent running time against its shares' part
-//! ([`delay_factor`]), so jobs of an under-served database become eligible in couch_jobs'
+//! how its database is served: its recent running time against its shares' part, smoothed
+//! over ticks ([`smooth_ratio`], [`delay_factor`]), so jobs of an under-served database become eligible in couch_jobs'
 //! queue sooner and those of an over-served one later. Within a dead band around its part
 //! the delay is left alone: a database that gets its share is rotated like the rest.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
@@ -44,7 +44,7 @@ use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
 use super::settings::ReplicatorSettings;
-use super::share::{FairShare, ShareKey, delay_factor, stop_rank};
+use super::share::{FairShare, ShareKey, delay_factor, smooth_ratio, stop_rank};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
@@ -156,6 +156,9 @@ pub struct JobServerState {
     workers: HashMap<ActorId, Worker>,
     /// Each database's delay factor as of the last tick (see [`Worker::factor`]).
     factors: HashMap<ShareKey, f64>,
+    /// Each running database's smoothed service ratio ([`smooth_ratio`]), which its factor
+    /// is taken from.
+    ratios: HashMap<ShareKey, f64>,
     churn: usize,
     /// When a job trimmed in this cycle is due to run again, and the cycle it was counted
     /// in (both set every tick; see [`turn_due`]).
@@ -404,12 +407,22 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
 /// state's table and every running job.
 fn refresh_factors(st: &mut JobServerState) {
     st.factors.clear();
+    let groups: HashSet<&ShareKey> = st.workers.values().map(|w| &w.group).collect();
+    // A database with no job running is forgotten: when one starts again its ratio is
+    // taken as it is then (a starved database's is low, and its jobs come back soon).
+    st.ratios.retain(|k, _| groups.contains(k));
+    for g in groups {
+        let ratio = smooth_ratio(st.ratios.get(g).copied(), st.share.service_ratio(g));
+        st.ratios.insert(g.clone(), ratio);
+        st.factors.insert(g.clone(), delay_factor(ratio));
+    }
     for w in st.workers.values_mut() {
-        w.factor = factor_of(&mut st.factors, &st.share, &w.group);
+        w.factor = st.factors.get(&w.group).copied().unwrap_or(1.0);
     }
 }
 
-/// `group`'s delay factor from the tick's table, computed and kept there when missing.
+/// `group`'s delay factor from the tick's table, computed and kept there when missing (a
+/// database whose first job just started: from its ratio now).
 fn factor_of(
     factors: &mut HashMap<ShareKey, f64>,
     share: &FairShare<String>,
@@ -476,6 +489,7 @@ impl Server for JobServer {
             next_acceptor: 0,
             workers: HashMap::new(),
             factors: HashMap::new(),
+            ratios: HashMap::new(),
             churn: 0,
             turn_due: self.ctx.settings().interval,
             turn_cycle: self.ctx.settings().interval,

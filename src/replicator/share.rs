@@ -283,6 +283,21 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
 /// only a real imbalance passes this band.
 pub const DELAY_DEAD_BAND: f64 = 1.25;
 
+/// The weight of a tick's service ratio in the smoothed ratio the delay factor is taken
+/// from ([`smooth_ratio`]): a quarter, so one cycle's mix moves it little (the last cycle's
+/// burst of starts decides the ratio's noise), while a real imbalance, there at every tick,
+/// passes the dead band within a few.
+pub const RATIO_SMOOTHING: f64 = 0.25;
+
+/// A group's smoothed service ratio after a tick that measured `now`, from `prev` (`None`
+/// for a group not smoothed before: `now` itself).
+pub fn smooth_ratio(prev: Option<f64>, now: f64) -> f64 {
+    match prev {
+        Some(p) if p.is_finite() && now.is_finite() => p + RATIO_SMOOTHING * (now - p),
+        _ => now,
+    }
+}
+
 /// How much longer than the plain rotation delay a stopped job waits, given its group's
 /// [`FairShare::service_ratio`]: 1 within [`DELAY_DEAD_BAND`] of 1, beyond it the ratio
 /// less the band (so the factor moves continuously), from 1/4 (a starved group's job comes

@@ -190,6 +190,42 @@ fn share_error_measures_the_distance_from_the_shares() {
 }
 
 #[test]
+fn the_smoothed_ratio_moves_a_quarter_of_the_way_per_tick() {
+    assert_eq!(
+        smooth_ratio(None, 3.0),
+        3.0,
+        "a new group starts at its ratio"
+    );
+    assert_eq!(
+        smooth_ratio(Some(1.0), 1.8),
+        1.2,
+        "one noisy tick stays in the band"
+    );
+    assert!(smooth_ratio(Some(1.0), f64::NAN).is_nan());
+    // A real imbalance, measured at every tick, passes the band within a few ticks.
+    let mut r = 1.0;
+    let mut ticks = 0;
+    while delay_factor(r) == 1.0 {
+        r = smooth_ratio(Some(r), 5.0);
+        ticks += 1;
+    }
+    assert_eq!(
+        ticks, 1,
+        "five times its share: past the band at the first tick"
+    );
+    let mut r = 1.0;
+    let mut ticks = 0;
+    while delay_factor(r) == 1.0 {
+        r = smooth_ratio(Some(r), 2.0);
+        ticks += 1;
+    }
+    assert_eq!(
+        ticks, 2,
+        "twice its share: past the band at the second tick"
+    );
+}
+
+#[test]
 fn the_service_ratio_compares_usage_with_shares() {
     let t0 = Instant::now();
     let mut fs = FairShare::new(params(&[("a", 100), ("b", 900)]));
