@@ -23,8 +23,8 @@ use super::checkpoint::instance_start_of;
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
-use super::feed_line::seq_arg;
 pub use super::feed_line::{Row, parse_feed_line};
+use super::feed_line::{refused, seq_arg};
 
 mod watched;
 use super::normal_feed::NormalFeed;
@@ -288,11 +288,7 @@ impl ChangesReader {
             return Err(gone(&self.client));
         }
         if !resp.status().is_success() {
-            return Err(ReplicationError::ChangesReqFailed(format!(
-                "{}: _changes answered {}",
-                self.client.endpoint(),
-                resp.status()
-            )));
+            return Err(refused(self.client.endpoint(), resp.status()));
         }
         let max = self.opts.worker_batch_size.max(1);
         let mut feed = NormalFeed::default();
@@ -394,11 +390,7 @@ impl ChangesReader {
             return Err(gone(&self.client));
         }
         if !resp.status().is_success() {
-            return Err(ReplicationError::ChangesReqFailed(format!(
-                "{}: _changes answered {}",
-                self.client.endpoint(),
-                resp.status()
-            )));
+            return Err(refused(self.client.endpoint(), resp.status()));
         }
         let mut body = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();

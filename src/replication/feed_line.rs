@@ -48,3 +48,11 @@ pub(crate) fn seq_arg(seq: &Value) -> String {
         other => encode_query(&other.to_string()),
     }
 }
+
+/// The error for a `_changes` request answered with an unexpected `status`.
+pub(crate) fn refused(
+    endpoint: &impl std::fmt::Display,
+    status: reqwest::StatusCode,
+) -> ReplicationError {
+    ReplicationError::ChangesReqFailed(format!("{endpoint}: _changes answered {status}"))
+}

@@ -22,7 +22,7 @@ use crate::backoff::Backoff;
 use super::client::{HttpClient, Req, describe};
 use super::db_watch::FeedSink;
 use super::error::{ReplicationError, Result};
-use super::feed_line::{parse_feed_line, seq_arg};
+use super::feed_line::{parse_feed_line, refused, seq_arg};
 
 /// Spawns the feed task of a watch on `client`'s endpoint, asking for a heartbeat every
 /// `heartbeat` (so the client's inactivity timeout never fires on a quiet database).
@@ -66,11 +66,7 @@ async fn follow_once(
     req.headers.push(("accept-encoding", "identity".to_owned()));
     let resp = client.send_streaming(&req).await?;
     if !resp.status().is_success() {
-        return Err(ReplicationError::ChangesReqFailed(format!(
-            "{}: _changes answered {}",
-            client.endpoint(),
-            resp.status()
-        )));
+        return Err(refused(client.endpoint(), resp.status()));
     }
     if since.is_none() {
         sink.blind();

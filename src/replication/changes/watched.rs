@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::super::db_watch::{Tick, Watch, Watches};
 use super::super::error::{ReplicationError, Result};
+use super::super::feed_line::refused;
 use super::super::normal_feed::NormalFeed;
 use super::super::options::Filter;
 use super::super::watch_feed;
@@ -157,11 +158,7 @@ impl ChangesReader {
             return Err(gone(&self.client));
         }
         if !r.status.is_success() {
-            return Err(ReplicationError::ChangesReqFailed(format!(
-                "{}: _changes answered {}",
-                self.client.endpoint(),
-                r.status
-            )));
+            return Err(refused(self.client.endpoint(), r.status));
         }
         let mut feed = NormalFeed::default();
         let rows = feed.push::<Row>(&r.body)?;
