@@ -203,26 +203,17 @@ fn the_smoothed_ratio_moves_a_quarter_of_the_way_per_tick() {
     );
     assert!(smooth_ratio(Some(1.0), f64::NAN).is_nan());
     // A real imbalance, measured at every tick, passes the band within a few ticks.
-    let mut r = 1.0;
-    let mut ticks = 0;
-    while delay_factor(r) == 1.0 {
-        r = smooth_ratio(Some(r), 5.0);
-        ticks += 1;
-    }
-    assert_eq!(
-        ticks, 1,
-        "five times its share: past the band at the first tick"
-    );
-    let mut r = 1.0;
-    let mut ticks = 0;
-    while delay_factor(r) == 1.0 {
-        r = smooth_ratio(Some(r), 2.0);
-        ticks += 1;
-    }
-    assert_eq!(
-        ticks, 2,
-        "twice its share: past the band at the second tick"
-    );
+    let ticks_past_band = |ratio: f64| {
+        let (mut r, mut ticks) = (1.0, 0);
+        while delay_factor(r) == 1.0 {
+            r = smooth_ratio(Some(r), ratio);
+            ticks += 1;
+        }
+        ticks
+    };
+    assert_eq!(ticks_past_band(5.0), 1, "five times its share");
+    assert_eq!(ticks_past_band(2.0), 2, "twice its share");
+    assert_eq!(ticks_past_band(0.2), 2, "a fifth of its share");
 }
 
 #[test]
