@@ -262,6 +262,8 @@ fn print_spread(name: &str, m: &Measured) {
         ("turns seen", m.turn_spread),
         ("a/_replicator running samples", m.group_spreads[0]),
         ("b/_replicator running samples", m.group_spreads[1]),
+        ("a/_replicator turns", m.group_turn_spreads[0]),
+        ("b/_replicator turns", m.group_turn_spreads[1]),
     ] {
         println!("{name}: {what} per job: min {min}, p1 {p1}, median {p50}, p99 {p99}, max {max}");
     }

@@ -75,6 +75,8 @@ pub struct Measured {
     pub turn_spread: [u32; 5],
     /// The running samples' spread within each `_replicator` database.
     pub group_spreads: [[u32; 5]; 2],
+    /// The same for the turns seen per job of each database.
+    pub group_turn_spreads: [[u32; 5]; 2],
     /// Jobs never seen running in the window (a fairness of `inf`: how many).
     pub never_ran: usize,
     /// Samples lost because the running set could not be read.
@@ -285,13 +287,17 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
     };
     let spread = spread_of(&s.running);
     let turn_spread = spread_of(&s.turns);
-    let group_spreads = GROUPS.map(|(g, _)| {
-        let samples: Vec<u32> = (0..plan.jobs)
-            .filter(|i| group(*i) == g)
-            .map(|i| s.running[i])
-            .collect();
-        spread_of(&samples)
-    });
+    let per_group = |per_job: &[u32]| {
+        GROUPS.map(|(g, _)| {
+            let v: Vec<u32> = (0..plan.jobs)
+                .filter(|i| group(*i) == g)
+                .map(|i| per_job[i])
+                .collect();
+            spread_of(&v)
+        })
+    };
+    let group_spreads = per_group(&s.running);
+    let group_turn_spreads = per_group(&s.turns);
     let lat = &s.latencies_ms;
     let p99 = lat
         .get((lat.len() * 99).div_ceil(100).saturating_sub(1))
@@ -308,6 +314,7 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         spread,
         turn_spread,
         group_spreads,
+        group_turn_spreads,
         share_error: share_error(&share_params(), &ran),
         p99_ms: p99,
         probes: lat.len(),

@@ -14,13 +14,14 @@
 //! waiting jobs, less one; see [`eligible_after`]) and acceptors take the earliest scheduled
 //! first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
 //!
-//! Fair share ([`super::share`]): running jobs are charged to their `_replicator` database
-//! (transient jobs to one group) every tick; trimming stops the longest-running jobs, those
-//! of a database far over its share first, and a trimmed job's rotation delay is scaled by
-//! how its database is served: its recent running time against its shares' part, smoothed
-//! over ticks ([`smooth_ratio`], [`delay_factor`]), so jobs of an under-served database become eligible in couch_jobs'
-//! queue sooner and those of an over-served one later. Within a dead band around its part
-//! the delay is left alone: a database that gets its share is rotated like the rest.
+//! Fair share ([`super::share`], [`super::share_plan`]): running jobs are charged to their
+//! `_replicator` database (transient jobs to one group) every tick; every tick the slots
+//! are split among the databases by their shares ([`SharePlan`]), and a trimmed job's
+//! rotation delay is scaled by its database's planned factor (a database whose jobs each
+//! get less than the average running fraction waits longer) times a feedback factor from
+//! its recent running time against its planned part, smoothed over ticks and left at 1
+//! within a dead band ([`smooth_ratio`], [`delay_factor`]). Trimming stops the
+//! longest-running jobs, those of a database measured far over its part first.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
@@ -45,15 +46,18 @@ use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
 use super::settings::ReplicatorSettings;
 use super::share::{FairShare, ShareKey, delay_factor, smooth_ratio, stop_rank};
+use super::share_plan::SharePlan;
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 /// The earliest eligible jobs an acceptor picks among. A trimmed job becomes eligible a
 /// cycle before its turn (see [`eligible_after`]), so at a tick the queue holds it beside
-/// jobs scheduled before it; picking among couch_jobs' 1,024 would let it jump them, among
-/// a few keeps the order by scheduled time while concurrent acceptors seldom pick the same
-/// job (and read 8 keys, not 1,024).
-const ACCEPT_CANDIDATES: usize = 8;
+/// jobs scheduled before it; picking among couch_jobs' 1,024 would let it jump them. Among
+/// 8, jobs scheduled in the same second (couch_jobs' unit) started in job id order, so one
+/// database's jobs (`a/_replicator|…` sorts first) kept starting together; 64 is about a
+/// second of trims at 10,000 jobs, mixes them, and spreads concurrent acceptors over more
+/// keys (10,000 jobs, 400 s: cpu per start 1.66 ms against 1.98 with 8, one run each).
+const ACCEPT_CANDIDATES: usize = 64;
 /// At most this many cycles between a job's rotation and its turn.
 const MAX_ROTATION_INTERVALS: usize = 40;
 /// Pending jobs counted for the rotation delay.
@@ -144,9 +148,21 @@ struct Worker {
     started: Instant,
     /// Told to rotate out: it no longer counts against `max_jobs` nor is trimmed again.
     leaving: bool,
-    /// Its database's fair-share delay factor ([`delay_factor`]) as of the last tick:
-    /// usage changes only at a tick, so the trims after each start need not recompute it.
+    /// Its database's fair-share delay as of the last tick: usage changes only at a tick,
+    /// so the trims after each start need not recompute it.
+    delay: GroupDelay,
+}
+
+/// How a database's trimmed jobs are treated, set every tick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct GroupDelay {
+    /// The rotation delay's multiple: the plan's factor times the feedback's
+    /// ([`SharePlan::factor`], [`delay_factor`]).
     factor: f64,
+    /// Its running jobs' place in the stop order, from the feedback alone ([`stop_rank`]):
+    /// a database the plan gives few slots is not stopped first for that, only one
+    /// measured far over its planned part.
+    rank: u64,
 }
 
 /// The job server's state.
@@ -154,8 +170,10 @@ pub struct JobServerState {
     acceptors: HashMap<u64, JoinHandle<()>>,
     next_acceptor: u64,
     workers: HashMap<ActorId, Worker>,
-    /// Each database's delay factor as of the last tick (see [`Worker::factor`]).
-    factors: HashMap<ShareKey, f64>,
+    /// Each database's delay as of the last tick (see [`Worker::delay`]).
+    delays: HashMap<ShareKey, GroupDelay>,
+    /// The tick's split of the slots among the databases.
+    plan: SharePlan,
     /// Each running database's smoothed service ratio ([`smooth_ratio`]), which its factor
     /// is taken from.
     ratios: HashMap<ShareKey, f64>,
@@ -243,7 +261,7 @@ impl JobServer {
         st.churn = 0;
         // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
-        refresh_factors(st);
+        refresh_delays(st, s.max_jobs);
         if let Some(last) = st.last_tick.replace(now) {
             st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
         }
@@ -403,34 +421,52 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
     }
 }
 
-/// Recomputes each database's delay factor after the tick's fair-share update, for the
-/// state's table and every running job.
-fn refresh_factors(st: &mut JobServerState) {
-    st.factors.clear();
+/// Rebuilds the tick's plan ([`SharePlan`]) over `slots` and each running database's
+/// delay after the tick's fair-share update, for the state's table and every running job.
+fn refresh_delays(st: &mut JobServerState, slots: usize) {
+    st.plan = SharePlan::new(st.share.params(), st.share.group_jobs(), slots);
+    let usage = st.share.usage();
+    st.delays.clear();
     let groups: HashSet<&ShareKey> = st.workers.values().map(|w| &w.group).collect();
     // A database with no job running is forgotten: when one starts again its ratio is
     // taken as it is then (a starved database's is low, and its jobs come back soon).
     st.ratios.retain(|k, _| groups.contains(k));
     for g in groups {
-        let ratio = smooth_ratio(st.ratios.get(g).copied(), st.share.service_ratio(g));
+        let measured = st.plan.service_ratio(g, &usage);
+        let ratio = smooth_ratio(st.ratios.get(g).copied(), measured);
         st.ratios.insert(g.clone(), ratio);
-        st.factors.insert(g.clone(), delay_factor(ratio));
+        st.delays.insert(g.clone(), group_delay(&st.plan, g, ratio));
     }
     for w in st.workers.values_mut() {
-        w.factor = st.factors.get(&w.group).copied().unwrap_or(1.0);
+        w.delay = st.delays.get(&w.group).copied().unwrap_or(NO_DELAY);
     }
 }
 
-/// `group`'s delay factor from the tick's table, computed and kept there when missing (a
+/// A delay that changes nothing: the plain rotation, no rank.
+const NO_DELAY: GroupDelay = GroupDelay {
+    factor: 1.0,
+    rank: 0,
+};
+
+/// `group`'s delay from the plan and its (smoothed) service `ratio`.
+fn group_delay(plan: &SharePlan, group: &ShareKey, ratio: f64) -> GroupDelay {
+    let feedback = delay_factor(ratio);
+    GroupDelay {
+        factor: plan.factor(group) * feedback,
+        rank: stop_rank(feedback),
+    }
+}
+
+/// `group`'s delay from the tick's table, computed and kept there when missing (a
 /// database whose first job just started: from its ratio now).
-fn factor_of(
-    factors: &mut HashMap<ShareKey, f64>,
-    share: &FairShare<String>,
-    group: &ShareKey,
-) -> f64 {
-    *factors
-        .entry(group.clone())
-        .or_insert_with(|| delay_factor(share.service_ratio(group)))
+fn delay_of(st: &mut JobServerState, group: &ShareKey) -> GroupDelay {
+    if let Some(d) = st.delays.get(group) {
+        return *d;
+    }
+    let ratio = st.plan.service_ratio(group, &st.share.usage());
+    let d = group_delay(&st.plan, group, ratio);
+    st.delays.insert(group.clone(), d);
+    d
 }
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
@@ -457,7 +493,7 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
             id: *id,
             continuous: w.continuous,
             ran_for: w.started.elapsed(),
-            priority: stop_rank(w.factor),
+            priority: w.delay.rank,
         })
         .collect();
     let victims = trim_victims(&running, max_jobs, min_run_time);
@@ -466,7 +502,7 @@ fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usi
             let _ = w.actor.send_message(JobMsg::Rotate(eligible_after(
                 st.turn_due,
                 st.turn_cycle,
-                w.factor,
+                w.delay.factor,
             )));
             w.leaving = true;
         }
@@ -488,7 +524,8 @@ impl Server for JobServer {
             acceptors: HashMap::new(),
             next_acceptor: 0,
             workers: HashMap::new(),
-            factors: HashMap::new(),
+            delays: HashMap::new(),
+            plan: SharePlan::default(),
             ratios: HashMap::new(),
             churn: 0,
             turn_due: self.ctx.settings().interval,
@@ -521,7 +558,7 @@ impl Server for JobServer {
                 st.acceptors.remove(&acceptor);
                 let now = Instant::now();
                 st.share.started(job_id.clone(), group.clone(), now);
-                let factor = factor_of(&mut st.factors, &st.share, &group);
+                let delay = delay_of(st, &group);
                 st.workers.insert(
                     actor.get_id(),
                     Worker {
@@ -531,7 +568,7 @@ impl Server for JobServer {
                         group,
                         started: now,
                         leaving: false,
-                        factor,
+                        delay,
                     },
                 );
                 st.churn += 1;

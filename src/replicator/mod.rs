@@ -27,6 +27,7 @@ pub mod rep_doc;
 pub mod rep_job;
 pub(crate) mod settings;
 pub mod share;
+pub mod share_plan;
 mod start;
 pub mod tree;
 pub(crate) mod validate_ddoc;

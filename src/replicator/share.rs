@@ -209,28 +209,13 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
         self.jobs.is_empty()
     }
 
-    /// How group `key`'s recent running time compares with what its shares ask for: its part
-    /// of all groups' decayed usage over its shares' part among the groups with jobs. 1 is
-    /// exactly its share, above 1 over-served, 0 nothing ran lately; 1 while nothing ran at
-    /// all or the group has no jobs. Unlike the priorities it does not grow with a group's
-    /// number of jobs, so a group whose jobs outnumber its shares' part is not pushed back
-    /// for getting exactly its share.
-    pub fn service_ratio(&self, key: &ShareKey) -> f64 {
-        let total_usage: f64 = self.usage.values().sum();
-        let total_shares: f64 = self
-            .num_jobs
-            .keys()
-            .map(|k| f64::from(self.params.shares(k)))
-            .sum();
-        if total_usage <= 0.0 || total_shares <= 0.0 || !self.num_jobs.contains_key(key) {
-            return 1.0;
-        }
-        let used = self.usage.get(key).copied().unwrap_or(0.0) / total_usage;
-        let entitled = f64::from(self.params.shares(key)) / total_shares;
-        used / entitled
+    /// Jobs remembered per group (running, or waiting with a priority left): the demand the
+    /// slots are split over ([`super::share_plan::SharePlan`]).
+    pub fn group_jobs(&self) -> &HashMap<ShareKey, usize> {
+        &self.num_jobs
     }
 
-    /// Decayed usage per group, for observation.
+    /// Decayed usage per group (microseconds of running time).
     pub fn usage(&self) -> BTreeMap<ShareKey, u64> {
         self.usage
             .iter()
@@ -275,13 +260,16 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
     }
 }
 
-/// How far a group's [`FairShare::service_ratio`] may stray from 1, either way, before it
-/// changes a delay at all. Usage decays by half each cycle, so the ratio follows the mix of
-/// the last cycle or two: with 1,000 of 10,000 jobs it swings by about a tenth while the
-/// group gets exactly its share. A trimmed job's turn comes many cycles later, so acting on
-/// that noise fed it back (the group's jobs bunched and spread, measured at 10,000 jobs);
-/// only a real imbalance passes this band.
-pub const DELAY_DEAD_BAND: f64 = 1.25;
+/// How far a group's [`super::share_plan::SharePlan::service_ratio`] may stray from 1,
+/// either way, before it changes a delay at all. The plan already sets each group's delay
+/// from its shares, so the feedback is left only what the plan cannot see (turns cut short,
+/// jobs never trimmed). Usage decays by half each cycle, so the ratio follows the mix of the
+/// last cycle or two, and a database whose jobs sit together in the rotation swings from
+/// 0.4 to 1.5 of its part while getting exactly its share (measured at 2,000 jobs). A
+/// trimmed job's turn comes many cycles later, so acting on that swing fed it back (with a
+/// band of 1.25 at 10,000 jobs the small database's jobs got 1 to 6 turns in a window that
+/// gives 3 or 4); only a real imbalance passes this band.
+pub const DELAY_DEAD_BAND: f64 = 2.0;
 
 /// The weight of a tick's service ratio in the smoothed ratio the delay factor is taken
 /// from ([`smooth_ratio`]): a quarter, so one cycle's mix moves it little (the last cycle's
@@ -298,10 +286,10 @@ pub fn smooth_ratio(prev: Option<f64>, now: f64) -> f64 {
     }
 }
 
-/// How much longer than the plain rotation delay a stopped job waits, given its group's
-/// [`FairShare::service_ratio`]: 1 within [`DELAY_DEAD_BAND`] of 1, beyond it the ratio
-/// less the band (so the factor moves continuously), from 1/4 (a starved group's job comes
-/// back soon) to 4 (an over-served group's job waits).
+/// The feedback part of a stopped job's delay, given its group's smoothed
+/// [`super::share_plan::SharePlan::service_ratio`]: 1 within [`DELAY_DEAD_BAND`] of 1,
+/// beyond it the ratio less the band (so the factor moves continuously), from 1/4 (a
+/// starved group's job comes back soon) to 4 (an over-served group's job waits).
 pub fn delay_factor(service_ratio: f64) -> f64 {
     if !service_ratio.is_finite() {
         return 1.0;
@@ -317,7 +305,7 @@ pub fn delay_factor(service_ratio: f64) -> f64 {
 }
 
 /// The delay factor from which a group's running jobs are stopped before any other's: its
-/// service ratio is then at least 2.5 (twice the band past 2), a real imbalance. Below it
+/// service ratio is then at least 4 (twice the band past its edge), a real imbalance. Below it
 /// every group ranks alike and the oldest turn ends first; ranking by smaller differences
 /// stopped a whole database's jobs in one burst whenever its ratio crossed the band, and
 /// measured at 10,000 jobs its jobs' turns became uneven (one to four turns in a window).
