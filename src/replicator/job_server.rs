@@ -20,7 +20,7 @@
 //! rotation delay is scaled by its database's planned factor (a database whose jobs each
 //! get less than the average running fraction waits longer) times a feedback factor from
 //! its recent running time against its planned part, smoothed over ticks and left at 1
-//! within a dead band ([`smooth_ratio`], [`delay_factor`]). Trimming stops the
+//! within a dead band ([`smooth_ratio`], [`super::share::delay_factor`]). Trimming stops the
 //! longest-running jobs, those of a database measured far over its part first.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
@@ -45,8 +45,8 @@ use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
 use super::settings::ReplicatorSettings;
-use super::share::{FairShare, ShareKey, delay_factor, smooth_ratio, stop_rank};
-use super::share_plan::SharePlan;
+use super::share::{FairShare, ShareKey, smooth_ratio};
+use super::share_plan::{GroupDelay, SharePlan};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
@@ -151,18 +151,6 @@ struct Worker {
     /// Its database's fair-share delay as of the last tick: usage changes only at a tick,
     /// so the trims after each start need not recompute it.
     delay: GroupDelay,
-}
-
-/// How a database's trimmed jobs are treated, set every tick.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct GroupDelay {
-    /// The rotation delay's multiple: the plan's factor times the feedback's
-    /// ([`SharePlan::factor`], [`delay_factor`]).
-    factor: f64,
-    /// Its running jobs' place in the stop order, from the feedback alone ([`stop_rank`]):
-    /// a database the plan gives few slots is not stopped first for that, only one
-    /// measured far over its planned part.
-    rank: u64,
 }
 
 /// The job server's state.
@@ -435,25 +423,10 @@ fn refresh_delays(st: &mut JobServerState, slots: usize) {
         let measured = st.plan.service_ratio(g, &usage);
         let ratio = smooth_ratio(st.ratios.get(g).copied(), measured);
         st.ratios.insert(g.clone(), ratio);
-        st.delays.insert(g.clone(), group_delay(&st.plan, g, ratio));
+        st.delays.insert(g.clone(), st.plan.delay(g, ratio));
     }
     for w in st.workers.values_mut() {
-        w.delay = st.delays.get(&w.group).copied().unwrap_or(NO_DELAY);
-    }
-}
-
-/// A delay that changes nothing: the plain rotation, no rank.
-const NO_DELAY: GroupDelay = GroupDelay {
-    factor: 1.0,
-    rank: 0,
-};
-
-/// `group`'s delay from the plan and its (smoothed) service `ratio`.
-fn group_delay(plan: &SharePlan, group: &ShareKey, ratio: f64) -> GroupDelay {
-    let feedback = delay_factor(ratio);
-    GroupDelay {
-        factor: plan.factor(group) * feedback,
-        rank: stop_rank(feedback),
+        w.delay = st.delays.get(&w.group).copied().unwrap_or_default();
     }
 }
 
@@ -464,16 +437,16 @@ fn delay_of(st: &mut JobServerState, group: &ShareKey) -> GroupDelay {
         return *d;
     }
     let ratio = st.plan.service_ratio(group, &st.share.usage());
-    let d = group_delay(&st.plan, group, ratio);
+    let d = st.plan.delay(group, ratio);
     st.delays.insert(group.clone(), d);
     d
 }
 
 /// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
-/// `min_run_time`, the longest running first, those of a database far over its share
-/// before any other (see [`trim_victims`], [`stop_rank`]); a job waits until a cycle before
-/// its turn, the turn scaled by how its database is served (see [`delay_factor`]). Returns
-/// how many were told.
+/// `min_run_time`, the longest running first, those of a database far over its part
+/// before any other (see [`trim_victims`], [`GroupDelay::rank`]); a job waits until a cycle
+/// before its turn, the turn scaled by its database's [`GroupDelay::factor`]. Returns how
+/// many were told.
 fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
     let live = st.workers.values().filter(|w| !w.leaving).count();
     if live <= max_jobs {

@@ -21,12 +21,34 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::share::{ShareKey, ShareParams};
+use super::share::{ShareKey, ShareParams, delay_factor, stop_rank};
 
 /// The least and the most planned factor: a group that can run all its jobs still waits
 /// a quarter of a rotation (its jobs are eligible again almost at once anyway), and one far
 /// over-subscribed waits at most four rotations (beyond that the rotation delay is capped).
 const FACTOR_RANGE: (f64, f64) = (0.25, 4.0);
+
+/// How a group's trimmed jobs are treated until the next tick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupDelay {
+    /// The rotation delay's multiple: the plan's factor times the feedback's
+    /// ([`SharePlan::factor`], [`delay_factor`]).
+    pub factor: f64,
+    /// Its running jobs' place in the stop order, from the feedback alone ([`stop_rank`]):
+    /// a group the plan gives few slots is not stopped first for that, only one measured
+    /// far over its planned part.
+    pub rank: u64,
+}
+
+impl Default for GroupDelay {
+    /// The plain rotation, no rank.
+    fn default() -> Self {
+        Self {
+            factor: 1.0,
+            rank: 0,
+        }
+    }
+}
 
 /// One tick's entitlement per group.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -66,6 +88,16 @@ impl SharePlan {
     /// just started).
     pub fn factor(&self, group: &ShareKey) -> f64 {
         self.factor.get(group).copied().unwrap_or(1.0)
+    }
+
+    /// `group`'s delay from the plan and its smoothed service `ratio` (see
+    /// [`Self::service_ratio`]).
+    pub fn delay(&self, group: &ShareKey, ratio: f64) -> GroupDelay {
+        let feedback = delay_factor(ratio);
+        GroupDelay {
+            factor: self.factor(group) * feedback,
+            rank: stop_rank(feedback),
+        }
     }
 
     /// How `group`'s decayed `usage` compares with its planned part: 1 exactly its part,

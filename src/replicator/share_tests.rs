@@ -170,21 +170,17 @@ fn share_error_measures_the_distance_from_the_shares() {
     };
     assert!(share_error(&p, &ran(10, 90)) < 1e-9);
     assert!((share_error(&p, &ran(50, 50)) - 0.4).abs() < 1e-9);
-    assert_eq!(
-        delay_factor(4.0),
-        2.0,
-        "four times its share, less the band"
-    );
-    assert_eq!(delay_factor(1.9), 1.0, "within the band");
-    assert_eq!(delay_factor(0.6), 1.0, "within the band");
-    assert_eq!(
-        delay_factor(0.25),
-        0.5,
-        "a quarter of its share, less the band"
-    );
-    assert_eq!(delay_factor(f64::NAN), 1.0);
-    assert_eq!(delay_factor(0.0), 0.25);
-    assert_eq!(delay_factor(200.0), 4.0);
+    for (ratio, factor, why) in [
+        (4.0, 2.0, "four times its share, less the band"),
+        (1.9, 1.0, "within the band"),
+        (0.6, 1.0, "within the band"),
+        (0.25, 0.5, "a quarter of its share, less the band"),
+        (f64::NAN, 1.0, "no ratio"),
+        (0.0, 0.25, "nothing: the least"),
+        (200.0, 4.0, "the most"),
+    ] {
+        assert_eq!(delay_factor(ratio), factor, "{why}");
+    }
     assert_eq!(
         stop_rank(delay_factor(3.9)),
         0,
@@ -215,13 +211,13 @@ fn the_smoothed_ratio_moves_a_quarter_of_the_way_per_tick() {
         }
         ticks
     };
-    assert_eq!(ticks_past_band(5.0), 2, "five times its share");
-    assert_eq!(ticks_past_band(3.0), 3, "three times its share");
-    assert_eq!(ticks_past_band(0.2), 4, "a fifth of its share");
-    assert_eq!(ticks_past_band(0.0), 3, "nothing");
-    assert_eq!(
-        ticks_past_band(1.5),
-        100,
-        "the swing of a clustered database: never"
-    );
+    for (ratio, ticks, why) in [
+        (5.0, 2, "five times its share"),
+        (3.0, 3, "three times its share"),
+        (0.2, 4, "a fifth of its share"),
+        (0.0, 3, "nothing"),
+        (1.5, 100, "the swing of a clustered database: never"),
+    ] {
+        assert_eq!(ticks_past_band(ratio), ticks, "{why}");
+    }
 }
