@@ -334,4 +334,4 @@ pub fn share_error(params: &ShareParams, ran: &BTreeMap<ShareKey, Duration>) -> 
 
 #[cfg(test)]
 #[path = "share_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -154,17 +154,7 @@ fn water_fill(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn db(name: &str) -> ShareKey {
-        ShareKey::Db(name.into())
-    }
-
-    fn params(shares: &[(&str, u32)]) -> ShareParams {
-        ShareParams {
-            shares: shares.iter().map(|(k, v)| ((*k).into(), *v)).collect(),
-            ..ShareParams::default()
-        }
-    }
+    use crate::replicator::share::tests::{db, params};
 
     fn jobs(n: &[(&str, usize)]) -> HashMap<ShareKey, usize> {
         n.iter().map(|(k, v)| (db(k), *v)).collect()

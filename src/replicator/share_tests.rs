@@ -3,11 +3,13 @@
 
 use super::*;
 
-fn db(name: &str) -> ShareKey {
+/// The key of database `name` (also used by `share_plan`'s tests).
+pub(crate) fn db(name: &str) -> ShareKey {
     ShareKey::Db(name.into())
 }
 
-fn params(shares: &[(&str, u32)]) -> ShareParams {
+/// Settings with these shares (also used by `share_plan`'s tests).
+pub(crate) fn params(shares: &[(&str, u32)]) -> ShareParams {
     ShareParams {
         shares: shares.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
         ..ShareParams::default()
