@@ -9,7 +9,8 @@
 //! the same documents in the same two databases and the same settings (`max_jobs`,
 //! `max_churn`, `interval`, shares).
 //!
-//! Each run warms up for at least two intervals and until its scheduler has rotated once
+//! Each run warms up for at least one nominal rotation period (below; every job's first
+//! turn does more work than the later ones) and until its scheduler has rotated once
 //! (CouchDB's first reschedule comes from the 60 s timer it set before the interval was
 //! configured), then measures for a window of ten nominal rotation periods (a rotation:
 //! ceil(N / min(`max_churn`, `max_jobs`)) intervals, the time for every job to run once under

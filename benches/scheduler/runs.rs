@@ -259,7 +259,10 @@ pub async fn couchdb(
 fn spec(endpoint: &Couch, plan: &Plan, pid: u32, target: &str) -> Spec {
     Spec {
         jobs: plan.jobs,
-        warm_up: Duration::from_secs(2 * plan.interval_sec),
+        // A nominal rotation at least: every job's first turn costs more than the later
+        // ones (its first document and checkpoints) and the first rotation's order is the
+        // order the jobs were added in, so the window starts once that has passed.
+        warm_up: Duration::from_secs(plan.rotation_sec().max(2 * plan.interval_sec)),
         rotates: plan.jobs > plan.max_jobs,
         window: Duration::from_secs(plan.window_sec),
         pid,

@@ -254,6 +254,7 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
     };
     let (mut conns, mut conn_samples, mut n) = (0usize, 0usize, 0u32);
     let mut probes = Probes::new(spec, t0);
+    let mut trace = Trace::new(spec.jobs);
     while t0.elapsed() < spec.window {
         let tick = Instant::now();
         let Some(running) = who.running(&http).await else {
@@ -267,6 +268,7 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
                 *s += 1;
             }
         }
+        trace.sample(t0.elapsed(), &prev, &now);
         for &i in now.difference(&prev) {
             out.starts += 1;
             if let Some(t) = out.turns.get_mut(i) {
@@ -282,6 +284,7 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
         probes.step(&http, spec, &running).await?;
         tokio::time::sleep(SAMPLE_EVERY.saturating_sub(tick.elapsed())).await;
     }
+    trace.write()?;
     out.bench_cpu_s = thread_cpu_seconds() - bench0;
     out.cpu_s = cpu_of(spec.pid) - cpu0;
     if spec.pid == std::process::id() {
@@ -296,6 +299,60 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
     // window's end.
     out.latencies_ms = probes.finish().await?;
     Ok(out)
+}
+
+/// Each job's turns as the samples saw them, written as JSON to the file `BENCH_TRACE`
+/// names (when set) for offline study of the rotation: `at` is each sample's time in
+/// seconds from the window's start, `turns[i]` job i's turns as [first, past-last) sample
+/// numbers (a turn still running at the end has no end).
+#[derive(serde::Serialize)]
+struct Trace {
+    #[serde(skip)]
+    path: Option<String>,
+    at: Vec<f32>,
+    turns: Vec<Vec<Vec<usize>>>,
+}
+
+impl Trace {
+    fn new(jobs: usize) -> Self {
+        let path = std::env::var("BENCH_TRACE").ok();
+        let turns = if path.is_some() {
+            vec![Vec::new(); jobs]
+        } else {
+            Vec::new()
+        };
+        Self {
+            path,
+            at: Vec::new(),
+            turns,
+        }
+    }
+
+    fn sample(&mut self, at: Duration, prev: &HashSet<usize>, now: &HashSet<usize>) {
+        if self.path.is_none() {
+            return;
+        }
+        let n = self.at.len();
+        self.at.push(at.as_secs_f32());
+        for &i in now.difference(prev) {
+            if let Some(t) = self.turns.get_mut(i) {
+                t.push(vec![n]);
+            }
+        }
+        for &i in prev.difference(now) {
+            if let Some(turn) = self.turns.get_mut(i).and_then(|t| t.last_mut()) {
+                turn.push(n);
+            }
+        }
+    }
+
+    fn write(&self) -> Result<(), String> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let json = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("{path}: {e}"))
+    }
 }
 
 /// Latency probes, one at a time, running beside the sampling so that a slow probe does not

@@ -11,8 +11,8 @@
 //! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
 //! exceeded only while the new jobs start, not for a whole interval.
 //! A trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
-//! waiting jobs, less one; see [`eligible_after`]) and acceptors take the earliest scheduled
-//! first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
+//! waiting jobs, less a margin; see [`eligible_after`]) and acceptors take the earliest
+//! scheduled first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
 //!
 //! Fair share ([`super::share`], [`super::share_plan`]): running jobs are charged to their
 //! `_replicator` database (transient jobs to one group) every tick; every tick the slots
@@ -45,7 +45,7 @@ use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
 use super::settings::ReplicatorSettings;
-use super::share::{FairShare, ShareKey, smooth_ratio};
+use super::share::{FairShare, ShareKey, ratio_weight, smooth_ratio};
 use super::share_plan::{GroupDelay, SharePlan};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
@@ -249,12 +249,15 @@ impl JobServer {
         st.churn = 0;
         // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
-        refresh_delays(st, s.max_jobs);
         if let Some(last) = st.last_tick.replace(now) {
             st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
         }
         st.turn_cycle = st.cycle.max(s.interval);
-        st.turn_due = self.turn_due_now(st.turn_cycle).await;
+        let pending = self.pending_all().await;
+        st.turn_due = turn_due(pending, s.max_churn, st.turn_cycle, MAX_ROTATION_INTERVALS);
+        // The jobs surely there: a leaving job may already be counted as pending.
+        let live = st.workers.values().filter(|w| !w.leaving).count();
+        refresh_delays(st, s.max_jobs, pending + live);
         st.churn += trim(st, s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
         // longest-running job back out (see `Accepted`), so a rotation completes within the
@@ -296,21 +299,18 @@ impl JobServer {
         self.refill(myself, st);
     }
 
-    /// When a job trimmed in this cycle is due again ([`turn_due`]): counted over every
-    /// pending job, and in measured cycles (the interval and its jitter), not intervals.
-    /// CouchDB 4.x lets a rotated job back after one interval, which with couch_jobs'
-    /// random pick among 1,024 leaves a long tail of jobs that wait many rotations.
-    async fn turn_due_now(&self, cycle: Duration) -> Duration {
-        let s = self.ctx.settings();
-        // All pending jobs, eligible or not: at the end of a rotation most of them are the
-        // ones just rotated out, and the few that never ran must come first.
-        let pending = self
-            .ctx
+    /// Every waiting job, eligible or not (up to [`ROTATION_COUNT_LIMIT`]): the queue a job
+    /// trimmed now waits behind ([`turn_due`], counted in measured cycles: the interval and
+    /// its jitter, not intervals). At the end of a rotation most of them are the ones just
+    /// rotated out, and the few that never ran must come first. CouchDB 4.x lets a rotated
+    /// job back after one interval, which with couch_jobs' random pick among 1,024 leaves a
+    /// long tail of jobs that wait many rotations.
+    async fn pending_all(&self) -> usize {
+        self.ctx
             .jobs()
             .pending_count(REP_JOBS, None, Some(ROTATION_COUNT_LIMIT))
             .await
-            .unwrap_or(0);
-        turn_due(pending, s.max_churn, cycle, MAX_ROTATION_INTERVALS)
+            .unwrap_or(0)
     }
 
     async fn cleanup_transient(&self) -> Result<(), JobsError> {
@@ -409,19 +409,27 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
     }
 }
 
-/// Rebuilds the tick's plan ([`SharePlan`]) over `slots` and each running database's
-/// delay after the tick's fair-share update, for the state's table and every running job.
-fn refresh_delays(st: &mut JobServerState, slots: usize) {
-    st.plan = SharePlan::new(st.share.params(), st.share.group_jobs(), slots);
+/// Rebuilds the tick's plan ([`SharePlan`]) over `slots` for the node's `all_jobs`, and each
+/// database's delay after the tick's fair-share update, for the state's table and every
+/// running job. The service ratios are averaged over about a rotation (the tick's
+/// `turn_due`, see [`ratio_weight`]) and kept for every planned database, also while none
+/// of its jobs runs: a database whose jobs sit together in the rotation has ticks with
+/// nothing running, and restarting its average then (from a ratio near 0) sent its next
+/// jobs back after a quarter of a rotation, together again. A new database starts at 1.
+fn refresh_delays(st: &mut JobServerState, slots: usize, all_jobs: usize) {
+    st.plan = SharePlan::new(st.share.params(), st.share.group_jobs(), slots, all_jobs);
     let usage = st.share.usage();
+    let weight = ratio_weight(st.turn_due.as_secs_f64() / st.turn_cycle.as_secs_f64());
     st.delays.clear();
-    let groups: HashSet<&ShareKey> = st.workers.values().map(|w| &w.group).collect();
-    // A database with no job running is forgotten: when one starts again its ratio is
-    // taken as it is then (a starved database's is low, and its jobs come back soon).
+    let groups: HashSet<&ShareKey> = st.share.group_jobs().keys().collect();
     st.ratios.retain(|k, _| groups.contains(k));
     for g in groups {
         let measured = st.plan.service_ratio(g, &usage);
-        let ratio = smooth_ratio(st.ratios.get(g).copied(), measured);
+        let ratio = smooth_ratio(
+            Some(st.ratios.get(g).copied().unwrap_or(1.0)),
+            measured,
+            weight,
+        );
         st.ratios.insert(g.clone(), ratio);
         st.delays.insert(g.clone(), st.plan.delay(g, ratio));
     }

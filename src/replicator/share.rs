@@ -271,17 +271,34 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
 /// gives 3 or 4); only a real imbalance passes this band.
 pub const DELAY_DEAD_BAND: f64 = 2.0;
 
-/// The weight of a tick's service ratio in the smoothed ratio the delay factor is taken
-/// from ([`smooth_ratio`]): a quarter, so one cycle's mix moves it little (the last cycle's
-/// burst of starts decides the ratio's noise), while a real imbalance, there at every tick,
-/// passes the dead band within a few.
+/// The most weight a tick's service ratio gets in the smoothed ratio the delay factor is
+/// taken from ([`smooth_ratio`]): a quarter, so one cycle's mix moves it little (the last
+/// cycle's burst of starts decides the ratio's noise), while a real imbalance, there at
+/// every tick, passes the dead band within a few.
 pub const RATIO_SMOOTHING: f64 = 0.25;
 
-/// A group's smoothed service ratio after a tick that measured `now`, from `prev` (`None`
-/// for a group not smoothed before: `now` itself).
-pub fn smooth_ratio(prev: Option<f64>, now: f64) -> f64 {
+/// The weight of one tick in the smoothed ratio when a rotation (every waiting job run
+/// once) takes `rotation_cycles` cycles: one rotation's worth, at most
+/// [`RATIO_SMOOTHING`]. Usage decays within a cycle or two, so a database whose jobs sit
+/// together in the rotation swings from far under its part to far over it and back once
+/// per rotation while getting exactly its share; averaged over less than a rotation that
+/// swing passed the dead band at 10,000 jobs (a 20-cycle rotation) and the feedback's
+/// delays made the clustering worse (the small database's jobs waited from a quarter to
+/// twice a rotation). A real imbalance lasts longer than a rotation, and a trimmed job's
+/// delay acts only a rotation later anyway.
+pub fn ratio_weight(rotation_cycles: f64) -> f64 {
+    if rotation_cycles.is_finite() && rotation_cycles > 1.0 {
+        (1.0 / rotation_cycles).min(RATIO_SMOOTHING)
+    } else {
+        RATIO_SMOOTHING
+    }
+}
+
+/// A group's smoothed service ratio after a tick that measured `now` with `weight` (see
+/// [`ratio_weight`]), from `prev` (`None` for a group not smoothed before: `now` itself).
+pub fn smooth_ratio(prev: Option<f64>, now: f64, weight: f64) -> f64 {
     match prev {
-        Some(p) if p.is_finite() && now.is_finite() => p + RATIO_SMOOTHING * (now - p),
+        Some(p) if p.is_finite() && now.is_finite() => p + weight * (now - p),
         _ => now,
     }
 }

@@ -28,6 +28,9 @@ use super::share::{ShareKey, ShareParams, delay_factor, stop_rank};
 /// over-subscribed waits at most four rotations (beyond that the rotation delay is capped).
 const FACTOR_RANGE: (f64, f64) = (0.25, 4.0);
 
+/// At most one job in this many may be unknown for a plan to be made ([`SharePlan::new`]).
+const UNKNOWN_PART: usize = 16;
+
 /// How a group's trimmed jobs are treated until the next tick.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupDelay {
@@ -60,10 +63,26 @@ pub struct SharePlan {
 }
 
 impl SharePlan {
-    /// Splits `slots` among the groups of `jobs` (jobs known per group) by their shares.
-    pub fn new(params: &ShareParams, jobs: &HashMap<ShareKey, usize>, slots: usize) -> Self {
+    /// Splits `slots` among the groups of `jobs` (jobs known per group) by their shares,
+    /// when nearly all of the node's `all_jobs` (running and waiting) are known: a job's
+    /// group is learnt when it first runs, so until the waiting jobs have run once the
+    /// counts are those of the jobs that happened to start first, and a plan from them was
+    /// wrong by up to 2.6 times for a whole rotation (10,000 jobs: the database whose ids
+    /// sort first looked over-subscribed, its jobs were sent a rotation and a half away
+    /// together, and they stayed together). Until then: no opinion, the plain rotation.
+    /// Up to a sixteenth may be unknown (at least one job): a job that waits for hours (a
+    /// failing one in back-off) is forgotten once its priority decays, and must not turn
+    /// the plan off for good; with a sixteenth of 10,000 jobs unseen the plan is off by
+    /// 7 % at most.
+    pub fn new(
+        params: &ShareParams,
+        jobs: &HashMap<ShareKey, usize>,
+        slots: usize,
+        all_jobs: usize,
+    ) -> Self {
         let total_jobs: usize = jobs.values().sum();
-        if slots == 0 || total_jobs == 0 {
+        let unknown = all_jobs.saturating_sub(total_jobs);
+        if slots == 0 || total_jobs == 0 || unknown > (all_jobs / UNKNOWN_PART).max(1) {
             return Self::default();
         }
         let given = water_fill(params, jobs, slots as f64);
@@ -167,7 +186,7 @@ mod tests {
     #[test]
     fn jobs_in_proportion_to_shares_rotate_alike() {
         let p = params(&[("a", 100), ("b", 900)]);
-        let plan = SharePlan::new(&p, &jobs(&[("a", 1000), ("b", 9000)]), 500);
+        let plan = SharePlan::new(&p, &jobs(&[("a", 1000), ("b", 9000)]), 500, 0);
         assert!(close(plan.factor(&db("a")), 1.0));
         assert!(close(plan.factor(&db("b")), 1.0));
     }
@@ -176,7 +195,7 @@ mod tests {
     fn a_group_with_more_jobs_than_shares_waits_longer() {
         // Equal jobs, shares 1:9: a gets 0.2 of 2 slots for its 4 jobs, b 1.8.
         let p = params(&[("a", 100), ("b", 900)]);
-        let plan = SharePlan::new(&p, &jobs(&[("a", 4), ("b", 4)]), 2);
+        let plan = SharePlan::new(&p, &jobs(&[("a", 4), ("b", 4)]), 2, 0);
         assert!(close(plan.factor(&db("a")), 4.0), "5 clamped to 4");
         assert!(close(plan.factor(&db("b")), 0.25 / 0.45));
         assert_eq!(plan.factor(&db("c")), 1.0, "not planned");
@@ -185,7 +204,7 @@ mod tests {
     #[test]
     fn a_small_group_keeps_what_it_can_use_and_the_rest_goes_to_the_others() {
         // Equal shares; x has 10 jobs, y 10,000, 500 slots: x runs all 10, y 490.
-        let plan = SharePlan::new(&params(&[]), &jobs(&[("x", 10), ("y", 10_000)]), 500);
+        let plan = SharePlan::new(&params(&[]), &jobs(&[("x", 10), ("y", 10_000)]), 500, 0);
         assert_eq!(plan.factor(&db("x")), 0.25, "all its jobs run: the least");
         let average = 500.0 / 10_010.0;
         assert!(close(plan.factor(&db("y")), average / (490.0 / 10_000.0)));
@@ -197,7 +216,7 @@ mod tests {
     #[test]
     fn the_service_ratio_compares_usage_with_the_planned_part() {
         let p = params(&[("a", 100), ("b", 900)]);
-        let plan = SharePlan::new(&p, &jobs(&[("a", 100), ("b", 900)]), 100);
+        let plan = SharePlan::new(&p, &jobs(&[("a", 100), ("b", 900)]), 100, 0);
         assert_eq!(plan.service_ratio(&db("a"), &BTreeMap::new()), 1.0, "idle");
         let usage = BTreeMap::from([(db("a"), 50), (db("b"), 50)]);
         assert!(close(plan.service_ratio(&db("a"), &usage), 5.0));
@@ -207,9 +226,36 @@ mod tests {
 
     #[test]
     fn nothing_to_plan_gives_no_opinion() {
-        let plan = SharePlan::new(&params(&[]), &HashMap::new(), 500);
+        let plan = SharePlan::new(&params(&[]), &HashMap::new(), 500, 0);
         assert_eq!(plan.factor(&db("a")), 1.0);
-        let plan = SharePlan::new(&params(&[]), &jobs(&[("a", 3)]), 0);
+        let plan = SharePlan::new(&params(&[]), &jobs(&[("a", 3)]), 0, 0);
         assert_eq!(plan.factor(&db("a")), 1.0);
+    }
+
+    #[test]
+    fn no_plan_until_nearly_every_job_has_been_seen() {
+        // 1,000 of a's jobs started first; 2,000 of b's 9,000 so far: a looks over-subscribed.
+        let p = params(&[("a", 100), ("b", 900)]);
+        let early = SharePlan::new(&p, &jobs(&[("a", 1000), ("b", 2000)]), 500, 10_000);
+        assert_eq!(early.factor(&db("a")), 1.0, "7,000 jobs not seen yet");
+        let usage = BTreeMap::from([(db("a"), 9)]);
+        assert_eq!(early.service_ratio(&db("a"), &usage), 1.0);
+        let late = SharePlan::new(&p, &jobs(&[("a", 1000), ("b", 8375)]), 500, 10_000);
+        let expected = (500.0 / 9375.0) / 0.05;
+        assert!(close(late.factor(&db("a")), expected), "a sixteenth unseen");
+        let all = SharePlan::new(&p, &jobs(&[("a", 1000), ("b", 9000)]), 500, 10_000);
+        assert!(close(all.factor(&db("a")), 1.0));
+        let usage = BTreeMap::from([(db("a"), 20), (db("b"), 80)]);
+        assert!(
+            close(all.service_ratio(&db("a"), &usage), 2.0),
+            "planned once all seen"
+        );
+        // A node of three jobs may miss one (forgotten while it waited), not two.
+        let small = jobs(&[("a", 1), ("b", 1)]);
+        assert!(close(
+            SharePlan::new(&p, &small, 1, 3).factor(&db("a")),
+            4.0
+        ));
+        assert_eq!(SharePlan::new(&p, &small, 1, 4).factor(&db("a")), 1.0);
     }
 }

@@ -194,21 +194,21 @@ fn share_error_measures_the_distance_from_the_shares() {
 #[test]
 fn the_smoothed_ratio_moves_a_quarter_of_the_way_per_tick() {
     assert_eq!(
-        smooth_ratio(None, 3.0),
+        smooth_ratio(None, 3.0, RATIO_SMOOTHING),
         3.0,
         "a new group starts at its ratio"
     );
     assert_eq!(
-        smooth_ratio(Some(1.0), 1.8),
+        smooth_ratio(Some(1.0), 1.8, RATIO_SMOOTHING),
         1.2,
         "one noisy tick stays in the band"
     );
-    assert!(smooth_ratio(Some(1.0), f64::NAN).is_nan());
+    assert!(smooth_ratio(Some(1.0), f64::NAN, RATIO_SMOOTHING).is_nan());
     // A real imbalance, measured at every tick, passes the band within a few ticks.
     let ticks_past_band = |ratio: f64| {
         let (mut r, mut ticks) = (1.0, 0);
         while delay_factor(r) == 1.0 && ticks < 100 {
-            r = smooth_ratio(Some(r), ratio);
+            r = smooth_ratio(Some(r), ratio, RATIO_SMOOTHING);
             ticks += 1;
         }
         ticks
@@ -222,4 +222,36 @@ fn the_smoothed_ratio_moves_a_quarter_of_the_way_per_tick() {
     ] {
         assert_eq!(ticks_past_band(ratio), ticks, "{why}");
     }
+}
+
+#[test]
+fn a_rotations_swing_stays_in_the_band_when_averaged_over_the_rotation() {
+    // A database whose jobs sit together in a 20-cycle rotation: far over its part for 8
+    // ticks, nothing for 12, exactly its share over the rotation.
+    let swing = |weight: f64| {
+        let mut r = 1.0;
+        let mut outside = 0;
+        for tick in 0..200 {
+            let measured = if tick % 20 < 8 { 2.5 } else { 0.0 };
+            r = smooth_ratio(Some(r), measured, weight);
+            if delay_factor(r) != 1.0 {
+                outside += 1;
+            }
+        }
+        outside
+    };
+    assert!(
+        swing(RATIO_SMOOTHING) > 50,
+        "a quarter per tick follows the swing"
+    );
+    assert_eq!(ratio_weight(20.0), 0.05);
+    assert_eq!(
+        swing(ratio_weight(20.0)),
+        0,
+        "a rotation's average does not"
+    );
+    // Short rotations keep the quarter; a nonsense length falls back to it.
+    assert_eq!(ratio_weight(2.0), RATIO_SMOOTHING);
+    assert_eq!(ratio_weight(f64::NAN), RATIO_SMOOTHING);
+    assert_eq!(ratio_weight(f64::INFINITY), RATIO_SMOOTHING);
 }
