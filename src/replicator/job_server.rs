@@ -19,7 +19,7 @@
 //! are split among the databases by their shares ([`SharePlan`]), and a trimmed job's
 //! rotation delay is scaled by its database's planned factor (a database whose jobs each
 //! get less than the average running fraction waits longer) times a feedback factor from
-//! its recent running time against its planned part, smoothed over ticks and left at 1
+//! its recent running time against its planned part, averaged over about a rotation and left at 1
 //! within a dead band ([`smooth_ratio`], [`super::share::delay_factor`]). Trimming stops the
 //! longest-running jobs, those of a database measured far over its part first.
 //!
