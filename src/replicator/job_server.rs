@@ -10,22 +10,24 @@
 //! Each extra job accepted trims one back out at once (CouchDB 4.x trims at the next
 //! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
 //! exceeded only while the new jobs start, not for a whole interval.
-//! A trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
-//! waiting jobs, less a margin; see [`eligible_after`]) and acceptors take the earliest
-//! scheduled first, so jobs rotate in order and none starves (CouchDB 4.x waits one interval).
+//! The running jobs and when each rotates out and comes back are [`super::rotation`]'s:
+//! a trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
+//! waiting jobs, less a margin; see [`super::churn::eligible_after`]) and acceptors take
+//! the earliest scheduled first, so jobs rotate in order and none starves (CouchDB 4.x
+//! waits one interval).
 //!
 //! Fair share ([`super::share`], [`super::share_plan`]): running jobs are charged to their
 //! `_replicator` database (transient jobs to one group) every tick; every tick the slots
-//! are split among the databases by their shares ([`SharePlan`]), and a trimmed job's
-//! rotation delay is scaled by its database's planned factor (a database whose jobs each
-//! get less than the average running fraction waits longer) times a feedback factor from
-//! its recent running time against its planned part, averaged over about a rotation and left at 1
-//! within a dead band ([`smooth_ratio`], [`super::share::delay_factor`]). Trimming stops the
-//! longest-running jobs, those of a database measured far over its part first.
+//! are split among the databases by their shares, and a trimmed job's rotation delay is
+//! scaled by its database's planned factor (a database whose jobs each get less than the
+//! average running fraction waits longer) times a feedback factor from its recent running
+//! time against its planned part, averaged over about a rotation and left at 1 within a
+//! dead band ([`super::share::smooth_ratio`], [`super::share::delay_factor`]). Trimming
+//! stops the longest-running jobs, those of a database measured far over its part first.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
@@ -36,30 +38,26 @@ use tokio::time::Instant;
 
 use crate::jobs::{AcceptOpts, JobState, JobsError};
 
-use super::churn::{
-    RunningJob, acceptors_to_add, eligible_after, extra_acceptor_budget, trim_victims, turn_due,
-};
+use super::churn::{acceptors_to_add, extra_acceptor_budget};
 use super::context::NodeCtx;
 use super::job::{JobArgs, JobMsg};
 use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::rep_job::REP_JOBS;
+use super::rotation::{Rotation, Worker};
 use super::settings::ReplicatorSettings;
-use super::share::{FairShare, ShareKey, ratio_weight, smooth_ratio};
-use super::share_plan::{GroupDelay, SharePlan};
+use super::share::{FairShare, ShareKey};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 /// The earliest eligible jobs an acceptor picks among. A trimmed job becomes eligible a
-/// cycle before its turn (see [`eligible_after`]), so at a tick the queue holds it beside
+/// cycle before its turn (see [`super::churn::eligible_after`]), so at a tick the queue holds it beside
 /// jobs scheduled before it; picking among couch_jobs' 1,024 would let it jump them. Among
 /// 8, jobs scheduled in the same second (couch_jobs' unit) started in job id order, so one
 /// database's jobs (`a/_replicator|…` sorts first) kept starting together; 64 is about a
 /// second of trims at 10,000 jobs, mixes them, and spreads concurrent acceptors over more
 /// keys (10,000 jobs, 400 s: cpu per start 1.69 ms against 1.98 with 8, one run each).
 const ACCEPT_CANDIDATES: usize = 64;
-/// At most this many cycles between a job's rotation and its turn.
-const MAX_ROTATION_INTERVALS: usize = 40;
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;
 /// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
@@ -140,40 +138,13 @@ pub struct JobServer {
     pub job_sup: JobSupRef,
 }
 
-struct Worker {
-    actor: ActorRef<JobMsg>,
-    job_id: String,
-    continuous: bool,
-    group: ShareKey,
-    started: Instant,
-    /// Told to rotate out: it no longer counts against `max_jobs` nor is trimmed again.
-    leaving: bool,
-    /// Its database's fair-share delay as of the last tick: usage changes only at a tick,
-    /// so the trims after each start need not recompute it.
-    delay: GroupDelay,
-}
-
 /// The job server's state.
 pub struct JobServerState {
     acceptors: HashMap<u64, JoinHandle<()>>,
     next_acceptor: u64,
-    workers: HashMap<ActorId, Worker>,
-    /// Each database's delay as of the last tick (see [`Worker::delay`]).
-    delays: HashMap<ShareKey, GroupDelay>,
-    /// The tick's split of the slots among the databases.
-    plan: SharePlan,
-    /// Each running database's smoothed service ratio ([`smooth_ratio`]), which its factor
-    /// is taken from.
-    ratios: HashMap<ShareKey, f64>,
+    /// The running jobs and the rotation's timing.
+    rot: Rotation,
     churn: usize,
-    /// When a job trimmed in this cycle is due to run again, and the cycle it was counted
-    /// in (both set every tick; see [`turn_due`]).
-    turn_due: Duration,
-    turn_cycle: Duration,
-    /// The last tick, and the time between ticks as measured (a moving average): the
-    /// interval, its jitter and the tick's own work.
-    last_tick: Option<Instant>,
-    cycle: Duration,
     timer: Option<JoinHandle<()>>,
     share: FairShare<String>,
     /// When finished transient jobs were last looked for.
@@ -210,7 +181,7 @@ impl JobServer {
         let s = self.ctx.settings();
         let n = acceptors_to_add(
             st.acceptors.len(),
-            st.workers.len(),
+            st.rot.workers.len(),
             s.max_jobs,
             s.max_acceptors,
         );
@@ -237,7 +208,7 @@ impl JobServer {
         // A job that ended before its Accepted arrived leaves a stale entry.
         let now = Instant::now();
         let share = &mut st.share;
-        st.workers.retain(|_, w| {
+        st.rot.workers.retain(|_, w| {
             let alive = w.actor.get_status() < ractor::ActorStatus::Stopping;
             if !alive {
                 share.stopped(&w.job_id, now);
@@ -249,22 +220,18 @@ impl JobServer {
         st.churn = 0;
         // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
-        if let Some(last) = st.last_tick.replace(now) {
-            st.cycle = (st.cycle * 3 + last.elapsed()) / 4;
-        }
-        st.turn_cycle = st.cycle.max(s.interval);
         let pending = self.pending_all().await;
-        st.turn_due = turn_due(pending, s.max_churn, st.turn_cycle, MAX_ROTATION_INTERVALS);
+        st.rot.tick(now, s.interval, pending, s.max_churn);
         // The jobs surely there: a leaving job may already be counted as pending.
-        let live = st.workers.values().filter(|w| !w.leaving).count();
-        refresh_delays(st, s.max_jobs, pending + live);
-        st.churn += trim(st, s.max_jobs, s.min_run_time);
+        let all_jobs = pending + st.rot.live();
+        st.rot.refresh(&st.share, s.max_jobs, all_jobs);
+        st.churn += st.rot.trim(s.max_jobs, s.min_run_time);
         // 2. extra acceptors for pending work; each one accepted trims the job with the
         // longest-running job back out (see `Accepted`), so a rotation completes within the
         // cycle and `max_jobs` is exceeded only while a job starts
         let budget = extra_acceptor_budget(
             st.acceptors.len(),
-            st.workers.len(),
+            st.rot.workers.len(),
             s.max_jobs,
             s.max_churn,
             st.churn,
@@ -294,13 +261,13 @@ impl JobServer {
         }
         // 4. gauges
         metrics::gauge!("couch_replicator_jobs_accepting").set(st.acceptors.len() as f64);
-        metrics::gauge!("couch_replicator_jobs_running").set(st.workers.len() as f64);
+        metrics::gauge!("couch_replicator_jobs_running").set(st.rot.workers.len() as f64);
         metrics::counter!("couch_replicator_jobs_reschedules").increment(1);
         self.refill(myself, st);
     }
 
     /// Every waiting job, eligible or not (up to [`ROTATION_COUNT_LIMIT`]): the queue a job
-    /// trimmed now waits behind ([`turn_due`], counted in measured cycles: the interval and
+    /// trimmed now waits behind ([`super::churn::turn_due`], counted in measured cycles: the interval and
     /// its jitter, not intervals). At the end of a rotation most of them are the ones just
     /// rotated out, and the few that never ran must come first. CouchDB 4.x lets a rotated
     /// job back after one interval, which with couch_jobs' random pick among 1,024 leaves a
@@ -409,88 +376,6 @@ async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMs
     }
 }
 
-/// Rebuilds the tick's plan ([`SharePlan`]) over `slots` for the node's `all_jobs`, and each
-/// database's delay after the tick's fair-share update, for the state's table and every
-/// running job. The service ratios are averaged over about a rotation (the tick's
-/// `turn_due`, see [`ratio_weight`]) and kept for every planned database, also while none
-/// of its jobs runs: a database whose jobs sit together in the rotation has ticks with
-/// nothing running, and restarting its average then (from a ratio near 0) sent its next
-/// jobs back after a quarter of a rotation, together again. A new database starts at 1.
-fn refresh_delays(st: &mut JobServerState, slots: usize, all_jobs: usize) {
-    st.plan = SharePlan::new(st.share.params(), st.share.group_jobs(), slots, all_jobs);
-    let usage = st.share.usage();
-    let weight = ratio_weight(st.turn_due.as_secs_f64() / st.turn_cycle.as_secs_f64());
-    st.delays.clear();
-    let groups: HashSet<&ShareKey> = st.share.group_jobs().keys().collect();
-    st.ratios.retain(|k, _| groups.contains(k));
-    for g in groups {
-        let measured = st.plan.service_ratio(g, &usage);
-        let ratio = smooth_ratio(
-            Some(st.ratios.get(g).copied().unwrap_or(1.0)),
-            measured,
-            weight,
-        );
-        st.ratios.insert(g.clone(), ratio);
-        st.delays.insert(g.clone(), st.plan.delay(g, ratio));
-    }
-    for w in st.workers.values_mut() {
-        w.delay = st.delays.get(&w.group).copied().unwrap_or_default();
-    }
-}
-
-/// `group`'s delay from the tick's table, computed and kept there when missing (a
-/// database whose first job just started: from its ratio now).
-fn delay_of(st: &mut JobServerState, group: &ShareKey) -> GroupDelay {
-    if let Some(d) = st.delays.get(group) {
-        return *d;
-    }
-    let ratio = st.plan.service_ratio(group, &st.share.usage());
-    let d = st.plan.delay(group, ratio);
-    st.delays.insert(group.clone(), d);
-    d
-}
-
-/// Tells the jobs over `max_jobs` to rotate out: the continuous ones that ran at least
-/// `min_run_time`, the longest running first, those of a database far over its part
-/// before any other (see [`trim_victims`], [`GroupDelay::rank`]); a job waits until a cycle
-/// before its turn, the turn scaled by its database's [`GroupDelay::factor`]. Returns how
-/// many were told.
-fn trim(st: &mut JobServerState, max_jobs: usize, min_run_time: Duration) -> usize {
-    let live = st.workers.values().filter(|w| !w.leaving).count();
-    if live <= max_jobs {
-        return 0;
-    }
-    // Ranked and delayed by how the database is served, not by the job's own priority:
-    // two jobs of one database that ran alike must come back alike, and a job's priority
-    // also carries the timing of its last turns, so ranking by it stopped some jobs just
-    // after their start and others a cycle late (uneven turns, measured at 10,000 jobs).
-    // Only a database far over its share ranks first (`stop_rank`); otherwise the oldest
-    // turn ends first.
-    let running: Vec<RunningJob<ActorId>> = st
-        .workers
-        .iter()
-        .filter(|(_, w)| !w.leaving)
-        .map(|(id, w)| RunningJob {
-            id: *id,
-            continuous: w.continuous,
-            ran_for: w.started.elapsed(),
-            priority: w.delay.rank,
-        })
-        .collect();
-    let victims = trim_victims(&running, max_jobs, min_run_time);
-    for v in &victims {
-        if let Some(w) = st.workers.get_mut(v) {
-            let _ = w.actor.send_message(JobMsg::Rotate(eligible_after(
-                st.turn_due,
-                st.turn_cycle,
-                w.delay.factor,
-            )));
-            w.leaving = true;
-        }
-    }
-    victims.len()
-}
-
 impl Server for JobServer {
     type Msg = JobServerMsg;
     type State = JobServerState;
@@ -504,15 +389,8 @@ impl Server for JobServer {
         let mut st = JobServerState {
             acceptors: HashMap::new(),
             next_acceptor: 0,
-            workers: HashMap::new(),
-            delays: HashMap::new(),
-            plan: SharePlan::default(),
-            ratios: HashMap::new(),
+            rot: Rotation::new(self.ctx.settings().interval),
             churn: 0,
-            turn_due: self.ctx.settings().interval,
-            turn_cycle: self.ctx.settings().interval,
-            last_tick: None,
-            cycle: self.ctx.settings().interval,
             timer: None,
             share: FairShare::new(self.ctx.settings().share_params()),
             last_cleanup: None,
@@ -539,8 +417,8 @@ impl Server for JobServer {
                 st.acceptors.remove(&acceptor);
                 let now = Instant::now();
                 st.share.started(job_id.clone(), group.clone(), now);
-                let delay = delay_of(st, &group);
-                st.workers.insert(
+                let delay = st.rot.delay_of(&st.share, &group);
+                st.rot.workers.insert(
                     actor.get_id(),
                     Worker {
                         actor,
@@ -554,7 +432,7 @@ impl Server for JobServer {
                 );
                 st.churn += 1;
                 let s = self.ctx.settings();
-                trim(st, s.max_jobs, s.min_run_time);
+                st.rot.trim(s.max_jobs, s.min_run_time);
                 self.refill(&myself, st);
             }
             JobServerMsg::AcceptorEnded(acceptor) => {
@@ -562,19 +440,20 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::WorkerExited(id) => {
-                if let Some(w) = st.workers.remove(&id) {
+                if let Some(w) = st.rot.workers.remove(&id) {
                     st.share.stopped(&w.job_id, Instant::now());
                 }
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
             JobServerMsg::StopAll => {
-                for w in st.workers.values() {
+                for w in st.rot.workers.values() {
                     let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
                 }
             }
             JobServerMsg::Observe(reply) => {
                 let mut jobs: Vec<RunningJobObservation> = st
+                    .rot
                     .workers
                     .values()
                     .map(|w| RunningJobObservation {

@@ -25,6 +25,7 @@ pub mod membership;
 pub mod rate_limiter;
 pub mod rep_doc;
 pub mod rep_job;
+mod rotation;
 pub(crate) mod settings;
 pub mod share;
 pub mod share_plan;
