@@ -39,7 +39,8 @@
 //!
 //! Settings: `BENCH_MAX_JOBS` (default min(500, N/4)), `BENCH_CHURN` (default `max_jobs`),
 //! `BENCH_INTERVAL` seconds (default 5). `BENCH_OURS_ONLY` runs our node alone (for tuning:
-//! no ratios, no `RESULT` lines). Needs `COUCHDB_PEER_SCRIPT` (the CouchDB peer script).
+//! no ratios, no `RESULT` lines); `BENCH_TRACE=FILE` writes each job's turns there (JSON, the
+//! last window's: run it with `BENCH_OURS_ONLY` for ours). Needs `COUCHDB_PEER_SCRIPT` (the CouchDB peer script).
 
 #[path = "shared/entry.rs"]
 mod entry;
