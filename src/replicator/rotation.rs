@@ -104,7 +104,7 @@ impl Rotation {
         for g in groups {
             let measured = self.plan.service_ratio(g, &usage);
             let prev = self.ratios.get(g).copied().unwrap_or(1.0);
-            let ratio = smooth_ratio(Some(prev), measured, weight);
+            let ratio = smooth_ratio(prev, measured, weight);
             self.ratios.insert(g.clone(), ratio);
             self.delays.insert(g.clone(), self.plan.delay(g, ratio));
         }

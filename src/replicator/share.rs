@@ -295,11 +295,13 @@ pub fn ratio_weight(rotation_cycles: f64) -> f64 {
 }
 
 /// A group's smoothed service ratio after a tick that measured `now` with `weight` (see
-/// [`ratio_weight`]), from `prev` (`None` for a group not smoothed before: `now` itself).
-pub fn smooth_ratio(prev: Option<f64>, now: f64, weight: f64) -> f64 {
-    match prev {
-        Some(p) if p.is_finite() && now.is_finite() => p + weight * (now - p),
-        _ => now,
+/// [`ratio_weight`]), from `prev` (the job server starts a new group at 1); `now` itself
+/// when either is not a number.
+pub fn smooth_ratio(prev: f64, now: f64, weight: f64) -> f64 {
+    if prev.is_finite() && now.is_finite() {
+        prev + weight * (now - prev)
+    } else {
+        now
     }
 }
 

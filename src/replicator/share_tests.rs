@@ -194,21 +194,21 @@ fn share_error_measures_the_distance_from_the_shares() {
 #[test]
 fn the_smoothed_ratio_moves_a_quarter_of_the_way_per_tick() {
     assert_eq!(
-        smooth_ratio(None, 3.0, RATIO_SMOOTHING),
+        smooth_ratio(f64::NAN, 3.0, RATIO_SMOOTHING),
         3.0,
-        "a new group starts at its ratio"
+        "no number before: the ratio itself"
     );
     assert_eq!(
-        smooth_ratio(Some(1.0), 1.8, RATIO_SMOOTHING),
+        smooth_ratio(1.0, 1.8, RATIO_SMOOTHING),
         1.2,
         "one noisy tick stays in the band"
     );
-    assert!(smooth_ratio(Some(1.0), f64::NAN, RATIO_SMOOTHING).is_nan());
+    assert!(smooth_ratio(1.0, f64::NAN, RATIO_SMOOTHING).is_nan());
     // A real imbalance, measured at every tick, passes the band within a few ticks.
     let ticks_past_band = |ratio: f64| {
         let (mut r, mut ticks) = (1.0, 0);
         while delay_factor(r) == 1.0 && ticks < 100 {
-            r = smooth_ratio(Some(r), ratio, RATIO_SMOOTHING);
+            r = smooth_ratio(r, ratio, RATIO_SMOOTHING);
             ticks += 1;
         }
         ticks
@@ -233,7 +233,7 @@ fn a_rotations_swing_stays_in_the_band_when_averaged_over_the_rotation() {
         let mut outside = 0;
         for tick in 0..200 {
             let measured = if tick % 20 < 8 { 2.5 } else { 0.0 };
-            r = smooth_ratio(Some(r), measured, weight);
+            r = smooth_ratio(r, measured, weight);
             if delay_factor(r) != 1.0 {
                 outside += 1;
             }
