@@ -101,6 +101,7 @@ impl SchedulerJob {
             history: j
                 .history
                 .iter()
+                .filter(|h| h.kind != HistoryKind::Pending)
                 .map(|h| HistoryJson {
                     timestamp: iso8601(h.timestamp),
                     kind: h.kind,

@@ -279,7 +279,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         }
     };
     st.span.record("rep_id", rep_id.full().as_str());
-    if !claim(myself, st, &rep_id, now).await? {
+    if !claim(myself, st, &rep_id, &spec, now).await? {
         return Ok(());
     }
     launch(myself, st, spec, engine, rep_id.full(), now);
@@ -294,6 +294,7 @@ async fn claim(
     myself: &ActorRef<JobMsg>,
     st: &mut JobActorState,
     rep_id: &RepId,
+    spec: &ReplicationSpec,
     now: i64,
 ) -> Result<bool, BoxError> {
     let ctx = &st.ctx;
@@ -309,6 +310,10 @@ async fn claim(
     record.retry_at = None;
     record.set_state(RepState::Running, None, now);
     record.push_history(HistoryKind::Started, now, None, ctx.settings().max_history);
+    if record.rep_stats.is_none() {
+        // Listed in `_active_tasks` from the moment it runs, as CouchDB lists a new task.
+        record.rep_stats = Some(first_stats(&full, spec, now));
+    }
     let data = record.to_data();
     let job = st.job.clone();
     let claimed = jobs
@@ -373,11 +378,9 @@ fn launch(
         let _ = me.send_message(JobMsg::Done(Box::new(result)));
     });
     st.runner = Some(Runner::start(spec, engine, on_end));
-    let period = st
-        .ctx
-        .settings()
-        .stats_update_interval
-        .max(Duration::from_secs(1));
+    // Changed stats are written at most once a second, so `_active_tasks` follows progress
+    // as CouchDB's task status does; an idle job's tick writes nothing (see `tick`).
+    let period = st.ctx.settings().stats_update_interval.min(PROGRESS_PERIOD);
     let me = myself.clone();
     st.timer = Some(job_runner::every(period, move || {
         me.send_message(JobMsg::Tick).is_ok()
@@ -386,6 +389,27 @@ fn launch(
         job_id: st.job.id.clone(),
         rep_id,
     });
+}
+
+/// How often a running job's changed stats reach the store at most (CouchDB updates its
+/// task status on progress; a shorter `stats_update_interval` makes it more often).
+const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
+
+/// The stats of a job that has not reported any yet: CouchDB's task before its first
+/// update (sequences `0`, no counters).
+fn first_stats(rep_id: &str, spec: &ReplicationSpec, now: i64) -> ReplicationStats {
+    let now = now.max(0) as u64;
+    ReplicationStats {
+        replication_id: rep_id.to_owned(),
+        continuous: spec.options.continuous,
+        source_seq: 0.into(),
+        through_seq: 0.into(),
+        checkpointed_source_seq: 0.into(),
+        checkpoint_interval: spec.options.checkpoint_interval.as_millis() as u64,
+        started_on: now,
+        updated_on: now,
+        ..ReplicationStats::default()
+    }
 }
 
 /// Keeps the latest stats in the record (what `_active_tasks` and `_scheduler/*` show).
@@ -550,8 +574,9 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     r.pid = None;
     r.retry_at = Some(stime);
     r.set_state(RepState::Crashing, Some(err), now);
+    // CouchDB shows no event for going back to pending: tools read the crash's reason
+    // from `history[0]`.
     r.push_history(HistoryKind::Crashed, now, Some(reason.clone()), max_history);
-    r.push_history(HistoryKind::Pending, now, None, max_history);
     tracing::warn!(job = %st.job.id, errors, backoff_s = stime - now, %reason, "job crashed");
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Crashed {
@@ -573,7 +598,6 @@ async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsError> {
     r.pid = None;
     r.set_state(RepState::Pending, None, now);
     r.push_history(HistoryKind::Stopped, now, None, max_history);
-    r.push_history(HistoryKind::Pending, now, None, max_history);
     let delay = st.resubmit_delay.unwrap_or(st.ctx.settings().interval);
     let stime = now + delay.as_secs().max(1) as i64;
     resubmit(st, stime).await?;

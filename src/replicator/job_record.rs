@@ -75,7 +75,8 @@ pub enum HistoryKind {
     Started,
     /// It was stopped (rotation, shutdown).
     Stopped,
-    /// It is waiting to run again.
+    /// It was waiting to run again: written by earlier versions after `crashed` and `stopped`;
+    /// no longer recorded and never shown (CouchDB has no such event).
     Pending,
     /// It crashed (the event carries the reason).
     Crashed,

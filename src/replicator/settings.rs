@@ -50,7 +50,9 @@ pub struct ReplicatorSettings {
     pub max_backoff_penalty: Duration,
     /// Events kept in a job's history.
     pub max_history: usize,
-    /// How often a running job refreshes its stats in the job store (at least every second).
+    /// The longest a running job waits before its changed stats reach the job store; ours
+    /// writes them each second (`_active_tasks` follows progress, as CouchDB's task status
+    /// does), so only a shorter value changes anything. An idle job writes nothing.
     pub stats_update_interval: Duration,
     /// couch_jobs activity timeout of replication jobs, whole seconds (CouchDB: 61 s).
     pub job_timeout: Duration,

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use super::couchdb_shapes::{
-    Couch, assert_same_shape, both, by_doc, events, events_but_pending, follow,
+    Couch, assert_same_history, assert_same_shape, both, by_doc, events, follow,
 };
 use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
@@ -255,8 +255,7 @@ async fn rotated(couch: &Couch) {
     .await;
     assert_same_shape("_scheduler/jobs stopped, pending", &cj, &oj);
     assert_same_shape("_scheduler/docs stopped, pending", &cd, &od);
-    let history = (events_but_pending(&cj), events_but_pending(&oj));
-    assert_eq!(history.0, history.1, "history of a stopped job");
+    assert_same_history(&cj, &oj, "a stopped job");
 }
 
 /// `_scheduler/docs` (list, single document, `states=`) and the `_replicator` document of a
