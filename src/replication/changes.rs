@@ -318,10 +318,14 @@ impl ChangesReader {
                 }
             }
         }
-        let last = feed.finish()?;
-        if !pending.is_empty() || last != *since {
-            self.emit(tx, pending, last.clone()).await;
-            *since = last;
+        // The feed must have ended properly, but a one-shot run ends at the last change it
+        // read, not at `last_seq`, as CouchDB's does: a run that read no change (an empty
+        // source, `doc_ids` or a filter that matched nothing) writes no checkpoint and
+        // answers `no_changes`.
+        feed.finish()?;
+        if let Some(seq) = pending_seq.filter(|s| !pending.is_empty() || s != since) {
+            self.emit(tx, pending, seq.clone()).await;
+            *since = seq;
         }
         Ok(())
     }
