@@ -116,6 +116,10 @@ impl From<&crate::replicator::JobError> for HttpError {
             J::DuplicateJob { .. } | J::DuplicateDocument { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
+            // An endpoint that refused the replicator's credentials: CouchDB passes the class
+            // on (401 `unauthorized`, 403 `forbidden`), so a client can tell it from a crash.
+            J::Replication { tag, .. } if tag == "unauthorized" => Self::unauthorized(e.detail()),
+            J::Replication { tag, .. } if tag == "forbidden" => Self::forbidden(e.detail()),
             J::Replication { .. } | J::Internal { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, e.tag(), e.detail())
             }

@@ -2,6 +2,7 @@
 //! grants one, refreshed on 401/403 or after `session_refresh_interval_sec`, else HTTP basic.
 //! Takes the endpoint's credentials; gives the header to put on each request.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -49,6 +50,8 @@ pub(crate) struct Auth {
     mode: Mutex<Mode>,
     /// The node's shared verdict for these credentials, if the client is on shared transports.
     shared: Option<Slot>,
+    /// The last login was answered 401 (see [`Auth::login_refused`]).
+    refused: AtomicBool,
 }
 
 impl std::fmt::Debug for Auth {
@@ -87,7 +90,14 @@ impl Auth {
                 Mode::Basic
             }),
             shared: None,
+            refused: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the server refused these credentials at `_session`: an endpoint's 401 is then
+    /// CouchDB's `replication_auth_error`, not a database the user may not open.
+    pub(crate) fn login_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Shares logins with every other client of the same server and credentials through
@@ -148,7 +158,7 @@ impl Auth {
             return false;
         }
         *mode = self.login(http, creds).await;
-        *shared = Some(verdict_of(&mode));
+        *shared = Some(self.verdict_of(&mode));
         matches!(*mode, Mode::Session { .. })
     }
 
@@ -165,11 +175,14 @@ impl Auth {
                     at: *at,
                 };
             }
-            Some(Verdict::Basic { at }) if at.elapsed() <= self.refresh => return Mode::Basic,
+            Some(Verdict::Basic { at, refused }) if at.elapsed() <= self.refresh => {
+                self.refused.store(*refused, Ordering::Relaxed);
+                return Mode::Basic;
+            }
             _ => {}
         }
         let mode = self.login(http, creds).await;
-        *shared = Some(verdict_of(&mode));
+        *shared = Some(self.verdict_of(&mode));
         mode
     }
 
@@ -182,6 +195,10 @@ impl Auth {
             .body(body.to_string())
             .send()
             .await;
+        let refused = resp
+            .as_ref()
+            .is_ok_and(|r| r.status() == reqwest::StatusCode::UNAUTHORIZED);
+        self.refused.store(refused, Ordering::Relaxed);
         let cookie = resp.ok().filter(|r| r.status().is_success()).and_then(|r| {
             r.headers()
                 .get_all("set-cookie")
@@ -201,14 +218,19 @@ impl Auth {
     }
 }
 
-/// What to share of a login's outcome.
-fn verdict_of(mode: &Mode) -> Verdict {
-    match mode {
-        Mode::Session { cookie, at } => Verdict::Session {
-            cookie: cookie.clone(),
-            at: *at,
-        },
-        Mode::Unknown | Mode::Basic => Verdict::Basic { at: Instant::now() },
+impl Auth {
+    /// What to share of a login's outcome.
+    fn verdict_of(&self, mode: &Mode) -> Verdict {
+        match mode {
+            Mode::Session { cookie, at } => Verdict::Session {
+                cookie: cookie.clone(),
+                at: *at,
+            },
+            Mode::Unknown | Mode::Basic => Verdict::Basic {
+                at: Instant::now(),
+                refused: self.login_refused(),
+            },
+        }
     }
 }
 

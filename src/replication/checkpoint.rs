@@ -61,7 +61,7 @@ async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
     let r = c.send(&Req::get(path)).await?;
     match r.status {
         StatusCode::OK => Ok(Some(r.json("checkpoint document")?)),
-        StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(c.endpoint().to_string())),
+        StatusCode::UNAUTHORIZED => Err(c.unauthorized()),
         StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(c.endpoint().to_string())),
         _ => Ok(None),
     }

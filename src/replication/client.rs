@@ -184,6 +184,19 @@ impl HttpClient {
         &self.ep
     }
 
+    /// The error for a 401 from this endpoint: the server refused the credentials at
+    /// `_session` (CouchDB's `replication_auth_error`), or the user may not open the database.
+    pub fn unauthorized(&self) -> ReplicationError {
+        let user = self.ep.credentials.as_ref().map(|c| c.username.as_str());
+        match user {
+            Some(user) if self.auth.login_refused() => ReplicationError::AuthFailed(format!(
+                "{}_session refused the credentials of user {user}",
+                self.ep.server_root()
+            )),
+            _ => ReplicationError::Unauthorized(self.ep.to_string()),
+        }
+    }
+
     /// The table of shared change watches, on a shared client (see [`super::db_watch`]).
     pub fn watches(&self) -> Option<&Arc<Watches>> {
         self.watches.as_ref()

@@ -28,6 +28,9 @@ pub enum ReplicationError {
     /// The endpoint answered 401.
     #[error("unauthorized: access to {0} was denied")]
     Unauthorized(String),
+    /// The endpoint's server refused the credentials at `_session` and then answered 401.
+    #[error("replication_auth_error: {0}")]
+    AuthFailed(String),
     /// The endpoint answered 403.
     #[error("forbidden: access to {0} is forbidden")]
     Forbidden(String),
@@ -95,6 +98,7 @@ impl ReplicationError {
                 | Self::InvalidEndpoint(_)
                 | Self::DbNotFound(_)
                 | Self::Unauthorized(_)
+                | Self::AuthFailed(_)
                 | Self::Forbidden(_)
                 | Self::FilterFetch(_)
         )
@@ -107,6 +111,7 @@ impl ReplicationError {
             Self::InvalidEndpoint(_) => "invalid_endpoint",
             Self::DbNotFound(_) => "db_not_found",
             Self::Unauthorized(_) => "unauthorized",
+            Self::AuthFailed(_) => "replication_auth_error",
             Self::Forbidden(_) => "forbidden",
             Self::MaxBackoff(_) => "max_backoff",
             Self::HttpRequestFailed(_) => "http_request_failed",

@@ -209,7 +209,7 @@ async fn open_db(c: &HttpClient) -> Result<Value> {
             }
             Ok(v)
         }
-        StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(ep)),
+        StatusCode::UNAUTHORIZED => Err(c.unauthorized()),
         StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(ep)),
         _ => Err(ReplicationError::DbNotFound(ep)),
     }
@@ -229,7 +229,7 @@ async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
         })
         .await?;
     match r.status {
-        StatusCode::UNAUTHORIZED => Err(ReplicationError::Unauthorized(tgt.endpoint().to_string())),
+        StatusCode::UNAUTHORIZED => Err(tgt.unauthorized()),
         StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(tgt.endpoint().to_string())),
         _ => Ok(()), // 201 created, 412 exists, anything else shows up at GET db
     }

@@ -32,6 +32,9 @@ pub enum Verdict {
     Basic {
         /// When it was decided.
         at: Instant,
+        /// The login was answered 401: the credentials are wrong (CouchDB's
+        /// `replication_auth_error` once the endpoint refuses them too).
+        refused: bool,
     },
 }
 
@@ -39,7 +42,7 @@ impl Verdict {
     /// When the verdict was obtained.
     pub fn at(&self) -> Instant {
         match self {
-            Self::Session { at, .. } | Self::Basic { at } => *at,
+            Self::Session { at, .. } | Self::Basic { at, .. } => *at,
         }
     }
 }
