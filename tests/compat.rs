@@ -4,6 +4,7 @@ mod support;
 
 mod compat {
     mod config;
+    mod couch_front;
     mod handover;
     mod replicate_api;
     mod replication_ids;

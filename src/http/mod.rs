@@ -2,11 +2,13 @@
 //! [`AppState`]; each endpoint group has its own file. Every reply is JSON (except the
 //! status page's HTML and the Prometheus text); errors are `{"error", "reason"}`
 //! ([`error::HttpError`]); callers are identified by HTTP Basic ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
-//! passes through `mask` so no password leaves the node.
+//! passes through `mask` so no password leaves the node; every reply carries CouchDB's headers
+//! and a request id that the request's log lines carry too (`couch_headers`).
 
 pub(crate) mod active_tasks;
 pub mod auth;
 pub(crate) mod cookie;
+pub(crate) mod couch_headers;
 pub mod couch_json;
 pub mod error;
 pub(crate) mod health;
@@ -165,6 +167,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .layer(DefaultBodyLimit::max(limit))
         .layer(refresh)
         .layer(axum::middleware::from_fn(health::count_requests))
+        .layer(axum::middleware::from_fn(couch_headers::couch_headers))
 }
 
 /// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.

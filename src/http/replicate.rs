@@ -76,6 +76,8 @@ pub async fn post_replicate(
                     rep: body,
                 })
                 .await?;
+            // In the request's span: its request id leads from the caller to the job.
+            tracing::info!(job_id = %job.job_id, rep_id = %rep_id.full(), "replication job added");
             if spec.options.continuous {
                 // Answered once the job is added, even if an endpoint is unreachable (the job
                 // then shows as crashing), as CouchDB answers.

@@ -8,17 +8,18 @@
 
 use crate::support::couch::{Couch, numbered_docs};
 use crate::support::couchdb::CouchPeer;
-use crate::support::http::{ADMIN, Node};
+use crate::support::http::{ADMIN, Node, fast_settings};
 use crate::support::{deadline, wait_for};
 use couch_replicator::http::HttpConfig;
 use couch_replicator::replication::{Context, ReplicationSpec, compute_id};
+use couch_replicator::replicator::ReplicatorSettings;
 use serde_json::{Value, json};
 
-const UUID: &str = "0ddba11c0ddba11c0ddba11c0ddba11c";
+pub(super) const UUID: &str = "0ddba11c0ddba11c0ddba11c0ddba11c";
 
 /// The shape of a JSON value: object keys in order with their shapes, an array's first
 /// element, the JSON type of scalars.
-fn shape(v: &Value) -> Value {
+pub(super) fn shape(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Array(m.iter().map(|(k, v)| json!([k, shape(v)])).collect()),
         Value::Array(a) => json!(["array", a.first().map(shape)]),
@@ -29,19 +30,24 @@ fn shape(v: &Value) -> Value {
     }
 }
 
-struct Both {
-    peer: CouchPeer,
-    c: Couch,
-    node: Node,
-    http: reqwest::Client,
+pub(super) struct Both {
+    pub(super) peer: CouchPeer,
+    pub(super) c: Couch,
+    pub(super) node: Node,
+    pub(super) http: reqwest::Client,
 }
 
 impl Both {
-    async fn start(test: &str) -> Option<Self> {
+    pub(super) async fn start(test: &str) -> Option<Self> {
+        Self::start_with(test, fast_settings()).await
+    }
+
+    /// Both sides, ours with these settings.
+    pub(super) async fn start_with(test: &str, settings: ReplicatorSettings) -> Option<Self> {
         let peer = CouchPeer::start(test, Some(UUID))?;
         let c = Couch::new(&peer.admin_url());
         peer.warm_up_sessions().await;
-        let node = Node::with_uuid(HttpConfig::default(), UUID).await;
+        let node = Node::with_uuid_and_settings(HttpConfig::default(), UUID, settings).await;
         Some(Self {
             peer,
             c,
@@ -50,11 +56,11 @@ impl Both {
         })
     }
 
-    fn db(&self, name: &str) -> String {
+    pub(super) fn db(&self, name: &str) -> String {
         format!("{}/{name}", self.peer.admin_url())
     }
 
-    async fn couch(&self, body: &Value) -> (u16, Value) {
+    pub(super) async fn couch(&self, body: &Value) -> (u16, Value) {
         let r = deadline(120, "CouchDB's _replicate", async {
             self.http
                 .post(format!("{}/_replicate", self.peer.url()))
@@ -68,7 +74,7 @@ impl Both {
         (r.status().as_u16(), r.json().await.expect("JSON"))
     }
 
-    async fn ours(&self, body: &Value) -> (u16, Value) {
+    pub(super) async fn ours(&self, body: &Value) -> (u16, Value) {
         deadline(
             120,
             "our _replicate",

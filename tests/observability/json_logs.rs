@@ -31,16 +31,18 @@ async fn json_lines_carry_the_jobs_span() {
             Stdio::from(log),
         )
         .await;
-        let r: Value = reqwest::Client::new()
+        let resp = reqwest::Client::new()
             .post(format!("{}/_replicate", serve.base))
             .basic_auth("adm", Some("pw"))
             .json(&json!({"source": pouch.db("s"), "target": pouch.db("t"), "create_target": true}))
             .send()
             .await
-            .unwrap()
-            .json()
-            .await
             .unwrap();
+        let request_id = resp.headers()["x-couch-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let r: Value = resp.json().await.unwrap();
         assert_eq!(r["ok"], true, "{r}");
         drop(serve);
 
@@ -66,6 +68,27 @@ async fn json_lines_carry_the_jobs_span() {
         let rep_id = job["rep_id"].as_str().unwrap_or_default();
         assert!(rep_id.contains('+'), "rep_id {rep_id:?} in {job}");
         assert_eq!(job["source"], json!(pouch.db("s")), "{job}");
+
+        // The reply's request id is on the request's own lines: the job it added, and the
+        // request line with its status.
+        let of_request = |l: &&Value| {
+            l["spans"].as_array().is_some_and(|s| {
+                s.iter()
+                    .any(|s| s["name"] == "request" && s["request_id"] == request_id.as_str())
+            })
+        };
+        let mine: Vec<&Value> = lines.iter().filter(of_request).collect();
+        let added = mine
+            .iter()
+            .find(|l| l["fields"]["message"] == "replication job added")
+            .unwrap_or_else(|| panic!("no job line with request id {request_id}: {text}"));
+        assert_eq!(added["fields"]["rep_id"].as_str(), Some(rep_id), "{added}");
+        assert!(
+            mine.iter()
+                .any(|l| l["fields"]["message"] == "request" && l["fields"]["status"] == 200),
+            "no request line for {request_id}: {text}"
+        );
+        assert!(!text.contains("adm:pw"), "a credential in {text}");
     })
     .await;
 }

@@ -82,6 +82,15 @@ impl Node {
         Self::build_on(cfg, fast_settings(), false, Some(uuid)).await
     }
 
+    /// [`Self::with_uuid`] with other settings (e.g. CouchDB's default intervals).
+    pub async fn with_uuid_and_settings(
+        cfg: HttpConfig,
+        uuid: &str,
+        settings: ReplicatorSettings,
+    ) -> Node {
+        Self::build_on(cfg, settings, false, Some(uuid)).await
+    }
+
     async fn build(cfg: HttpConfig, settings: ReplicatorSettings, with_steps: bool) -> Node {
         Self::build_on(cfg, settings, with_steps, None).await
     }
