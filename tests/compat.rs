@@ -8,4 +8,5 @@ mod compat {
     mod replicate_api;
     mod replication_ids;
     mod sessions;
+    mod switch;
 }
