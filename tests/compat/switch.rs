@@ -388,8 +388,13 @@ async fn a_start_period_of_decades_leaves_a_shared_replicator_db_to_ours() {
         p.set_replicator("cluster_start_period", "1000000000").await;
         p.restart().await;
         let (couch_id, our_id) = put_shared_doc(&p).await;
+        // Before ours starts, longer than CouchDB's default start delay (5 s): untouched.
+        let before = p.watch("_replicator", "r", "tgt", &couch_id).await;
+        assert!(
+            !before.listed && !before.started && before.checkpoint.is_none(),
+            "{before:?}"
+        );
         let _ours = ours_completes_the_shared_doc(&p, &our_id).await;
-        // Twice CouchDB's default start delay (5 s) has passed since the restart.
         let t = p.watch("_replicator", "r", "tgt", &couch_id).await;
         assert!(!t.listed, "{t:?}");
         assert_untouched(&p, &couch_id, &t).await;
