@@ -1,14 +1,16 @@
 //! The operator's switch from CouchDB 3.4.3's replicator to ours, on a real CouchDB
-//! (`COUCHDB_PEER_SCRIPT`; skipped with a message when unset). CouchDB's doc processor follows
-//! every database named `_replicator` or `…/_replicator` and has no setting that turns it off,
-//! so the README gives two setups, each checked here against `serve` (the built binary):
+//! (`COUCHDB_PEER_SCRIPT`; skipped with a message when unset), with ours as the built `serve`
+//! binary. CouchDB's doc processor follows every database named `_replicator` or
+//! `…/_replicator` and no setting turns it off; each setup below leaves a document to exactly
+//! one of the two replicators:
 //!
-//! - the documents move to `ours_replicator`, which CouchDB does not follow: a continuous
-//!   replication that CouchDB runs (the control: CouchDB's traces are seen) is copied there
-//!   with the README's `_replicate` selector and deleted from `_replicator`; ours then runs it
-//!   and CouchDB never again touches it;
-//! - the documents stay in `_replicator` and CouchDB has `[replicator] max_jobs = 0`: CouchDB
-//!   lists the job but never starts it, ours runs it and writes `completed`.
+//! - the README's move to `ours_replicator`, which CouchDB does not follow: a continuous
+//!   replication CouchDB runs from `_replicator` (the control: the same checks see CouchDB's
+//!   traces) is copied there and deleted from `_replicator`; ours then runs it, and CouchDB
+//!   neither lists nor starts it nor moves its checkpoint;
+//! - documents kept in `_replicator`, CouchDB with `cluster_start_period = 1000000000` (the
+//!   README's setup: CouchDB never attaches, never lists the document) or `max_jobs = 0` (not
+//!   recommended: CouchDB lists the job, never starts it); ours runs it and writes `completed`.
 //!
 //! CouchDB and ours have different server uuids here, so their replication ids and `_local`
 //! checkpoint documents differ and tell who ran a replication.
@@ -142,6 +144,26 @@ impl Peer {
         t
     }
 
+    /// The README's second step: deletes from `_replicator` every non-design document of
+    /// `ours_replicator` at the revision copied (`_all_docs` into `_bulk_docs`).
+    async fn delete_copied(&self) {
+        let all = self.get("/ours_replicator/_all_docs").await;
+        let docs: Vec<Value> = all["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| !r["id"].as_str().unwrap_or("_").starts_with("_design/"))
+            .map(|r| json!({"_id": r["id"], "_rev": r["value"]["rev"], "_deleted": true}))
+            .collect();
+        assert_eq!(docs.len(), 1, "{all}");
+        let body = json!({ "docs": docs });
+        let (s, v) = self
+            .call(reqwest::Method::POST, "/_replicator/_bulk_docs", Some(body))
+            .await;
+        assert_eq!(s, 201, "{v}");
+        assert_eq!(v[0]["ok"], true, "{v}");
+    }
+
     /// `POST /_node/_local/_restart` (Erlang's `init:restart`: every application restarts and
     /// the config is re-read from the ini files, where `_config` writes went), then waits
     /// until `/_up` has failed and answered again: the restart takes seconds.
@@ -270,9 +292,7 @@ async fn moved_documents_run_on_ours_alone() {
             .await;
         assert_eq!((s, v["ok"].clone()), (200, json!(true)), "{v}");
         let (_, r) = p.c.get_doc("_replicator", "r").await;
-        let rev = r["_rev"].as_str().expect("rev");
-        let del = format!("/_replicator/r?rev={rev}");
-        assert_eq!(p.call(reqwest::Method::DELETE, &del, None).await.0, 200);
+        p.delete_copied().await;
         let stopped = wait_for(60, "CouchDB stops the deleted document's job", || async {
             let t = p.watch_once("_replicator", "r", "tgt", &couch_id).await;
             (!t.listed).then_some(t)
