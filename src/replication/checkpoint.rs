@@ -62,7 +62,7 @@ async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
     match r.status {
         StatusCode::OK => Ok(Some(r.json("checkpoint document")?)),
         StatusCode::UNAUTHORIZED => Err(c.unauthorized()),
-        StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(c.endpoint().to_string())),
+        StatusCode::FORBIDDEN => Err(c.forbidden()),
         _ => Ok(None),
     }
 }

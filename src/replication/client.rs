@@ -185,16 +185,23 @@ impl HttpClient {
     }
 
     /// The error for a 401 from this endpoint: the server refused the credentials at
-    /// `_session` (CouchDB's `replication_auth_error`), or the user may not open the database.
+    /// `_session` (CouchDB's `replication_auth_error`), or the user may not open the database
+    /// (CouchDB's reason, with the URL as CouchDB shows it: no credentials).
     pub fn unauthorized(&self) -> ReplicationError {
         let user = self.ep.credentials.as_ref().map(|c| c.username.as_str());
         match user {
             Some(user) if self.auth.login_refused() => ReplicationError::AuthFailed(format!(
-                "{}_session refused the credentials of user {user}",
-                self.ep.server_root()
+                "{}_session refused the credentials of user {user} for {}",
+                self.ep.server_root(),
+                self.ep.couch_url()
             )),
-            _ => ReplicationError::Unauthorized(self.ep.to_string()),
+            _ => ReplicationError::Unauthorized(self.ep.couch_url()),
         }
+    }
+
+    /// The error for a 403 from this endpoint (its URL as CouchDB shows it: no credentials).
+    pub fn forbidden(&self) -> ReplicationError {
+        ReplicationError::Forbidden(self.ep.couch_url())
     }
 
     /// The table of shared change watches, on a shared client (see [`super::db_watch`]).

@@ -26,13 +26,13 @@ pub enum ReplicationError {
     #[error("db_not_found: could not open {0}")]
     DbNotFound(String),
     /// The endpoint answered 401.
-    #[error("unauthorized: access to {0} was denied")]
+    #[error("unauthorized: unauthorized to access or create database {0}")]
     Unauthorized(String),
     /// The endpoint's server refused the credentials at `_session` and then answered 401.
     #[error("replication_auth_error: {0}")]
     AuthFailed(String),
     /// The endpoint answered 403.
-    #[error("forbidden: access to {0} is forbidden")]
+    #[error("forbidden: {0}")]
     Forbidden(String),
     /// The 429 back-off interval reached its maximum.
     #[error("max_backoff: {0} keeps answering 429 Too Many Requests")]

@@ -210,7 +210,7 @@ async fn open_db(c: &HttpClient) -> Result<Value> {
             Ok(v)
         }
         StatusCode::UNAUTHORIZED => Err(c.unauthorized()),
-        StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(ep)),
+        StatusCode::FORBIDDEN => Err(c.forbidden()),
         _ => Err(ReplicationError::DbNotFound(ep)),
     }
 }
@@ -230,7 +230,7 @@ async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
         .await?;
     match r.status {
         StatusCode::UNAUTHORIZED => Err(tgt.unauthorized()),
-        StatusCode::FORBIDDEN => Err(ReplicationError::Forbidden(tgt.endpoint().to_string())),
+        StatusCode::FORBIDDEN => Err(tgt.forbidden()),
         _ => Ok(()), // 201 created, 412 exists, anything else shows up at GET db
     }
 }
