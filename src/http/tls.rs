@@ -210,15 +210,16 @@ impl ServerTls {
                 .map_err(|e| file_err("cert_file", &opts.cert_file, e))?;
         }
         let key = private_key(opts)?;
-        b.set_private_key(&key)
-            .map_err(|e| file_err("key_file", &opts.key_file, e))?;
-        b.check_private_key().map_err(|_| {
+        // OpenSSL checks here that the key matches the certificate.
+        let mismatch = |_| {
             file_err(
                 "key_file",
                 &opts.key_file,
                 "does not belong to the certificate of cert_file",
             )
-        })?;
+        };
+        b.set_private_key(&key).map_err(mismatch)?;
+        b.check_private_key().map_err(mismatch)?;
         if let Some(ca_file) = &opts.cacert_file {
             for ca in certs("cacert_file", ca_file)? {
                 // In the store, OpenSSL completes the server's chain from these CAs and

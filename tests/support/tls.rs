@@ -197,3 +197,94 @@ impl Drop for TlsProxy {
         self.task.abort();
     }
 }
+
+/// A client certificate for [`https_get`]: PEM chain, PEM key, and the key's password.
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub password: Option<String>,
+}
+
+impl TestPki {
+    /// The PKI's client certificate (signed by its CA).
+    pub fn client_cert(&self) -> ClientCert {
+        ClientCert {
+            cert: self.path("client.pem"),
+            key: self.path("client-key.pem"),
+            password: Some(CLIENT_KEY_PASSWORD.to_owned()),
+        }
+    }
+}
+
+/// `GET path` over HTTPS on `127.0.0.1:port` (HTTP/1.0, so the body is not chunked),
+/// trusting only `ca` and checking the server certificate names 127.0.0.1, optionally
+/// presenting `client`. `Err` says where it failed: a refused handshake, or (TLS 1.3 sends
+/// the server's verdict on the client certificate after the client's handshake ends) a
+/// connection closed before any reply.
+///
+/// Panics if the exchange takes over 30 s: a hang is a failure of its own, not a refusal.
+pub async fn https_get(
+    ca: &Path,
+    port: u16,
+    client: Option<&ClientCert>,
+    path: &str,
+) -> Result<(u16, String), String> {
+    let exchange = https_exchange(ca, port, client, path);
+    match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
+        Ok(r) => r,
+        Err(_) => panic!("GET https://127.0.0.1:{port}{path} hung for 30 s"),
+    }
+}
+
+async fn https_exchange(
+    ca: &Path,
+    port: u16,
+    client: Option<&ClientCert>,
+    path: &str,
+) -> Result<(u16, String), String> {
+    use openssl::ssl::SslConnector;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_ca_file(ca).unwrap();
+    if let Some(c) = client {
+        b.set_certificate_chain_file(&c.cert).unwrap();
+        let pem = std::fs::read(&c.key).unwrap();
+        let key = match &c.password {
+            Some(p) => PKey::private_key_from_pem_passphrase(&pem, p.as_bytes()).unwrap(),
+            None => PKey::private_key_from_pem(&pem).unwrap(),
+        };
+        b.set_private_key(&key).unwrap();
+    }
+    let ssl = b
+        .build()
+        .configure()
+        .unwrap()
+        .into_ssl("127.0.0.1")
+        .unwrap();
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut tls = tokio_openssl::SslStream::new(ssl, tcp).unwrap();
+    Pin::new(&mut tls)
+        .connect()
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    tls.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut reply = Vec::new();
+    tls.read_to_end(&mut reply)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP reply: {text:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
