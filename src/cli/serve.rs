@@ -388,12 +388,7 @@ type BoundTx = Arc<tokio::sync::watch::Sender<Option<Result<Bound, String>>>>;
 /// a restarted API comes back where clients expect it) and serves the API with `/_steps`
 /// on each. Reports the bound addresses, or why binding failed, on `bound`; ends when
 /// either server fails.
-fn http_service(
-    at: Listeners,
-    config: HttpConfig,
-    steps: StepsSetup,
-    bound: BoundTx,
-) -> ServiceFn {
+fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: BoundTx) -> ServiceFn {
     Arc::new(move |rep: Arc<Replicator>| {
         let config = config.clone();
         let steps = steps.clone();
@@ -442,7 +437,10 @@ async fn bind_all(
         .map_err(|e| format!("cannot listen on {http_at}: {e}"))?;
     let https = match &at.https {
         None => None,
-        Some(h) => Some(h.bind(before.and_then(|b| b.https).unwrap_or(h.addr)).await?),
+        Some(h) => Some(
+            h.bind(before.and_then(|b| b.https).unwrap_or(h.addr))
+                .await?,
+        ),
     };
     Ok((listener, https))
 }

@@ -80,15 +80,19 @@ fn build(_cfg: &ConfigFile, _addr: SocketAddr) -> Result<Https, String> {
 #[cfg(feature = "tls")]
 fn build(cfg: &ConfigFile, addr: SocketAddr) -> Result<Https, String> {
     use couch_replicator::http::tls::{ServerTls, ServerTlsOptions};
-    let path = |k: &str| cfg.get("ssl", k).map(|v| std::path::PathBuf::from(v.trim()));
+    let path = |k: &str| {
+        cfg.get("ssl", k)
+            .map(|v| std::path::PathBuf::from(v.trim()))
+    };
     let (Some(cert_file), Some(key_file)) = (path("cert_file"), path("key_file")) else {
         return Err("[ssl] enable = true needs cert_file and key_file".to_string());
     };
     let max_depth = match cfg.get("ssl", "ssl_certificate_max_depth") {
         None => 1,
-        Some(v) => v.trim().parse().map_err(|_| {
-            "[ssl] ssl_certificate_max_depth must be a whole number".to_string()
-        })?,
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| "[ssl] ssl_certificate_max_depth must be a whole number".to_string())?,
     };
     let opts = ServerTlsOptions {
         cert_file,
@@ -190,7 +194,9 @@ impl Https {
 
     #[cfg(not(feature = "tls"))]
     pub async fn bind(&self, at: SocketAddr) -> Result<HttpsListener, String> {
-        Err(format!("cannot listen for HTTPS on {at}: no TLS in this build"))
+        Err(format!(
+            "cannot listen for HTTPS on {at}: no TLS in this build"
+        ))
     }
 }
 

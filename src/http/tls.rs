@@ -375,7 +375,10 @@ fn is_connection_error(e: &io::Error) -> bool {
 async fn handshake(acceptor: &SslAcceptor, tcp: TcpStream) -> Result<SslStream<TcpStream>, String> {
     let ssl = Ssl::new(acceptor.context()).map_err(|e| e.to_string())?;
     let mut tls = SslStream::new(ssl, tcp).map_err(|e| e.to_string())?;
-    Pin::new(&mut tls).accept().await.map_err(|e| e.to_string())?;
+    Pin::new(&mut tls)
+        .accept()
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(tls)
 }
 

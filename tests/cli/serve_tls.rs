@@ -2,10 +2,13 @@
 //! CouchDB 3.4.3 given the same keys: both serve HTTPS on the `[ssl]` port with the test CA's
 //! server certificate beside plain HTTP, and both treat clients without a certificate, with
 //! one from `cacert_file`'s CA and with one from another CA the same way under each
-//! `verify_ssl_certificates` / `fail_if_no_peer_cert` setting. Startup errors (a missing
+//! `verify_ssl_certificates` / `fail_if_no_peer_cert` setting, and both keep to
+//! `tls_versions`. Startup errors (a missing
 //! certificate, a wrong key password) stop `serve` with a message that names the file.
 
 use std::process::Stdio;
+
+use openssl::ssl::{SslConnector, SslMethod, SslVersion};
 use std::time::Duration;
 
 use crate::support::couchdb::CouchPeer;
@@ -46,7 +49,10 @@ fn ssl_keys(pki: &TestPki, verify: bool, fail_if_no_peer_cert: bool) -> Vec<(Str
         ("key_file".into(), p("server-key.pem")),
         ("cacert_file".into(), p("ca.pem")),
         ("verify_ssl_certificates".into(), verify.to_string()),
-        ("fail_if_no_peer_cert".into(), fail_if_no_peer_cert.to_string()),
+        (
+            "fail_if_no_peer_cert".into(),
+            fail_if_no_peer_cert.to_string(),
+        ),
     ]
 }
 
@@ -114,8 +120,50 @@ async fn https_and_client_certificates_like_couchdb() {
                 assert_eq!(r.status(), 200, "{base}/_up");
             }
         }
+        // tls_versions: TLS 1.3 only refuses a client that stops at TLS 1.2, on both.
+        let mut keys = ssl_keys(&pki, false, false);
+        keys.push(("tls_versions".into(), "['tlsv1.3']".into()));
+        let refs: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let couch_port = peer.enable_ssl(&refs).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (_node, port) = ours(dir.path(), &keys).await;
+        for (who, port) in [("CouchDB", couch_port), ("ours", port)] {
+            assert_eq!(
+                handshakes_up_to(&pki, port, SslVersion::TLS1_3).await,
+                Ok(()),
+                "{who}"
+            );
+            assert!(
+                handshakes_up_to(&pki, port, SslVersion::TLS1_2)
+                    .await
+                    .is_err(),
+                "{who} took TLS 1.2 with tls_versions = ['tlsv1.3']"
+            );
+        }
     })
     .await;
+}
+
+/// Whether a TLS handshake with at most version `max` succeeds (no client certificate).
+async fn handshakes_up_to(pki: &TestPki, port: u16, max: SslVersion) -> Result<(), String> {
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_ca_file(pki.path("ca.pem")).unwrap();
+    b.set_max_proto_version(Some(max)).unwrap();
+    let ssl = b
+        .build()
+        .configure()
+        .unwrap()
+        .into_ssl("127.0.0.1")
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut tls = tokio_openssl::SslStream::new(ssl, tcp).unwrap();
+    let hs = std::pin::Pin::new(&mut tls).connect();
+    tokio::time::timeout(Duration::from_secs(30), hs)
+        .await
+        .expect("TLS handshake hung")
+        .map_err(|e| e.to_string())
 }
 
 /// Runs `serve` with `[ssl]` keys that must stop it at start; returns its stderr.
@@ -163,7 +211,10 @@ async fn bad_ssl_files_stop_serve_at_start() {
             &format!("key_file = {}\npassword = not-the-p4ss\n", key.display()),
         )
         .await;
-        assert!(err.contains("key_file") && err.contains("password"), "{err}");
+        assert!(
+            err.contains("key_file") && err.contains("password"),
+            "{err}"
+        );
         assert!(!err.contains("not-the-p4ss"), "the password leaked: {err}");
         let err = start_fails(&pki, &format!("key_file = {}\n", key.display())).await;
         assert!(err.contains("key_file"), "{err}");
@@ -188,7 +239,10 @@ async fn bad_ssl_files_stop_serve_at_start() {
             ),
         )
         .await;
-        assert!(err.contains("cacert_file") && err.contains("missing.pem"), "{err}");
+        assert!(
+            err.contains("cacert_file") && err.contains("missing.pem"),
+            "{err}"
+        );
     })
     .await;
 }
