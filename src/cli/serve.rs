@@ -530,6 +530,29 @@ mod tests {
     }
 
     #[test]
+    fn ssl_keys_are_read_and_erlang_only_ones_noted() {
+        let a = args(&[]);
+        let mut cfg = ConfigFile::parse(
+            "[ssl]\nport = 7000\ncert_file = c.pem\nsecure_renegotiate = true\n\
+             [daemons]\nhttpsd = x\n",
+        )
+        .unwrap();
+        cfg.apply_env(Vec::new());
+        let s = setup(&a, &cfg, Vec::new(), db(), "u".into()).unwrap();
+        assert!(s.https.is_none(), "HTTPS is off without enable = true");
+        let ssl: Vec<_> = s.notes.iter().filter(|n| n.starts_with("[ssl]")).collect();
+        assert_eq!(
+            ssl,
+            ["[ssl] keys not used by this node: secure_renegotiate"]
+        );
+        assert!(
+            !s.notes.iter().any(|n| n.contains("daemons")),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    #[test]
     fn bad_settings_are_reported() {
         let bad = |extra: &[&str], text: &str| {
             let a = args(extra);

@@ -3,7 +3,7 @@
 //! server certificate beside plain HTTP, and both treat clients without a certificate, with
 //! one from `cacert_file`'s CA and with one from another CA the same way under each
 //! `verify_ssl_certificates` / `fail_if_no_peer_cert` setting, and both keep to
-//! `tls_versions`. Startup errors (a missing
+//! `tls_versions` and `ssl_certificate_max_depth`. Startup errors (a missing
 //! certificate, a wrong key password) stop `serve` with a message that names the file.
 
 use std::process::Stdio;
@@ -79,7 +79,7 @@ async fn https_and_client_certificates_like_couchdb() {
     let Some(peer) = CouchPeer::start("https_and_client_certificates_like_couchdb", None) else {
         return;
     };
-    deadline(180, "HTTPS like CouchDB", async {
+    deadline(300, "HTTPS like CouchDB", async {
         let pki = TestPki::new();
         let other = TestPki::new();
         let http = reqwest::Client::new();
@@ -118,6 +118,28 @@ async fn https_and_client_certificates_like_couchdb() {
             for base in [peer.url(), node.base.clone()] {
                 let r = http.get(format!("{base}/_up")).send().await.unwrap();
                 assert_eq!(r.status(), 200, "{base}/_up");
+            }
+        }
+        // ssl_certificate_max_depth: a client certificate one intermediate below the CA of
+        // cacert_file needs a depth of at least 1, on both.
+        let via = pki.client_via_intermediate();
+        for (depth, expected) in [("0", None), ("1", Some(200))] {
+            let mut keys = ssl_keys(&pki, true, true);
+            keys.push(("ssl_certificate_max_depth".into(), depth.into()));
+            let refs: Vec<(&str, &str)> =
+                keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let couch_port = peer.enable_ssl(&refs).await;
+            let dir = tempfile::tempdir().unwrap();
+            let (_node, port) = ours(dir.path(), &keys).await;
+            for (who, port) in [("CouchDB", couch_port), ("ours", port)] {
+                let got = https_get(&pki.path("ca.pem"), port, Some(&via), "/")
+                    .await
+                    .map(|(s, _)| s)
+                    .ok();
+                assert_eq!(
+                    got, expected,
+                    "{who} with ssl_certificate_max_depth = {depth}"
+                );
             }
         }
         // tls_versions: TLS 1.3 only refuses a client that stops at TLS 1.2, on both.

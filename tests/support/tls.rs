@@ -29,6 +29,7 @@ pub const CLIENT_KEY_PASSWORD: &str = "k3y-p4ss";
 pub struct TestPki {
     dir: tempfile::TempDir,
     ca: X509,
+    ca_key: PKey<Private>,
     server: (X509, PKey<Private>),
 }
 
@@ -128,6 +129,7 @@ impl TestPki {
         Self {
             dir,
             ca,
+            ca_key,
             server: (server, server_key),
         }
     }
@@ -198,6 +200,39 @@ impl Drop for TlsProxy {
     }
 }
 
+/// A CA certificate issued by `ca` (an intermediate).
+fn intermediate(key: &PKey<Private>, ca: &X509, ca_key: &PKey<Private>) -> X509 {
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_text("CN", "couch-replicator test intermediate CA")
+        .unwrap();
+    let name = name.build();
+    let mut b = X509::builder().unwrap();
+    b.set_version(2).unwrap();
+    let serial = BigNum::from_u32(rand::random::<u32>() >> 1).unwrap();
+    b.set_serial_number(&serial.to_asn1_integer().unwrap())
+        .unwrap();
+    b.set_subject_name(&name).unwrap();
+    b.set_issuer_name(ca.subject_name()).unwrap();
+    b.set_pubkey(key).unwrap();
+    b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    b.set_not_after(&Asn1Time::days_from_now(2).unwrap())
+        .unwrap();
+    b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+        .unwrap();
+    b.append_extension(
+        KeyUsage::new()
+            .critical()
+            .key_cert_sign()
+            .crl_sign()
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    b.sign(ca_key, MessageDigest::sha256()).unwrap();
+    b.build()
+}
+
 /// A client certificate for [`https_get`]: PEM chain, PEM key, and the key's password.
 pub struct ClientCert {
     pub cert: PathBuf,
@@ -206,6 +241,34 @@ pub struct ClientCert {
 }
 
 impl TestPki {
+    /// A client certificate issued by an intermediate CA under this PKI's CA, written as
+    /// `inter-client.pem` (the certificate, then the intermediate) and an unencrypted
+    /// `inter-client-key.pem`: a chain one intermediate deep.
+    pub fn client_via_intermediate(&self) -> ClientCert {
+        let inter_key = key();
+        let inter = intermediate(&inter_key, &self.ca, &self.ca_key);
+        let client_key = key();
+        let client = cert(
+            "replicator via intermediate",
+            &client_key,
+            Some((&inter, &inter_key)),
+            true,
+        );
+        let mut chain = client.to_pem().unwrap();
+        chain.extend(inter.to_pem().unwrap());
+        std::fs::write(self.path("inter-client.pem"), chain).unwrap();
+        std::fs::write(
+            self.path("inter-client-key.pem"),
+            client_key.private_key_to_pem_pkcs8().unwrap(),
+        )
+        .unwrap();
+        ClientCert {
+            cert: self.path("inter-client.pem"),
+            key: self.path("inter-client-key.pem"),
+            password: None,
+        }
+    }
+
     /// The PKI's client certificate (signed by its CA).
     pub fn client_cert(&self) -> ClientCert {
         ClientCert {
