@@ -74,6 +74,34 @@ async fn ours(dir: &std::path::Path, keys: &[(String, String)]) -> (ServeProcess
     (node, port)
 }
 
+/// Both servers with the same `[ssl]` keys: CouchDB (restarted with them) and a new node
+/// of ours (dropped with the returned handles).
+struct Pair {
+    couch_port: u16,
+    port: u16,
+    node: ServeProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Pair {
+    async fn start(peer: &CouchPeer, keys: &[(String, String)]) -> Pair {
+        let refs: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let couch_port = peer.enable_ssl(&refs).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (node, port) = ours(dir.path(), keys).await;
+        Pair {
+            couch_port,
+            port,
+            node,
+            _dir: dir,
+        }
+    }
+
+    fn ports(&self) -> [(&'static str, u16); 2] {
+        [("CouchDB", self.couch_port), ("ours", self.port)]
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_and_client_certificates_like_couchdb() {
     let Some(peer) = CouchPeer::start("https_and_client_certificates_like_couchdb", None) else {
@@ -81,89 +109,84 @@ async fn https_and_client_certificates_like_couchdb() {
     };
     deadline(300, "HTTPS like CouchDB", async {
         let pki = TestPki::new();
-        let other = TestPki::new();
-        let http = reqwest::Client::new();
-        // (verify_ssl_certificates, fail_if_no_peer_cert) and what CouchDB is expected to do.
-        let settings = [
-            ((false, false), (Some(200), Some(200), Some(200))),
-            ((true, false), (Some(200), Some(200), None)),
-            ((true, true), (None, Some(200), None)),
-        ];
-        for ((verify, fail), expected) in settings {
-            let keys = ssl_keys(&pki, verify, fail);
-            let refs: Vec<(&str, &str)> =
-                keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            eprintln!("verify={verify} fail_if_no_peer_cert={fail}: CouchDB");
-            let couch_port = peer.enable_ssl(&refs).await;
-            let couch = verdicts(&pki, &other, couch_port).await;
-            let (e0, e1, e2) = expected;
-            assert_eq!(
-                couch,
-                Verdicts {
-                    no_cert: e0,
-                    our_ca: e1,
-                    other_ca: e2
-                },
-                "CouchDB with verify={verify} fail_if_no_peer_cert={fail}"
-            );
-            let dir = tempfile::tempdir().unwrap();
-            eprintln!("verify={verify} fail_if_no_peer_cert={fail}: ours");
-            let (node, port) = ours(dir.path(), &keys).await;
-            let mine = verdicts(&pki, &other, port).await;
-            assert_eq!(
-                mine, couch,
-                "ours vs CouchDB with verify={verify} fail_if_no_peer_cert={fail}"
-            );
-            // Plain HTTP stays on beside HTTPS, on both.
-            for base in [peer.url(), node.base.clone()] {
-                let r = http.get(format!("{base}/_up")).send().await.unwrap();
-                assert_eq!(r.status(), 200, "{base}/_up");
-            }
-        }
-        // ssl_certificate_max_depth: a client certificate one intermediate below the CA of
-        // cacert_file needs a depth of at least 1, on both.
-        let via = pki.client_via_intermediate();
-        for (depth, expected) in [("0", None), ("1", Some(200))] {
-            let mut keys = ssl_keys(&pki, true, true);
-            keys.push(("ssl_certificate_max_depth".into(), depth.into()));
-            let refs: Vec<(&str, &str)> =
-                keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            let couch_port = peer.enable_ssl(&refs).await;
-            let dir = tempfile::tempdir().unwrap();
-            let (_node, port) = ours(dir.path(), &keys).await;
-            for (who, port) in [("CouchDB", couch_port), ("ours", port)] {
-                let got = https_get(&pki.path("ca.pem"), port, Some(&via), "/")
-                    .await
-                    .map(|(s, _)| s)
-                    .ok();
-                assert_eq!(
-                    got, expected,
-                    "{who} with ssl_certificate_max_depth = {depth}"
-                );
-            }
-        }
-        // tls_versions: TLS 1.3 only refuses a client that stops at TLS 1.2, on both.
-        let mut keys = ssl_keys(&pki, false, false);
-        keys.push(("tls_versions".into(), "['tlsv1.3']".into()));
-        let refs: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let couch_port = peer.enable_ssl(&refs).await;
-        let dir = tempfile::tempdir().unwrap();
-        let (_node, port) = ours(dir.path(), &keys).await;
-        for (who, port) in [("CouchDB", couch_port), ("ours", port)] {
-            assert_eq!(
-                handshakes_up_to(&pki, port, SslVersion::TLS1_3).await,
-                Ok(()),
-                "{who}"
-            );
-            assert!(
-                handshakes_up_to(&pki, port, SslVersion::TLS1_2)
-                    .await
-                    .is_err(),
-                "{who} took TLS 1.2 with tls_versions = ['tlsv1.3']"
-            );
-        }
+        verify_modes(&peer, &pki).await;
+        max_depth(&peer, &pki).await;
+        tls_versions(&peer, &pki).await;
     })
     .await;
+}
+
+/// No verification, verification, verification that requires a certificate: clients with
+/// none, with one from `cacert_file`'s CA and with one from another CA. A refused client
+/// comes before an accepted one, so a failed handshake must leave the listener serving.
+async fn verify_modes(peer: &CouchPeer, pki: &TestPki) {
+    let other = TestPki::new();
+    let http = reqwest::Client::new();
+    // (verify_ssl_certificates, fail_if_no_peer_cert) and what CouchDB is expected to do.
+    let settings = [
+        ((false, false), (Some(200), Some(200), Some(200))),
+        ((true, false), (Some(200), Some(200), None)),
+        ((true, true), (None, Some(200), None)),
+    ];
+    for ((verify, fail), (no_cert, our_ca, other_ca)) in settings {
+        let both = Pair::start(peer, &ssl_keys(pki, verify, fail)).await;
+        let couch = verdicts(pki, &other, both.couch_port).await;
+        let expected = Verdicts {
+            no_cert,
+            our_ca,
+            other_ca,
+        };
+        let context = format!("verify_ssl_certificates={verify} fail_if_no_peer_cert={fail}");
+        assert_eq!(couch, expected, "CouchDB with {context}");
+        let mine = verdicts(pki, &other, both.port).await;
+        assert_eq!(mine, couch, "ours vs CouchDB with {context}");
+        // Plain HTTP stays on beside HTTPS, on both.
+        for base in [peer.url(), both.node.base.clone()] {
+            let r = http.get(format!("{base}/_up")).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{base}/_up");
+        }
+    }
+}
+
+/// A client certificate one intermediate below the CA of `cacert_file` needs
+/// `ssl_certificate_max_depth` of at least 1.
+async fn max_depth(peer: &CouchPeer, pki: &TestPki) {
+    let via = pki.client_via_intermediate();
+    for (depth, expected) in [("0", None), ("1", Some(200))] {
+        let mut keys = ssl_keys(pki, true, true);
+        keys.push(("ssl_certificate_max_depth".into(), depth.into()));
+        let both = Pair::start(peer, &keys).await;
+        for (who, port) in both.ports() {
+            let got = https_get(&pki.path("ca.pem"), port, Some(&via), "/")
+                .await
+                .map(|(s, _)| s)
+                .ok();
+            assert_eq!(
+                got, expected,
+                "{who} with ssl_certificate_max_depth = {depth}"
+            );
+        }
+    }
+}
+
+/// `tls_versions = ['tlsv1.3']` refuses a client that stops at TLS 1.2.
+async fn tls_versions(peer: &CouchPeer, pki: &TestPki) {
+    let mut keys = ssl_keys(pki, false, false);
+    keys.push(("tls_versions".into(), "['tlsv1.3']".into()));
+    let both = Pair::start(peer, &keys).await;
+    for (who, port) in both.ports() {
+        assert_eq!(
+            handshakes_up_to(pki, port, SslVersion::TLS1_3).await,
+            Ok(()),
+            "{who}"
+        );
+        assert!(
+            handshakes_up_to(pki, port, SslVersion::TLS1_2)
+                .await
+                .is_err(),
+            "{who} took TLS 1.2 with tls_versions = ['tlsv1.3']"
+        );
+    }
 }
 
 /// Whether a TLS handshake with at most version `max` succeeds (no client certificate).
