@@ -1,4 +1,4 @@
-//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers).
+//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers, and HTTPS from `[ssl]`).
 
 mod support;
 
@@ -6,4 +6,5 @@ mod cli {
     mod replicate;
     mod serve_e2e;
     mod serve_steps;
+    mod serve_tls;
 }

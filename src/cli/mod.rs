@@ -5,4 +5,5 @@ pub mod replicate;
 pub mod replicator_section;
 pub mod serve;
 pub mod serve_steps;
+pub mod ssl_section;
 pub mod steps;

@@ -2,8 +2,9 @@
 //! is the embedded engine under `--data-dir` (or FoundationDB with `--fdb-cluster-file` when
 //! built with `fdb`); settings come from a config file ([`super::config_file`]), environment
 //! overrides, then command-line flags, in that order of increasing precedence. Prints
-//! `listening on http://ADDR` once the API accepts connections; stops gracefully on Ctrl-C or
-//! SIGTERM (running jobs checkpoint and go back to pending).
+//! `listening on http://ADDR` once the API accepts connections, then `listening on
+//! https://ADDR` when `[ssl]` turns HTTPS on ([`super::ssl_section`]); stops gracefully on
+//! Ctrl-C or SIGTERM (running jobs checkpoint and go back to pending).
 //!
 //! The HTTP API (with `/_steps`) and the `_replicator` doc processor are the last children of
 //! the node's tree, run only by `api_frontend` nodes; `[steps] workers` starts steps workers
@@ -28,6 +29,7 @@ use couch_replicator::replication::tls::TlsOptions;
 use super::config_file::ConfigFile;
 use super::replicator_section;
 use super::serve_steps::{STEPS_KEYS, StepsSetup};
+use super::ssl_section::{self, Https};
 
 /// `serve` flags.
 #[derive(Debug, clap::Args)]
@@ -80,6 +82,8 @@ pub struct NodeSetup {
     pub replicator: ReplicatorConfig,
     pub http: HttpConfig,
     pub addr: SocketAddr,
+    /// The HTTPS listener beside the plain one, when `[ssl]` turns it on.
+    pub https: Option<Https>,
     pub dbs: Vec<ReplicatorDb>,
     /// What to tell the operator once at start: keys not applied, sections not used.
     pub notes: Vec<String>,
@@ -149,6 +153,7 @@ pub fn setup(
     let addr: SocketAddr = format!("{bind}:{port}")
         .parse()
         .map_err(|_| format!("[chttpd] bind_address `{bind}` is not an IP address"))?;
+    let https = ssl_section::read(cfg, addr.ip())?;
     let mut dbs = Vec::new();
     for (name, url) in cfg.section("replicator_dbs") {
         dbs.push(ReplicatorDb {
@@ -187,6 +192,7 @@ pub fn setup(
         replicator,
         http,
         addr,
+        https,
         dbs,
         notes,
         tls,
@@ -239,6 +245,8 @@ fn is_used(section: &str, key: &str) -> bool {
         "replicator.shares" => true,
         "chttpd" => matches!(key, "port" | "bind_address" | "max_http_request_size"),
         "couchdb" => matches!(key, "uuid" | "node_name"),
+        "ssl" => ssl_section::SSL_KEYS.contains(&key),
+        "daemons" => key == "httpsd",
         "chttpd_auth" | "couch_httpd_auth" => {
             matches!(key, "iterations" | "pbkdf2_prf" | "secret" | "timeout")
         }
@@ -300,7 +308,10 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     let frontend = setup.replicator.settings.runs(NodeType::ApiFrontend);
     let (addr_tx, mut addr_rx) = tokio::sync::watch::channel(None);
     let http = http_service(
-        setup.addr,
+        Listeners {
+            http: setup.addr,
+            https: setup.https,
+        },
         setup.http,
         steps_setup.clone(),
         Arc::new(addr_tx),
@@ -326,8 +337,11 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         };
         match local {
             Some(Ok(local)) => {
-                println!("listening on http://{local}");
-                tracing::info!(node = %replicator.node(), %local, "replicator node running");
+                println!("listening on http://{}", local.http);
+                if let Some(https) = local.https {
+                    println!("listening on https://{https}");
+                }
+                tracing::info!(node = %replicator.node(), local = %local.http, https = ?local.https, "replicator node running");
             }
             Some(Err(e)) => {
                 replicator.shutdown().await;
@@ -354,28 +368,36 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The HTTP child: binds `addr` (the port first bound is kept across restarts, so a
-/// restarted API comes back where clients expect it) and serves the API with `/_steps`.
-/// Reports the bound address, or why binding failed, on `bound`.
-fn http_service(
-    addr: SocketAddr,
-    config: HttpConfig,
-    steps: StepsSetup,
-    bound: Arc<tokio::sync::watch::Sender<Option<Result<SocketAddr, String>>>>,
-) -> ServiceFn {
+/// Where the API listens: plain HTTP always, HTTPS too when `[ssl]` turns it on.
+#[derive(Debug, Clone)]
+struct Listeners {
+    http: SocketAddr,
+    https: Option<Https>,
+}
+
+/// The addresses the API's listeners are bound to.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    http: SocketAddr,
+    https: Option<SocketAddr>,
+}
+
+type BoundTx = Arc<tokio::sync::watch::Sender<Option<Result<Bound, String>>>>;
+
+/// The HTTP child: binds its listeners (the ports first bound are kept across restarts, so
+/// a restarted API comes back where clients expect it) and serves the API with `/_steps`
+/// on each. Reports the bound addresses, or why binding failed, on `bound`; ends when
+/// either server fails.
+fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: BoundTx) -> ServiceFn {
     Arc::new(move |rep: Arc<Replicator>| {
         let config = config.clone();
         let steps = steps.clone();
         let bound = bound.clone();
+        let at = at.clone();
         Box::pin(async move {
-            let at = match bound.borrow().as_ref() {
-                Some(Ok(a)) => *a,
-                _ => addr,
-            };
-            let listener = match http::bind_listener(at).await {
+            let (listener, https) = match bind_all(&at, &bound).await {
                 Ok(l) => l,
-                Err(e) => {
-                    let msg = format!("cannot listen on {at}: {e}");
+                Err(msg) => {
                     bound.send_replace(Some(Err(msg.clone())));
                     return Err(msg);
                 }
@@ -384,12 +406,43 @@ fn http_service(
             let steps = steps.steps(rep.jobs().clone())?;
             let state = AppState::new(rep, config, http::prometheus());
             let router = http::router_with_steps(state, Some(steps));
-            bound.send_replace(Some(Ok(local)));
-            http::serve_router(listener, router, std::future::pending())
-                .await
-                .map_err(|e| format!("HTTP server: {e}"))
+            bound.send_replace(Some(Ok(Bound {
+                http: local,
+                https: https.as_ref().map(|l| l.local_addr()),
+            })));
+            let plain = http::serve_router(listener, router.clone(), std::future::pending());
+            match https {
+                None => plain.await.map_err(|e| format!("HTTP server: {e}")),
+                Some(tls) => tokio::select! {
+                    r = plain => r.map_err(|e| format!("HTTP server: {e}")),
+                    r = tls.serve(router) => r.map_err(|e| format!("HTTPS server: {e}")),
+                },
+            }
         })
     })
+}
+
+/// Binds the listeners, at the addresses bound before if the API is restarting.
+async fn bind_all(
+    at: &Listeners,
+    bound: &BoundTx,
+) -> Result<(tokio::net::TcpListener, Option<ssl_section::HttpsListener>), String> {
+    let before = match bound.borrow().as_ref() {
+        Some(Ok(b)) => Some(*b),
+        _ => None,
+    };
+    let http_at = before.map_or(at.http, |b| b.http);
+    let listener = http::bind_listener(http_at)
+        .await
+        .map_err(|e| format!("cannot listen on {http_at}: {e}"))?;
+    let https = match &at.https {
+        None => None,
+        Some(h) => Some(
+            h.bind(before.and_then(|b| b.https).unwrap_or(h.addr))
+                .await?,
+        ),
+    };
+    Ok((listener, https))
 }
 
 async fn shutdown_signal() {
@@ -474,6 +527,29 @@ mod tests {
         assert_eq!(s.http.replicator_dbs, names);
         assert!(!s.http.users.has_no_admins());
         assert!(!format!("{:?}", s.http.users).contains("r00t"));
+    }
+
+    #[test]
+    fn ssl_keys_are_read_and_erlang_only_ones_noted() {
+        let a = args(&[]);
+        let mut cfg = ConfigFile::parse(
+            "[ssl]\nport = 7000\ncert_file = c.pem\nsecure_renegotiate = true\n\
+             [daemons]\nhttpsd = x\n",
+        )
+        .unwrap();
+        cfg.apply_env(Vec::new());
+        let s = setup(&a, &cfg, Vec::new(), db(), "u".into()).unwrap();
+        assert!(s.https.is_none(), "HTTPS is off without enable = true");
+        let ssl: Vec<_> = s.notes.iter().filter(|n| n.starts_with("[ssl]")).collect();
+        assert_eq!(
+            ssl,
+            ["[ssl] keys not used by this node: secure_renegotiate"]
+        );
+        assert!(
+            !s.notes.iter().any(|n| n.contains("daemons")),
+            "{:?}",
+            s.notes
+        );
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub(crate) mod scheduler;
 pub mod session;
 pub(crate) mod status_page;
 pub mod steps;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;

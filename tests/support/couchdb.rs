@@ -82,6 +82,47 @@ impl CouchPeer {
         assert!(r.status().is_success(), "_session: {}", r.status());
     }
 
+    /// Turns HTTPS on with `[ssl]` keys `ssl` (besides `enable` and `port`) on a fresh free
+    /// port, restarts CouchDB so its HTTPS listener reads them (the peer script writes
+    /// `local.ini` at each start, so the keys go through `_config`, which CouchDB persists)
+    /// and returns the HTTPS port once it accepts connections. A fresh port each time makes
+    /// the wait unambiguous when called again with other keys.
+    pub async fn enable_ssl(&self, ssl: &[(&str, &str)]) -> u16 {
+        let port = free_port();
+        let http = reqwest::Client::new();
+        let port_s = port.to_string();
+        let mut keys = vec![("enable", "true"), ("port", port_s.as_str())];
+        keys.extend_from_slice(ssl);
+        for (k, v) in keys {
+            let r = http
+                .put(format!("{}/_node/_local/_config/ssl/{k}", self.admin_url()))
+                .json(&v)
+                .send()
+                .await
+                .expect("PUT _config/ssl");
+            assert!(r.status().is_success(), "_config/ssl/{k}: {}", r.status());
+        }
+        let r = http
+            .post(format!("{}/_node/_local/_restart", self.admin_url()))
+            .send()
+            .await
+            .expect("POST _restart");
+        assert!(r.status().is_success(), "_restart: {}", r.status());
+        for _ in 0..300 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                let up = http.get(format!("{}/_up", self.url())).send().await;
+                if up.is_ok_and(|r| r.status().is_success()) {
+                    return port;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("CouchDB's HTTPS listener did not come up on {port}");
+    }
+
     /// The port.
     pub fn port(&self) -> u16 {
         self.port

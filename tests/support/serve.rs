@@ -26,6 +26,21 @@ pub async fn spawn_serve(
     log: &str,
     stderr: Stdio,
 ) -> ServeProcess {
+    spawn_serve_listening(data, config, extra, log, stderr, 1)
+        .await
+        .0
+}
+
+/// As [`spawn_serve`], waiting for `lines` "listening on" lines (2 when `[ssl]` adds an
+/// HTTPS listener); returns the process (its `base` is the first URL) and every URL.
+pub async fn spawn_serve_listening(
+    data: &Path,
+    config: &Path,
+    extra: &[&str],
+    log: &str,
+    stderr: Stdio,
+    lines: usize,
+) -> (ServeProcess, Vec<String>) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
         .arg("serve")
         .arg("--data-dir")
@@ -40,16 +55,21 @@ pub async fn spawn_serve(
         .kill_on_drop(true)
         .spawn()
         .expect("spawn couch-replicator serve");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-    let line = lines
-        .next_line()
-        .await
-        .expect("read serve's stdout")
-        .expect("serve printed nothing");
-    let base = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line}"))
-        .to_owned();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    ServeProcess { child, base }
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let mut urls = Vec::new();
+    while urls.len() < lines {
+        let line = out
+            .next_line()
+            .await
+            .expect("read serve's stdout")
+            .expect("serve printed nothing");
+        let url = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected line {line}"))
+            .to_owned();
+        urls.push(url);
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    let base = urls[0].clone();
+    (ServeProcess { child, base }, urls)
 }

@@ -29,6 +29,7 @@ pub const CLIENT_KEY_PASSWORD: &str = "k3y-p4ss";
 pub struct TestPki {
     dir: tempfile::TempDir,
     ca: X509,
+    ca_key: PKey<Private>,
     server: (X509, PKey<Private>),
 }
 
@@ -128,6 +129,7 @@ impl TestPki {
         Self {
             dir,
             ca,
+            ca_key,
             server: (server, server_key),
         }
     }
@@ -196,4 +198,156 @@ impl Drop for TlsProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A CA certificate issued by `ca` (an intermediate).
+fn intermediate(key: &PKey<Private>, ca: &X509, ca_key: &PKey<Private>) -> X509 {
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_text("CN", "couch-replicator test intermediate CA")
+        .unwrap();
+    let name = name.build();
+    let mut b = X509::builder().unwrap();
+    b.set_version(2).unwrap();
+    let serial = BigNum::from_u32(rand::random::<u32>() >> 1).unwrap();
+    b.set_serial_number(&serial.to_asn1_integer().unwrap())
+        .unwrap();
+    b.set_subject_name(&name).unwrap();
+    b.set_issuer_name(ca.subject_name()).unwrap();
+    b.set_pubkey(key).unwrap();
+    b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    b.set_not_after(&Asn1Time::days_from_now(2).unwrap())
+        .unwrap();
+    b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+        .unwrap();
+    b.append_extension(
+        KeyUsage::new()
+            .critical()
+            .key_cert_sign()
+            .crl_sign()
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    b.sign(ca_key, MessageDigest::sha256()).unwrap();
+    b.build()
+}
+
+/// A client certificate for [`https_get`]: PEM chain, PEM key, and the key's password.
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub password: Option<String>,
+}
+
+impl TestPki {
+    /// A client certificate issued by an intermediate CA under this PKI's CA, written as
+    /// `inter-client.pem` (the certificate, then the intermediate) and an unencrypted
+    /// `inter-client-key.pem`: a chain one intermediate deep.
+    pub fn client_via_intermediate(&self) -> ClientCert {
+        let inter_key = key();
+        let inter = intermediate(&inter_key, &self.ca, &self.ca_key);
+        let client_key = key();
+        let client = cert(
+            "replicator via intermediate",
+            &client_key,
+            Some((&inter, &inter_key)),
+            true,
+        );
+        let mut chain = client.to_pem().unwrap();
+        chain.extend(inter.to_pem().unwrap());
+        std::fs::write(self.path("inter-client.pem"), chain).unwrap();
+        std::fs::write(
+            self.path("inter-client-key.pem"),
+            client_key.private_key_to_pem_pkcs8().unwrap(),
+        )
+        .unwrap();
+        ClientCert {
+            cert: self.path("inter-client.pem"),
+            key: self.path("inter-client-key.pem"),
+            password: None,
+        }
+    }
+
+    /// The PKI's client certificate (signed by its CA).
+    pub fn client_cert(&self) -> ClientCert {
+        ClientCert {
+            cert: self.path("client.pem"),
+            key: self.path("client-key.pem"),
+            password: Some(CLIENT_KEY_PASSWORD.to_owned()),
+        }
+    }
+}
+
+/// `GET path` over HTTPS on `127.0.0.1:port` (HTTP/1.0, so the body is not chunked),
+/// trusting only `ca` and checking the server certificate names 127.0.0.1, optionally
+/// presenting `client`. `Err` says where it failed: a refused handshake, or (TLS 1.3 sends
+/// the server's verdict on the client certificate after the client's handshake ends) a
+/// connection closed before any reply.
+///
+/// Panics if the exchange takes over 30 s: a hang is a failure of its own, not a refusal.
+pub async fn https_get(
+    ca: &Path,
+    port: u16,
+    client: Option<&ClientCert>,
+    path: &str,
+) -> Result<(u16, String), String> {
+    let exchange = https_exchange(ca, port, client, path);
+    match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
+        Ok(r) => r,
+        Err(_) => panic!("GET https://127.0.0.1:{port}{path} hung for 30 s"),
+    }
+}
+
+async fn https_exchange(
+    ca: &Path,
+    port: u16,
+    client: Option<&ClientCert>,
+    path: &str,
+) -> Result<(u16, String), String> {
+    use openssl::ssl::SslConnector;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_ca_file(ca).unwrap();
+    if let Some(c) = client {
+        b.set_certificate_chain_file(&c.cert).unwrap();
+        let pem = std::fs::read(&c.key).unwrap();
+        let key = match &c.password {
+            Some(p) => PKey::private_key_from_pem_passphrase(&pem, p.as_bytes()).unwrap(),
+            None => PKey::private_key_from_pem(&pem).unwrap(),
+        };
+        b.set_private_key(&key).unwrap();
+    }
+    let ssl = b
+        .build()
+        .configure()
+        .unwrap()
+        .into_ssl("127.0.0.1")
+        .unwrap();
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut tls = tokio_openssl::SslStream::new(ssl, tcp).unwrap();
+    Pin::new(&mut tls)
+        .connect()
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    tls.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut reply = Vec::new();
+    tls.read_to_end(&mut reply)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP reply: {text:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
 }
