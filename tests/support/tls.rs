@@ -61,17 +61,7 @@ fn cert(
     match issuer {
         None => {
             b.set_issuer_name(&name).unwrap();
-            b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
-                .unwrap();
-            b.append_extension(
-                KeyUsage::new()
-                    .critical()
-                    .key_cert_sign()
-                    .crl_sign()
-                    .build()
-                    .unwrap(),
-            )
-            .unwrap();
+            ca_extensions(&mut b);
             b.sign(key, MessageDigest::sha256()).unwrap();
         }
         Some((ca, ca_key)) => {
@@ -201,6 +191,21 @@ impl Drop for TlsProxy {
 }
 
 /// A CA certificate issued by `ca` (an intermediate).
+/// The extensions of a certificate that signs others (a CA or an intermediate).
+fn ca_extensions(b: &mut openssl::x509::X509Builder) {
+    b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+        .unwrap();
+    b.append_extension(
+        KeyUsage::new()
+            .critical()
+            .key_cert_sign()
+            .crl_sign()
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+}
+
 fn intermediate(key: &PKey<Private>, ca: &X509, ca_key: &PKey<Private>) -> X509 {
     let mut name = X509NameBuilder::new().unwrap();
     name.append_entry_by_text("CN", "couch-replicator test intermediate CA")
@@ -218,17 +223,7 @@ fn intermediate(key: &PKey<Private>, ca: &X509, ca_key: &PKey<Private>) -> X509 
         .unwrap();
     b.set_not_after(&Asn1Time::days_from_now(2).unwrap())
         .unwrap();
-    b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
-        .unwrap();
-    b.append_extension(
-        KeyUsage::new()
-            .critical()
-            .key_cert_sign()
-            .crl_sign()
-            .build()
-            .unwrap(),
-    )
-    .unwrap();
+    ca_extensions(&mut b);
     b.sign(ca_key, MessageDigest::sha256()).unwrap();
     b.build()
 }
