@@ -8,6 +8,7 @@ pub(crate) mod active_tasks;
 pub mod auth;
 pub(crate) mod cookie;
 pub mod couch_json;
+pub mod couchdb_auth;
 pub mod error;
 pub(crate) mod health;
 pub(crate) mod mask;
@@ -167,11 +168,15 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .layer(axum::middleware::from_fn(health::count_requests))
 }
 
-/// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.
+/// The steps routes' admin check on this node's users (and its authentication CouchDB's):
+/// 401 anonymous or wrong, 403 non-admin.
 pub(crate) fn admin_check(users: Users) -> self::steps::AdminCheck {
-    Arc::new(move |headers: &axum::http::HeaderMap| {
-        let (caller, _) = users.authenticate_headers(headers)?;
-        caller.require_admin().map(|_| ())
+    Arc::new(move |headers: axum::http::HeaderMap| {
+        let users = users.clone();
+        Box::pin(async move {
+            let (caller, _) = users.authenticate_headers(&headers).await?;
+            caller.require_admin().map(|_| ())
+        })
     })
 }
 

@@ -106,20 +106,32 @@ pub(crate) async fn post_session(
     let password = form.password.unwrap_or_default();
     let s = users.session();
     let now = now_secs();
-    match users.login(&name, &password) {
-        Some(ctx) => {
-            let salt = users.session_user(&name).map_or("", |(salt, _)| salt);
-            let cookie = set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now);
-            let body = json!({"ok": true, "name": name, "roles": ctx.roles});
-            Ok(with_cookie(StatusCode::OK, cookie, body))
-        }
-        None => {
-            tracing::info!(user = %name, "session login refused");
-            let body = json!({"error": "unauthorized", "reason": "Name or password is incorrect."});
-            let cookie = set_cookie("", s.timeout_secs, now);
-            Ok(with_cookie(StatusCode::UNAUTHORIZED, cookie, body))
+    if let Some(ctx) = users.login(&name, &password) {
+        let salt = users.session_user(&name).map_or("", |(salt, _)| salt);
+        let cookie = set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now);
+        let body = json!({"ok": true, "name": name, "roles": ctx.roles});
+        return Ok(with_cookie(StatusCode::OK, cookie, body));
+    }
+    // Not ours: the authentication CouchDB's user gets that CouchDB's cookie, which requests
+    // here then present (and which works on that CouchDB too).
+    if let Some(c) = users.couchdb() {
+        let got = c
+            .login(&name, &password)
+            .await
+            .map_err(|e| HttpError::unavailable(e.to_string()))?;
+        if let Some((ctx, cookie)) = got {
+            let body = json!({"ok": true, "name": ctx.name, "roles": ctx.roles});
+            let mut r = (StatusCode::OK, Json(body)).into_response();
+            if let Some(v) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+                r.headers_mut().insert(SET_COOKIE, v);
+            }
+            return Ok(r);
         }
     }
+    tracing::info!(user = %name, "session login refused");
+    let body = json!({"error": "unauthorized", "reason": "Name or password is incorrect."});
+    let cookie = set_cookie("", s.timeout_secs, now);
+    Ok(with_cookie(StatusCode::UNAUTHORIZED, cookie, body))
 }
 
 /// `?basic=true` asks for a 401 when anonymous, as CouchDB does.
@@ -134,7 +146,7 @@ pub(crate) async fn get_session(
     Query(q): Query<SessionQuery>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, HttpError> {
-    let (caller, how) = state.users().authenticate_headers(&headers)?;
+    let (caller, how) = state.users().authenticate_headers(&headers).await?;
     let ctx = match &caller {
         Caller::User(u) => json!({"name": u.name, "roles": u.roles}),
         Caller::Anonymous if q.basic.as_deref() == Some("true") => {
