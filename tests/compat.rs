@@ -1,4 +1,4 @@
-//! Drop-in for CouchDB: replication ids, checkpoint hand-over both ways, `_replicate` replies and configuration, each compared with what a real CouchDB 3.4.3 computes or answers (the CouchDB peer runs where `COUCHDB_PEER_SCRIPT` is set).
+//! Drop-in for CouchDB: replication ids, checkpoint hand-over both ways, `_replicate` replies and configuration, CouchDB's `_users` calling our node, each compared with what a real CouchDB 3.4.3 computes or answers (the CouchDB peer runs where `COUCHDB_PEER_SCRIPT` is set).
 
 mod support;
 
@@ -8,4 +8,5 @@ mod compat {
     mod replicate_api;
     mod replication_ids;
     mod sessions;
+    mod users;
 }
