@@ -152,7 +152,7 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
         // She sees her job in the scheduler and, once it runs, in the active tasks.
         let running = crate::support::wait_for(60, "alice's task", || async {
             let (jobs, tasks) = visible(&node, &alice).await;
-            (jobs == [rep_id.clone()] && tasks == [rep_id.clone()]).then_some(())
+            (jobs == [rep_id.as_str()] && tasks == [rep_id.as_str()]).then_some(())
         });
         running.await;
         let (s, job) = call(
@@ -202,7 +202,7 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
         assert_eq!(s, 404, "{e}");
         assert_eq!(
             visible(&node, &alice).await.0,
-            [rep_id.clone()],
+            [rep_id.as_str()],
             "still there"
         );
 
@@ -215,7 +215,7 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
             "{me}"
         );
         let (all, _) = visible(&node, &admin).await;
-        assert_eq!(all, [rep_id.clone()]);
+        assert_eq!(all, [rep_id.as_str()]);
 
         passwords_are_checked_every_time_they_fail(
             &couch,
@@ -234,7 +234,7 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
             (200, &json!("cookie")),
             "{me}"
         );
-        assert_eq!(visible(&node, &cookie).await.0, [rep_id.clone()]);
+        assert_eq!(visible(&node, &cookie).await.0, [rep_id.as_str()]);
         let (s, done) = call(
             &node.base,
             Method::POST,
@@ -335,90 +335,74 @@ async fn compare(peer: &CouchPeer, node: &Node) {
         assert_eq!(s, 202, "a user starts a replication at {root}: {v}");
         rep_ids.push(v["_local_id"].as_str().unwrap_or_default().to_owned());
     }
-    let steps: Vec<(&str, Method, String, Who, Option<Value>, (u16, u16))> = vec![
-        (
+    let get = |what, path, who: &Who, couchdb, ours| Step {
+        what,
+        path,
+        who: who.clone(),
+        body: None,
+        couchdb,
+        ours,
+    };
+    let anonymous = Step {
+        body: Some(json!({"source": "a", "target": "b"})),
+        ..get(
             "anonymous _replicate",
-            Method::POST,
-            "/_replicate".into(),
-            Who::Nobody,
-            Some(json!({"source": "a", "target": "b"})),
-            (401, 401),
-        ),
-        (
-            "wrong password",
-            Method::GET,
-            "/_scheduler/jobs".into(),
-            wrong,
-            None,
-            (401, 401),
-        ),
-        (
-            "admin lists jobs",
-            Method::GET,
-            "/_scheduler/jobs".into(),
-            admin.clone(),
-            None,
-            (200, 200),
-        ),
-        (
-            "admin reads tasks",
-            Method::GET,
-            "/_active_tasks".into(),
-            admin,
-            None,
-            (200, 200),
-        ),
+            "/_replicate",
+            &Who::Nobody,
+            401,
+            401,
+        )
+    };
+    let steps = [
+        anonymous,
+        get("wrong password", "/_scheduler/jobs", &wrong, 401, 401),
+        get("admin lists jobs", "/_scheduler/jobs", &admin, 200, 200),
+        get("admin reads tasks", "/_active_tasks", &admin, 200, 200),
         // CouchDB 3.4.3 shows the scheduler and tasks to server admins only (401 "You are not
         // a server admin."); our node shows a user their own jobs.
-        (
-            "user lists jobs",
-            Method::GET,
-            "/_scheduler/jobs".into(),
-            alice.clone(),
-            None,
-            (401, 200),
-        ),
-        (
-            "user reads tasks",
-            Method::GET,
-            "/_active_tasks".into(),
-            alice.clone(),
-            None,
-            (401, 200),
-        ),
-        (
+        get("user lists jobs", "/_scheduler/jobs", &alice, 401, 200),
+        get("user reads tasks", "/_active_tasks", &alice, 401, 200),
+        get(
             "other user lists jobs",
-            Method::GET,
-            "/_scheduler/jobs".into(),
-            mallory.clone(),
-            None,
-            (401, 200),
+            "/_scheduler/jobs",
+            &mallory,
+            401,
+            200,
         ),
     ];
     for (i, root) in [peer.url(), node.base.clone()].into_iter().enumerate() {
         let cancel = json!({"replication_id": rep_ids[i], "cancel": true});
         // CouchDB refuses another user's cancel with 401 "You are not a server admin."; ours
         // answers 404, as for a job that does not exist (nothing about it is revealed).
-        let other = (
-            "other user cancels",
-            Method::POST,
-            "/_replicate".to_string(),
-            mallory.clone(),
-            Some(cancel.clone()),
-            (401, 404),
-        );
-        let own = (
-            "user cancels own",
-            Method::POST,
-            "/_replicate".to_string(),
-            alice.clone(),
-            Some(cancel),
-            (200, 200),
-        );
-        for (what, m, path, who, body, want) in steps.iter().cloned().chain([other, own]) {
-            let (s, v) = call(&root, m, &path, &who, body.as_ref()).await;
-            let expected = if i == 0 { want.0 } else { want.1 };
-            assert_eq!(s, expected, "{what} on {}: {v}", ["CouchDB", "our node"][i]);
+        let other = Step {
+            body: Some(cancel.clone()),
+            ..get("other user cancels", "/_replicate", &mallory, 401, 404)
+        };
+        let own = Step {
+            body: Some(cancel),
+            ..get("user cancels own", "/_replicate", &alice, 200, 200)
+        };
+        for st in steps.iter().cloned().chain([other, own]) {
+            let m = if st.body.is_some() {
+                Method::POST
+            } else {
+                Method::GET
+            };
+            let (s, v) = call(&root, m, st.path, &st.who, st.body.as_ref()).await;
+            let expected = if i == 0 { st.couchdb } else { st.ours };
+            let server = ["CouchDB", "our node"][i];
+            assert_eq!(s, expected, "{} on {server}: {v}", st.what);
         }
     }
+}
+
+/// One request of the comparison (a POST when it has a body) and what each server answers.
+#[derive(Clone)]
+struct Step {
+    what: &'static str,
+    path: &'static str,
+    who: Who,
+    body: Option<Value>,
+    couchdb: u16,
+    ours: u16,
 }
