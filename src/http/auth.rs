@@ -308,20 +308,25 @@ impl Users {
     /// Basic credentials; neither is anonymous. A cookie that cannot be decoded is 400.
     /// Configured users are checked first, then the CouchDB, if any (503 when it cannot
     /// answer: the credentials may be fine).
+    /// A CouchDB cookie that CouchDB renewed is left in `renewed` for the response.
     pub(crate) async fn authenticate_headers(
         &self,
         headers: &axum::http::HeaderMap,
+        renewed: Option<&RenewedCookie>,
     ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
         if let Some(cookie) = cookie::cookie_value(headers) {
             if let Some(u) = cookie::verify(self, &cookie, cookie::now_secs())? {
                 return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
             }
             if let Some(c) = &self.couchdb {
-                match c
+                let (verdict, set_cookie) = c
                     .check(Credential::Cookie(&cookie))
                     .await
-                    .map_err(unavailable)?
-                {
+                    .map_err(unavailable)?;
+                if let (Some(slot), Some(v)) = (renewed, set_cookie) {
+                    slot.set(v);
+                }
+                match verdict {
                     Verdict::User(u) => return Ok((Caller::User(u), Some(AuthMethod::Cookie))),
                     Verdict::BadCookie(reason) => return Err(HttpError::bad_request(reason)),
                     // Expired or not CouchDB's either: on to Basic, as CouchDB goes on.
@@ -346,10 +351,29 @@ impl Users {
             name: &name,
             password: &password,
         };
-        match c.check(cred).await.map_err(unavailable)? {
+        match c.check(cred).await.map_err(unavailable)?.0 {
             Verdict::User(u) => Ok((Caller::User(u), Some(AuthMethod::Basic))),
             Verdict::Rejected | Verdict::BadCookie(_) => Err(wrong_password()),
         }
+    }
+}
+
+/// Where authentication leaves a `Set-Cookie` to send with the response: a CouchDB cookie
+/// CouchDB renewed while checking it. The cookie middleware puts one in every request's
+/// extensions and adds what it holds to the response.
+#[derive(Clone, Default)]
+pub(crate) struct RenewedCookie(Arc<Mutex<Option<String>>>);
+
+impl RenewedCookie {
+    fn set(&self, v: String) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = Some(v);
+        }
+    }
+
+    /// The renewed cookie, if any.
+    pub(crate) fn take(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|mut g| g.take())
     }
 }
 
@@ -469,9 +493,10 @@ impl<S: HasUsers + Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let renewed = parts.extensions.get::<RenewedCookie>().cloned();
         state
             .users()
-            .authenticate_headers(&parts.headers)
+            .authenticate_headers(&parts.headers, renewed.as_ref())
             .await
             .map(|(c, _)| c)
     }

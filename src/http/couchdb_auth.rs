@@ -277,17 +277,22 @@ impl CouchDbAuth {
         self.cache.len()
     }
 
-    /// Who `cred` identifies, from the cache or the CouchDB's `GET /_session`.
-    pub async fn check(&self, cred: Credential<'_>) -> Result<Verdict, CouchDbAuthError> {
+    /// Who `cred` identifies, from the cache or the CouchDB's `GET /_session`, with the
+    /// `Set-Cookie` CouchDB answered (it renews a cookie past a tenth of its lifetime; the
+    /// caller should get it, or the session ends while in use).
+    pub async fn check(
+        &self,
+        cred: Credential<'_>,
+    ) -> Result<(Verdict, Option<String>), CouchDbAuthError> {
         let key = self.cache.digest(cred);
         if let Some(ctx) = self.cache.get(&key, Instant::now()) {
-            return Ok(Verdict::User(ctx));
+            return Ok((Verdict::User(ctx), None));
         }
-        let verdict = self.ask(cred).await?;
+        let (verdict, set_cookie) = self.ask(cred).await?;
         if let Verdict::User(ctx) = &verdict {
             self.cache.put(key, ctx.clone(), Instant::now());
         }
-        Ok(verdict)
+        Ok((verdict, set_cookie))
     }
 
     /// CouchDB's `POST /_session` for `name`/`password`: the user and CouchDB's `Set-Cookie`
@@ -308,11 +313,7 @@ impl CouchDbAuth {
             .map_err(|e| self.unreachable(&e))?;
         match resp.status() {
             StatusCode::OK => {
-                let cookie = resp
-                    .headers()
-                    .get(reqwest::header::SET_COOKIE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
+                let cookie = set_cookie_of(&resp);
                 let reply: LoginReply = resp.json().await.map_err(|_| self.bad_reply())?;
                 let ctx = UserCtx {
                     name: Some(reply.name.unwrap_or_else(|| name.to_owned())),
@@ -327,7 +328,10 @@ impl CouchDbAuth {
         }
     }
 
-    async fn ask(&self, cred: Credential<'_>) -> Result<Verdict, CouchDbAuthError> {
+    async fn ask(
+        &self,
+        cred: Credential<'_>,
+    ) -> Result<(Verdict, Option<String>), CouchDbAuthError> {
         let mut req = self
             .client
             .get(self.session_url.clone())
@@ -344,21 +348,26 @@ impl CouchDbAuth {
         };
         let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         let status = resp.status();
+        let set_cookie = set_cookie_of(&resp);
         match status {
             StatusCode::OK => {
                 let body: SessionReply = resp.json().await.map_err(|_| self.bad_reply())?;
                 let SessionCtx { name, roles } = body.user_ctx;
-                Ok(match name {
+                let verdict = match name {
                     Some(n) => Verdict::User(UserCtx {
                         name: Some(n),
                         roles,
                     }),
                     None => Verdict::Rejected,
-                })
+                };
+                Ok((
+                    verdict,
+                    set_cookie.filter(|_| matches!(cred, Credential::Cookie(_))),
+                ))
             }
             StatusCode::UNAUTHORIZED => {
                 tracing::debug!(couchdb = %self.shown, "the authentication CouchDB refused the credentials");
-                Ok(Verdict::Rejected)
+                Ok((Verdict::Rejected, None))
             }
             StatusCode::BAD_REQUEST if matches!(cred, Credential::Cookie(_)) => {
                 let reason = resp
@@ -367,7 +376,7 @@ impl CouchDbAuth {
                     .ok()
                     .and_then(|e| e.reason)
                     .unwrap_or_else(|| "Malformed AuthSession cookie.".into());
-                Ok(Verdict::BadCookie(reason))
+                Ok((Verdict::BadCookie(reason), None))
             }
             other => Err(self.status(other)),
         }
@@ -401,6 +410,16 @@ impl CouchDbAuth {
             url: self.shown.clone(),
         }
     }
+}
+
+/// The `AuthSession` cookie a CouchDB reply sets, as a `Set-Cookie` value.
+fn set_cookie_of(resp: &reqwest::Response) -> Option<String> {
+    resp.headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("AuthSession="))
+        .map(str::to_owned)
 }
 
 #[cfg(test)]

@@ -174,7 +174,7 @@ pub(crate) fn admin_check(users: Users) -> self::steps::AdminCheck {
     Arc::new(move |headers: axum::http::HeaderMap| {
         let users = users.clone();
         Box::pin(async move {
-            let (caller, _) = users.authenticate_headers(&headers).await?;
+            let (caller, _) = users.authenticate_headers(&headers, None).await?;
             caller.require_admin().map(|_| ())
         })
     })

@@ -245,8 +245,52 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
         .await;
         assert_eq!((s, &done["_local_id"]), (200, &json!(rep_id)), "{done}");
         assert_eq!(visible(&node, &admin).await, (vec![], vec![]));
+        couchdb_cookies_are_renewed(&peer, &node).await;
     })
     .await;
+}
+
+/// A CouchDB cookie past a tenth of its lifetime comes back renewed from a request to our
+/// node (CouchDB renews it while checking it), and the renewed one works.
+async fn couchdb_cookies_are_renewed(peer: &CouchPeer, node: &Node) {
+    let r = reqwest::Client::new()
+        .put(format!(
+            "{}/_node/_local/_config/chttpd_auth/timeout",
+            peer.admin_url()
+        ))
+        .json(&json!("20"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let old = couchdb_cookie(peer, "alice", "alice-pw").await;
+    // A tenth of 20 s is 2 s: wait past it.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let r = reqwest::Client::new()
+        .get(format!("{}/_scheduler/jobs", node.base))
+        .header("cookie", format!("AuthSession={old}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let set = r.headers()["set-cookie"].to_str().unwrap();
+    assert!(set.contains("Max-Age=20"), "CouchDB's renewal: {set}");
+    let new = set
+        .split(';')
+        .next()
+        .unwrap()
+        .strip_prefix("AuthSession=")
+        .unwrap();
+    assert_ne!(new, old);
+    let (s, me) = call(
+        &node.base,
+        Method::GET,
+        "/_session",
+        &Who::Cookie(new.into()),
+        None,
+    )
+    .await;
+    assert_eq!((s, &me["userCtx"]["name"]), (200, &json!("alice")), "{me}");
 }
 
 /// Refusals are never cached, and a changed password works at once; successes are asked once.
