@@ -1,7 +1,7 @@
 //! A node whose authentication CouchDB cannot be reached: its own `[admins]`/`[users]` still
 //! work (they are checked first), anonymous callers are still 401, and anyone else gets 503
-//! naming the CouchDB — not 401 (their credentials may be fine) and not 500 — with no
-//! credential in the reply.
+//! (on the API and on `/_steps`) naming the CouchDB, not 401 (their credentials may be fine)
+//! and not 500, with no credential in the reply.
 
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ async fn an_unreachable_couchdb_is_503_and_local_users_still_work() {
         users: Users::default().with_couchdb(Arc::new(auth)),
         ..HttpConfig::default()
     };
-    let node = Node::frontend(cfg).await;
+    let node = Node::with_steps(cfg).await;
     let (s, _) = node.get("/_scheduler/jobs", Some(ADMIN)).await;
     assert_eq!(s, 200, "a configured admin");
     let (s, _) = node.get("/_active_tasks", Some(BOB)).await;
@@ -39,6 +39,11 @@ async fn an_unreachable_couchdb_is_503_and_local_users_still_work() {
         reason.contains(&url) && !reason.contains("s3cret"),
         "{reason}"
     );
+    // The steps routes' admin check asks too.
+    let (s, e) = node.get("/_steps", Some(("alice", "alice-s3cret"))).await;
+    assert_eq!(s, 503, "{e}");
+    let (s, e) = node.get("/_steps", Some(ADMIN)).await;
+    assert_eq!(s, 200, "{e}");
     // A cookie this node did not issue is asked about too.
     let r = node
         .client
