@@ -1,8 +1,10 @@
 //! The HTTP API (axum), CouchDB-compatible: this module owns the [`Router`] and its shared
 //! [`AppState`]; each endpoint group has its own file. Every reply is JSON (except the
 //! status page's HTML and the Prometheus text); errors are `{"error", "reason"}`
-//! ([`error::HttpError`]); callers are identified by HTTP Basic ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
-//! passes through `mask` so no password leaves the node.
+//! ([`error::HttpError`]); callers are identified by HTTP Basic or an `AuthSession` cookie
+//! ([`auth`]; a CouchDB's `_users` through [`couchdb_auth`]); bodies larger than
+//! [`HttpConfig::max_body_bytes`] get 413; every JSON reply passes through `mask` so no
+//! password leaves the node.
 
 pub(crate) mod active_tasks;
 pub mod auth;
