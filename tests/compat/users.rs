@@ -370,7 +370,7 @@ async fn compare(peer: &CouchPeer, node: &Node) {
     let (alice, mallory) = (basic("alice", "alice-pw"), basic("mallory", "mallory-pw"));
     let wrong = basic("alice", "not-her-password");
     let admin = basic("admin", "admin");
-    let mut rep_ids = Vec::new();
+    let (mut rep_ids, mut reps) = (Vec::new(), Vec::new());
     for (root, tgt) in [(peer.url(), "tgt_couchdb"), (node.base.clone(), "tgt_ours")] {
         let rep = json!({"source": format!("{}/src", peer.admin_url()),
             "target": format!("{}/{tgt}", peer.admin_url()), "create_target": true,
@@ -378,6 +378,13 @@ async fn compare(peer: &CouchPeer, node: &Node) {
         let (s, v) = call(&root, Method::POST, "/_replicate", &alice, Some(&rep)).await;
         assert_eq!(s, 202, "a user starts a replication at {root}: {v}");
         rep_ids.push(v["_local_id"].as_str().unwrap_or_default().to_owned());
+        reps.push(rep);
+        // Running, so that another user's start of the same replication meets it.
+        crate::support::wait_for(60, "alice's replication running", || async {
+            let (_, tasks) = call(&root, Method::GET, "/_active_tasks", &admin, None).await;
+            (tasks.as_array().is_some_and(|t| t.len() == 1)).then_some(())
+        })
+        .await;
     }
     let get = |what, path, who: &Who, couchdb, ours| Step {
         what,
@@ -422,11 +429,23 @@ async fn compare(peer: &CouchPeer, node: &Node) {
             body: Some(cancel.clone()),
             ..get("other user cancels", "/_replicate", &mallory, 401, 404)
         };
+        // The same replication by another user: CouchDB 401 "You are not a server admin.",
+        // ours 409 naming the job that runs it (README: duplicates are a conflict).
+        let same = Step {
+            body: Some(reps[i].clone()),
+            ..get(
+                "other user starts the same",
+                "/_replicate",
+                &mallory,
+                401,
+                409,
+            )
+        };
         let own = Step {
             body: Some(cancel),
             ..get("user cancels own", "/_replicate", &alice, 200, 200)
         };
-        for st in steps.iter().cloned().chain([other, own]) {
+        for st in steps.iter().cloned().chain([same, other, own]) {
             let m = if st.body.is_some() {
                 Method::POST
             } else {
