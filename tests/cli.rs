@@ -1,9 +1,10 @@
-//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers).
+//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers, and with an authentication CouchDB).
 
 mod support;
 
 mod cli {
     mod replicate;
+    mod serve_auth;
     mod serve_e2e;
     mod serve_steps;
 }
