@@ -138,73 +138,9 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
         let node = node_checked_by(&proxy).await;
         let alice = basic("alice", "alice-pw");
 
-        // Alice, with Basic, is herself here: her name and roles.
-        let (s, me) = call(&node.base, Method::GET, "/_session", &alice, None).await;
-        assert_eq!(s, 200, "{me}");
-        assert_eq!(me["userCtx"], json!({"name": "alice", "roles": ["r1"]}));
-        assert_eq!(me["info"]["authenticated"], "default");
-        let rep = json!({"source": format!("{}/src", peer.admin_url()),
-            "target": format!("{}/tgt", peer.admin_url()), "create_target": true,
-            "continuous": true});
-        let (s, started) = call(&node.base, Method::POST, "/_replicate", &alice, Some(&rep)).await;
-        assert_eq!(s, 202, "{started}");
-        let rep_id = started["_local_id"].as_str().unwrap().to_owned();
-        // She sees her job in the scheduler and, once it runs, in the active tasks.
-        let running = crate::support::wait_for(60, "alice's task", || async {
-            let (jobs, tasks) = visible(&node, &alice).await;
-            (jobs == [rep_id.as_str()] && tasks == [rep_id.as_str()]).then_some(())
-        });
-        running.await;
-        let (s, job) = call(
-            &node.base,
-            Method::GET,
-            &format!("/_scheduler/jobs/{rep_id}"),
-            &alice,
-            None,
-        )
-        .await;
-        assert_eq!((s, job["user"].as_str()), (200, Some("alice")), "{job}");
-        // Every request so far was checked once: the rest came from the cache.
-        assert_eq!(checks(&proxy), 1, "one check for alice's Basic credentials");
-
-        // Mallory neither sees nor cancels it.
+        let (rep, rep_id) = alice_starts_and_sees(&peer, &node, &proxy, &alice).await;
         let mallory = basic("mallory", "mallory-pw");
-        assert_eq!(visible(&node, &mallory).await, (vec![], vec![]));
-        let (s, _) = call(
-            &node.base,
-            Method::GET,
-            &format!("/_scheduler/jobs/{rep_id}"),
-            &mallory,
-            None,
-        )
-        .await;
-        assert_eq!(s, 404);
-        let cancel = json!({"replication_id": rep_id, "cancel": true});
-        let (s, e) = call(
-            &node.base,
-            Method::POST,
-            "/_replicate",
-            &mallory,
-            Some(&cancel),
-        )
-        .await;
-        assert_eq!(s, 404, "{e}");
-        let mut by_spec = rep.clone();
-        by_spec["cancel"] = json!(true);
-        let (s, e) = call(
-            &node.base,
-            Method::POST,
-            "/_replicate",
-            &mallory,
-            Some(&by_spec),
-        )
-        .await;
-        assert_eq!(s, 404, "{e}");
-        assert_eq!(
-            visible(&node, &alice).await.0,
-            [rep_id.as_str()],
-            "still there"
-        );
+        others_neither_see_nor_cancel(&node, &mallory, &alice, &rep, &rep_id).await;
 
         // CouchDB's admin is admin here: sees alice's job.
         let admin = basic("admin", "admin");
@@ -235,6 +171,7 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
             "{me}"
         );
         assert_eq!(visible(&node, &cookie).await.0, [rep_id.as_str()]);
+        let cancel = json!({"replication_id": rep_id, "cancel": true});
         let (s, done) = call(
             &node.base,
             Method::POST,
@@ -250,6 +187,89 @@ async fn couchdb_users_start_see_and_cancel_their_own_replications() {
     .await;
 }
 
+/// Alice, with Basic, is herself on our node (name and roles), starts a continuous
+/// replication and sees it in the scheduler and, once it runs, in the active tasks; all of
+/// it costs one check at the CouchDB. Returns the request and its replication id.
+async fn alice_starts_and_sees(
+    peer: &CouchPeer,
+    node: &Node,
+    proxy: &FaultProxy,
+    alice: &Who,
+) -> (Value, String) {
+    // Alice, with Basic, is herself here: her name and roles.
+    let (s, me) = call(&node.base, Method::GET, "/_session", alice, None).await;
+    assert_eq!(s, 200, "{me}");
+    assert_eq!(me["userCtx"], json!({"name": "alice", "roles": ["r1"]}));
+    assert_eq!(me["info"]["authenticated"], "default");
+    let rep = json!({"source": format!("{}/src", peer.admin_url()),
+        "target": format!("{}/tgt", peer.admin_url()), "create_target": true,
+        "continuous": true});
+    let (s, started) = call(&node.base, Method::POST, "/_replicate", alice, Some(&rep)).await;
+    assert_eq!(s, 202, "{started}");
+    let rep_id = started["_local_id"].as_str().unwrap().to_owned();
+    // She sees her job in the scheduler and, once it runs, in the active tasks.
+    let running = crate::support::wait_for(60, "alice's task", || async {
+        let (jobs, tasks) = visible(node, alice).await;
+        (jobs == [rep_id.as_str()] && tasks == [rep_id.as_str()]).then_some(())
+    });
+    running.await;
+    let (s, job) = call(
+        &node.base,
+        Method::GET,
+        &format!("/_scheduler/jobs/{rep_id}"),
+        alice,
+        None,
+    )
+    .await;
+    assert_eq!((s, job["user"].as_str()), (200, Some("alice")), "{job}");
+    // Every request so far was checked once: the rest came from the cache.
+    assert_eq!(checks(proxy), 1, "one check for alice's Basic credentials");
+    (rep, rep_id)
+}
+
+/// Mallory does not see alice's job, by listing or by id, and cannot cancel it by id or by
+/// its source and target.
+async fn others_neither_see_nor_cancel(
+    node: &Node,
+    mallory: &Who,
+    alice: &Who,
+    rep: &Value,
+    rep_id: &str,
+) {
+    assert_eq!(visible(node, mallory).await, (vec![], vec![]));
+    let (s, _) = call(
+        &node.base,
+        Method::GET,
+        &format!("/_scheduler/jobs/{rep_id}"),
+        mallory,
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    let cancel = json!({"replication_id": rep_id, "cancel": true});
+    let (s, e) = call(
+        &node.base,
+        Method::POST,
+        "/_replicate",
+        mallory,
+        Some(&cancel),
+    )
+    .await;
+    assert_eq!(s, 404, "{e}");
+    let mut by_spec = rep.clone();
+    by_spec["cancel"] = json!(true);
+    let (s, e) = call(
+        &node.base,
+        Method::POST,
+        "/_replicate",
+        mallory,
+        Some(&by_spec),
+    )
+    .await;
+    assert_eq!(s, 404, "{e}");
+    assert_eq!(visible(node, alice).await.0, [rep_id], "still there");
+}
+
 /// A CouchDB cookie past a tenth of its lifetime comes back renewed from a request to our
 /// node (CouchDB renews it while checking it), and the renewed one works.
 async fn couchdb_cookies_are_renewed(peer: &CouchPeer, node: &Node) {
@@ -263,7 +283,9 @@ async fn couchdb_cookies_are_renewed(peer: &CouchPeer, node: &Node) {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let old = couchdb_cookie(peer, "alice", "alice-pw").await;
+    // Mallory's: no cookie of hers was checked here yet (one of alice's minted in the same
+    // second as the one she used before would be the same bytes, and cached).
+    let old = couchdb_cookie(peer, "mallory", "mallory-new").await;
     // A tenth of 20 s is 2 s: wait past it.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let r = reqwest::Client::new()
@@ -290,7 +312,11 @@ async fn couchdb_cookies_are_renewed(peer: &CouchPeer, node: &Node) {
         None,
     )
     .await;
-    assert_eq!((s, &me["userCtx"]["name"]), (200, &json!("alice")), "{me}");
+    assert_eq!(
+        (s, &me["userCtx"]["name"]),
+        (200, &json!("mallory")),
+        "{me}"
+    );
 }
 
 /// Refusals are never cached, and a changed password works at once; successes are asked once.
