@@ -3,6 +3,7 @@
 mod support;
 
 mod api {
+    mod couchdb_auth;
     mod couchdb_pending;
     mod couchdb_shapes;
     mod endpoints;

@@ -1,9 +1,10 @@
-//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers, and HTTPS from `[ssl]`).
+//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers, HTTPS from `[ssl]`, and an authentication CouchDB).
 
 mod support;
 
 mod cli {
     mod replicate;
+    mod serve_auth;
     mod serve_e2e;
     mod serve_steps;
     mod serve_tls;

@@ -4,9 +4,9 @@
 //! (`[section]`, `key = value`, `;` comments, inline only after a space or tab), which also
 //! reads flat TOML files (`#` comments, quoted strings unquoted). Sections keep CouchDB's
 //! names: `[replicator]`, `[admins]`, `[chttpd]`, `[chttpd_auth]`, `[couchdb]`; ours are
-//! `[users]` (non-admin users), `[replicator_dbs]` (`name = URL` of `_replicator` databases)
-//! and `[steps]`. Whatever else a CouchDB file holds is reported by [`ConfigFile::unused`]
-//! and otherwise ignored.
+//! `[users]` (non-admin users), `[replicator_dbs]` (`name = URL` of `_replicator` databases),
+//! `[steps]` and `[auth_couchdb]` (a CouchDB whose users may call this node). Whatever else a
+//! CouchDB file holds is reported by [`ConfigFile::unused`] and otherwise ignored.
 //!
 //! A hand-written reader rather than an ini crate: CouchDB's dialect differs from what those
 //! implement (only ` ;`/`\t;` start an inline comment, `#` and backslashes are literal,

@@ -1,5 +1,6 @@
 //! Subcommands of the `couch-replicator` binary, one file each.
 
+pub mod auth_couchdb;
 pub mod config_file;
 pub mod replicate;
 pub mod replicator_section;

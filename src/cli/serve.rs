@@ -23,9 +23,11 @@ use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 
 use couch_replicator::http::auth::AuthSettings;
+use couch_replicator::http::couchdb_auth::CouchDbAuth;
 use couch_replicator::http::password::{MAX_ITERATIONS, Prf};
 use couch_replicator::replication::tls::TlsOptions;
 
+use super::auth_couchdb;
 use super::config_file::ConfigFile;
 use super::replicator_section;
 use super::serve_steps::{STEPS_KEYS, StepsSetup};
@@ -74,6 +76,9 @@ pub struct ServeArgs {
     /// This node's name in the cluster; default [couchdb] node_name or node1@127.0.0.1.
     #[arg(long)]
     pub node: Option<String>,
+    /// A CouchDB whose `_users` (and admins) may call this node; sets [auth_couchdb] url.
+    #[arg(long, value_name = "URL")]
+    pub auth_couchdb: Option<String>,
 }
 
 /// Everything `serve` needs, resolved from file, environment and flags.
@@ -113,6 +118,9 @@ pub fn load(
     }
     if let Some(n) = &args.node {
         cfg.set("couchdb", "node_name", n.clone());
+    }
+    if let Some(u) = &args.auth_couchdb {
+        cfg.set(auth_couchdb::SECTION, "url", u.clone());
     }
     let mut admins = pairs(cfg.section("admins"));
     for a in &args.admins {
@@ -178,8 +186,12 @@ pub fn setup(
             ));
         }
     }
+    let mut users = Users::configure(admins, pairs(cfg.section("users")), &auth_settings(cfg)?)?;
+    if let Some(s) = auth_couchdb::read(cfg)? {
+        users = users.with_couchdb(Arc::new(CouchDbAuth::new(s)?));
+    }
     let mut http = HttpConfig {
-        users: Users::configure(admins, pairs(cfg.section("users")), &auth_settings(cfg)?)?,
+        users,
         replicator_dbs: dbs.iter().map(|d| d.name.clone()).collect(),
         ..HttpConfig::default()
     };
@@ -251,6 +263,7 @@ fn is_used(section: &str, key: &str) -> bool {
             matches!(key, "iterations" | "pbkdf2_prf" | "secret" | "timeout")
         }
         "steps" => STEPS_KEYS.contains(&key),
+        auth_couchdb::SECTION => auth_couchdb::KEYS.contains(&key),
         _ => false,
     }
 }
@@ -302,8 +315,11 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     }
     if setup.http.users.has_no_admins() {
         tracing::warn!(
-            "no server admin configured (--admin name:password or [admins]): requests that change state need one"
+            "no server admin configured (--admin name:password, [admins] or [auth_couchdb] url): requests that change state need one"
         );
+    }
+    if let Some(c) = setup.http.users.couchdb() {
+        tracing::info!(couchdb = %c.url(), "callers not in [admins]/[users] are checked by this CouchDB");
     }
     let frontend = setup.replicator.settings.runs(NodeType::ApiFrontend);
     let (addr_tx, mut addr_rx) = tokio::sync::watch::channel(None);
@@ -527,6 +543,31 @@ mod tests {
         assert_eq!(s.http.replicator_dbs, names);
         assert!(!s.http.users.has_no_admins());
         assert!(!format!("{:?}", s.http.users).contains("r00t"));
+        assert!(s.http.users.couchdb().is_none());
+    }
+
+    #[test]
+    fn auth_couchdb_from_flag_or_file() {
+        let a = args(&["--auth-couchdb", "http://127.0.0.1:5984"]);
+        let (cfg, admins) = load(&a, Vec::new()).unwrap();
+        let s = setup(&a, &cfg, admins, db(), "u".into()).unwrap();
+        let c = s.http.users.couchdb().unwrap();
+        assert_eq!(c.url(), "http://127.0.0.1:5984");
+        // CouchDB vouches for admins, so no warning about having none.
+        assert!(!s.http.users.has_no_admins());
+        assert!(
+            s.notes.iter().all(|n| !n.contains("auth_couchdb")),
+            "{:?}",
+            s.notes
+        );
+        let a = args(&[]);
+        let env = vec![(
+            "COUCH_REPLICATOR__AUTH_COUCHDB__URL".to_string(),
+            "http://u:secret@127.0.0.1:5984".to_string(),
+        )];
+        let (cfg, admins) = load(&a, env).unwrap();
+        let e = setup(&a, &cfg, admins, db(), "u".into()).unwrap_err();
+        assert!(e.contains("credentials") && !e.contains("secret"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Who is calling: HTTP Basic credentials or an `AuthSession` cookie ([`super::session`])
-//! checked against the node's configured users (`[admins]`, and optional non-admin `[users]`).
+//! checked against the node's configured users (`[admins]`, and optional non-admin `[users]`),
+//! then, when one is configured, against a CouchDB ([`super::couchdb_auth`]: its `_users` and
+//! admins, so a CouchDB user keeps their name and roles here).
 //! Entries are CouchDB password hashes ([`super::password`]); plain ones are hashed when the
 //! node starts, so no password is kept in clear. Handlers ask for a [`Caller`] and call
 //! [`Caller::require_admin`] / [`Caller::require_user`] before changing state. A password that
@@ -18,6 +20,7 @@ use rand::RngCore as _;
 use sha2::Sha256;
 
 use super::cookie::{self, SessionSettings, SessionUsers};
+use super::couchdb_auth::{CouchDbAuth, Credential, Verdict};
 use super::error::HttpError;
 use super::password::{Prf, StoredPassword, same_bytes};
 use crate::replicator::rep_doc::UserCtx;
@@ -87,10 +90,12 @@ struct Inner {
     verified: Mutex<HashMap<String, [u8; 32]>>,
 }
 
-/// The users this node knows. `Debug` shows names only. Cheap to clone.
+/// The users this node knows, and the CouchDB asked about the others. `Debug` shows names
+/// only. Cheap to clone.
 #[derive(Clone)]
 pub struct Users {
     inner: Arc<Inner>,
+    couchdb: Option<Arc<CouchDbAuth>>,
 }
 
 impl Default for Users {
@@ -108,6 +113,7 @@ impl std::fmt::Debug for Users {
         f.debug_struct("Users")
             .field("admins", &a)
             .field("users", &u)
+            .field("couchdb", &self.couchdb.as_ref().map(|c| c.url()))
             .finish()
     }
 }
@@ -199,12 +205,25 @@ impl Users {
                 cache_key,
                 verified: Mutex::new(HashMap::new()),
             }),
+            couchdb: None,
         }
     }
 
-    /// True when no admin is configured (every state change is then refused).
+    /// The same users; callers they do not know are checked by `couchdb`.
+    pub fn with_couchdb(mut self, couchdb: Arc<CouchDbAuth>) -> Self {
+        self.couchdb = Some(couchdb);
+        self
+    }
+
+    /// The CouchDB that checks the callers this node does not know, if any.
+    pub fn couchdb(&self) -> Option<&Arc<CouchDbAuth>> {
+        self.couchdb.as_ref()
+    }
+
+    /// True when no admin is configured and no CouchDB can vouch for one (every state change
+    /// is then refused).
     pub fn has_no_admins(&self) -> bool {
-        self.inner.admins.is_empty()
+        self.inner.admins.is_empty() && self.couchdb.is_none()
     }
 
     /// The session settings (cookie lifetime and secret).
@@ -274,42 +293,103 @@ impl Users {
         Some((acct.stored.salt(), ctx_of(name, acct)))
     }
 
-    /// Checks an `Authorization` header value.
+    /// Checks an `Authorization` header value against the configured users only.
     pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, HttpError> {
         let Some(h) = header else {
             return Ok(Caller::Anonymous);
         };
-        let Some((name, password)) = decode_basic(h) else {
-            return Err(HttpError::unauthorized(
-                "only Basic authentication with name:password is supported",
-            ));
-        };
+        let (name, password) = basic_pair(h)?;
         self.login(&name, &password)
             .map(Caller::User)
-            .ok_or_else(|| HttpError::unauthorized("Name or password is incorrect."))
+            .ok_or_else(wrong_password)
     }
 
     /// Authenticates a request as CouchDB does: a valid `AuthSession` cookie first, then
     /// Basic credentials; neither is anonymous. A cookie that cannot be decoded is 400.
-    pub(crate) fn authenticate_headers(
+    /// Configured users are checked first, then the CouchDB, if any (503 when it cannot
+    /// answer: the credentials may be fine).
+    /// A CouchDB cookie that CouchDB renewed is left in `renewed` for the response.
+    pub(crate) async fn authenticate_headers(
         &self,
         headers: &axum::http::HeaderMap,
+        renewed: Option<&RenewedCookie>,
     ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
-        if let Some(cookie) = cookie::cookie_value(headers)
-            && let Some(u) = cookie::verify(self, &cookie, cookie::now_secs())?
-        {
-            return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
+        if let Some(cookie) = cookie::cookie_value(headers) {
+            if let Some(u) = cookie::verify(self, &cookie, cookie::now_secs())? {
+                return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
+            }
+            if let Some(c) = &self.couchdb {
+                let (verdict, set_cookie) = c
+                    .check(Credential::Cookie(&cookie))
+                    .await
+                    .map_err(unavailable)?;
+                if let (Some(slot), Some(v)) = (renewed, set_cookie) {
+                    slot.set(v);
+                }
+                match verdict {
+                    Verdict::User(u) => return Ok((Caller::User(u), Some(AuthMethod::Cookie))),
+                    Verdict::BadCookie(reason) => return Err(HttpError::bad_request(reason)),
+                    // Expired or not CouchDB's either: on to Basic, as CouchDB goes on.
+                    Verdict::Rejected => {}
+                }
+            }
         }
-        let h = match headers.get(AUTHORIZATION) {
-            None => None,
-            Some(v) => Some(v.to_str().map_err(|_| {
-                HttpError::unauthorized("the Authorization header is not valid text")
-            })?),
+        let Some(h) = headers.get(AUTHORIZATION) else {
+            return Ok((Caller::Anonymous, None));
         };
-        let caller = self.authenticate(h)?;
-        let how = matches!(caller, Caller::User(_)).then_some(AuthMethod::Basic);
-        Ok((caller, how))
+        let h = h
+            .to_str()
+            .map_err(|_| HttpError::unauthorized("the Authorization header is not valid text"))?;
+        let (name, password) = basic_pair(h)?;
+        if let Some(u) = self.login(&name, &password) {
+            return Ok((Caller::User(u), Some(AuthMethod::Basic)));
+        }
+        let Some(c) = &self.couchdb else {
+            return Err(wrong_password());
+        };
+        let cred = Credential::Basic {
+            name: &name,
+            password: &password,
+        };
+        match c.check(cred).await.map_err(unavailable)?.0 {
+            Verdict::User(u) => Ok((Caller::User(u), Some(AuthMethod::Basic))),
+            Verdict::Rejected | Verdict::BadCookie(_) => Err(wrong_password()),
+        }
     }
+}
+
+/// Where authentication leaves a `Set-Cookie` to send with the response: a CouchDB cookie
+/// CouchDB renewed while checking it. The cookie middleware puts one in every request's
+/// extensions and adds what it holds to the response.
+#[derive(Clone, Default)]
+pub(crate) struct RenewedCookie(Arc<Mutex<Option<String>>>);
+
+impl RenewedCookie {
+    fn set(&self, v: String) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = Some(v);
+        }
+    }
+
+    /// The renewed cookie, if any.
+    pub(crate) fn take(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|mut g| g.take())
+    }
+}
+
+fn wrong_password() -> HttpError {
+    HttpError::unauthorized("Name or password is incorrect.")
+}
+
+fn unavailable(e: super::couchdb_auth::CouchDbAuthError) -> HttpError {
+    HttpError::unavailable(e.to_string())
+}
+
+/// The name and password of a Basic header, or 401.
+fn basic_pair(h: &str) -> Result<(String, String), HttpError> {
+    decode_basic(h).ok_or_else(|| {
+        HttpError::unauthorized("only Basic authentication with name:password is supported")
+    })
 }
 
 impl SessionUsers for Users {
@@ -413,9 +493,11 @@ impl<S: HasUsers + Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let renewed = parts.extensions.get::<RenewedCookie>().cloned();
         state
             .users()
-            .authenticate_headers(&parts.headers)
+            .authenticate_headers(&parts.headers, renewed.as_ref())
+            .await
             .map(|(c, _)| c)
     }
 }

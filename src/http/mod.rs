@@ -1,15 +1,18 @@
 //! The HTTP API (axum), CouchDB-compatible: this module owns the [`Router`] and its shared
 //! [`AppState`]; each endpoint group has its own file. Every reply is JSON (except the
 //! status page's HTML and the Prometheus text); errors are `{"error", "reason"}`
-//! ([`error::HttpError`]); callers are identified by HTTP Basic ([`auth`]); bodies larger than [`HttpConfig::max_body_bytes`] get 413; every JSON reply
-//! passes through `mask` so no password leaves the node; every reply carries CouchDB's headers
-//! and a request id that the request's log lines carry too (`couch_headers`).
+//! ([`error::HttpError`]); callers are identified by HTTP Basic or an `AuthSession` cookie
+//! ([`auth`]; a CouchDB's `_users` through [`couchdb_auth`]); bodies larger than
+//! [`HttpConfig::max_body_bytes`] get 413; every JSON reply passes through `mask` so no
+//! password leaves the node; every reply carries CouchDB's headers and a request id that the
+//! request's log lines carry too (`couch_headers`).
 
 pub(crate) mod active_tasks;
 pub mod auth;
 pub(crate) mod cookie;
 pub(crate) mod couch_headers;
 pub mod couch_json;
+pub mod couchdb_auth;
 pub mod error;
 pub(crate) mod health;
 pub(crate) mod mask;
@@ -172,11 +175,15 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .layer(axum::middleware::from_fn(couch_headers::couch_headers))
 }
 
-/// The steps routes' admin check on this node's users: 401 anonymous or wrong, 403 non-admin.
+/// The steps routes' admin check on this node's users (and its authentication CouchDB's):
+/// 401 anonymous or wrong, 403 non-admin.
 pub(crate) fn admin_check(users: Users) -> self::steps::AdminCheck {
-    Arc::new(move |headers: &axum::http::HeaderMap| {
-        let (caller, _) = users.authenticate_headers(headers)?;
-        caller.require_admin().map(|_| ())
+    Arc::new(move |headers: axum::http::HeaderMap| {
+        let users = users.clone();
+        Box::pin(async move {
+            let (caller, _) = users.authenticate_headers(&headers, None).await?;
+            caller.require_admin().map(|_| ())
+        })
     })
 }
 

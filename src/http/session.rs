@@ -1,7 +1,8 @@
 //! Cookie login, CouchDB's `/_session`: `POST` (JSON or form `name`/`password`) answers
 //! `{"ok":true,"name","roles"}` with an `AuthSession` cookie (made in `cookie.rs`), `GET`
 //! describes the caller, `DELETE` clears the cookie. A request carrying a cookie older than a
-//! tenth of its lifetime gets a fresh one, as in CouchDB.
+//! tenth of its lifetime gets a fresh one, as in CouchDB; so does one carrying a cookie of the
+//! authentication CouchDB that CouchDB renewed while checking it.
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -13,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::auth::{AuthMethod, Caller, HasUsers, Users};
+use super::auth::{AuthMethod, Caller, HasUsers, RenewedCookie, Users};
 use super::cookie::{cookie_value, mint, now_secs, set_cookie, verify_issued};
 use super::error::HttpError;
 
@@ -34,12 +35,15 @@ pub fn refreshed(users: &Users, headers: &HeaderMap, now: u64) -> Option<String>
 /// Middleware adding [`refreshed`] cookies to responses that set none themselves.
 pub(crate) async fn refresh_cookie(
     State(state): State<AppState>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let fresh = refreshed(state.users(), req.headers(), now_secs());
+    // Filled when the authentication CouchDB renews its own cookie during the request.
+    let renewed = RenewedCookie::default();
+    req.extensions_mut().insert(renewed.clone());
     let mut resp = next.run(req).await;
-    if let Some(c) = fresh
+    if let Some(c) = fresh.or_else(|| renewed.take())
         && !resp.headers().contains_key(SET_COOKIE)
         && let Ok(v) = HeaderValue::from_str(&c)
     {
@@ -106,20 +110,32 @@ pub(crate) async fn post_session(
     let password = form.password.unwrap_or_default();
     let s = users.session();
     let now = now_secs();
-    match users.login(&name, &password) {
-        Some(ctx) => {
-            let salt = users.session_user(&name).map_or("", |(salt, _)| salt);
-            let cookie = set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now);
-            let body = json!({"ok": true, "name": name, "roles": ctx.roles});
-            Ok(with_cookie(StatusCode::OK, cookie, body))
-        }
-        None => {
-            tracing::info!(user = %name, "session login refused");
-            let body = json!({"error": "unauthorized", "reason": "Name or password is incorrect."});
-            let cookie = set_cookie("", s.timeout_secs, now);
-            Ok(with_cookie(StatusCode::UNAUTHORIZED, cookie, body))
+    if let Some(ctx) = users.login(&name, &password) {
+        let salt = users.session_user(&name).map_or("", |(salt, _)| salt);
+        let cookie = set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now);
+        let body = json!({"ok": true, "name": name, "roles": ctx.roles});
+        return Ok(with_cookie(StatusCode::OK, cookie, body));
+    }
+    // Not ours: the authentication CouchDB's user gets that CouchDB's cookie, which requests
+    // here then present (and which works on that CouchDB too).
+    if let Some(c) = users.couchdb() {
+        let got = c
+            .login(&name, &password)
+            .await
+            .map_err(|e| HttpError::unavailable(e.to_string()))?;
+        if let Some((ctx, cookie)) = got {
+            let body = json!({"ok": true, "name": ctx.name, "roles": ctx.roles});
+            let mut r = (StatusCode::OK, Json(body)).into_response();
+            if let Some(v) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+                r.headers_mut().insert(SET_COOKIE, v);
+            }
+            return Ok(r);
         }
     }
+    tracing::info!(user = %name, "session login refused");
+    let body = json!({"error": "unauthorized", "reason": "Name or password is incorrect."});
+    let cookie = set_cookie("", s.timeout_secs, now);
+    Ok(with_cookie(StatusCode::UNAUTHORIZED, cookie, body))
 }
 
 /// `?basic=true` asks for a 401 when anonymous, as CouchDB does.
@@ -132,9 +148,14 @@ pub(crate) struct SessionQuery {
 pub(crate) async fn get_session(
     State(state): State<AppState>,
     Query(q): Query<SessionQuery>,
+    renewed: Option<axum::Extension<RenewedCookie>>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, HttpError> {
-    let (caller, how) = state.users().authenticate_headers(&headers)?;
+    let renewed = renewed.map(|axum::Extension(r)| r);
+    let (caller, how) = state
+        .users()
+        .authenticate_headers(&headers, renewed.as_ref())
+        .await?;
     let ctx = match &caller {
         Caller::User(u) => json!({"name": u.name, "roles": u.roles}),
         Caller::Anonymous if q.basic.as_deref() == Some("true") => {

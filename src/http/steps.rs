@@ -8,6 +8,8 @@
 //! Failures are CouchDB-style `{"error", "reason"}` bodies; reasons come from typed errors
 //! and never contain credentials.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
@@ -44,32 +46,41 @@ impl From<StepsError> for HttpError {
     }
 }
 
-/// Decides whether a request comes from a server admin: `Ok` lets it through, an error
-/// (normally 401 or 403) is returned to the client as is.
-pub type AdminCheck = Arc<dyn Fn(&HeaderMap) -> Result<(), HttpError> + Send + Sync>;
+/// What an [`AdminCheck`] answers, later: checking may ask another server.
+pub type AdminVerdict = Pin<Box<dyn Future<Output = Result<(), HttpError>> + Send>>;
+
+/// Decides whether a request (its headers) comes from a server admin: `Ok` lets it through,
+/// an error (normally 401 or 403, 503 when the server that knows cannot be asked) is
+/// returned to the client as is.
+pub type AdminCheck = Arc<dyn Fn(HeaderMap) -> AdminVerdict + Send + Sync>;
 
 /// An [`AdminCheck`] accepting HTTP Basic credentials of one admin. The password is
 /// compared in time independent of where it differs.
 pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> AdminCheck {
     let (name, password) = (name.into(), password.into());
-    Arc::new(move |headers: &HeaderMap| {
-        let Some(value) = headers.get(AUTHORIZATION) else {
-            return Err(HttpError::unauthorized(
-                "authentication required: send Basic credentials",
-            ));
-        };
-        let Some((n, p)) = value.to_str().ok().and_then(decode_basic) else {
-            return Err(HttpError::unauthorized(
-                "only Basic authentication with name:password is supported",
-            ));
-        };
-        // Both compared in full, so timing says nothing about which one differed.
-        if same(&n, &name) & same(&p, &password) {
-            Ok(())
-        } else {
-            Err(HttpError::unauthorized("Name or password is incorrect."))
-        }
+    Arc::new(move |headers: HeaderMap| {
+        let verdict = check_basic(&headers, &name, &password);
+        Box::pin(std::future::ready(verdict))
     })
+}
+
+fn check_basic(headers: &HeaderMap, name: &str, password: &str) -> Result<(), HttpError> {
+    let Some(value) = headers.get(AUTHORIZATION) else {
+        return Err(HttpError::unauthorized(
+            "authentication required: send Basic credentials",
+        ));
+    };
+    let Some((n, p)) = value.to_str().ok().and_then(decode_basic) else {
+        return Err(HttpError::unauthorized(
+            "only Basic authentication with name:password is supported",
+        ));
+    };
+    // Both compared in full, so timing says nothing about which one differed.
+    if same(&n, name) & same(&p, password) {
+        Ok(())
+    } else {
+        Err(HttpError::unauthorized("Name or password is incorrect."))
+    }
 }
 
 /// What the steps routes need: the steps API of this node and the admin check.
@@ -103,7 +114,9 @@ async fn create(
     headers: HeaderMap,
     body: Result<Json<JobSpec>, JsonRejection>,
 ) -> Result<Response, HttpError> {
-    (s.admin)(&headers).map_err(HttpError::with_basic_challenge)?;
+    (s.admin)(headers)
+        .await
+        .map_err(HttpError::with_basic_challenge)?;
     let Json(spec) = body.map_err(json_rejection)?;
     let id = s.steps.submit(spec).await?;
     Ok((StatusCode::CREATED, Json(json!({"ok": true, "id": id}))).into_response())
@@ -114,7 +127,9 @@ async fn get_one(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
-    (s.admin)(&headers).map_err(HttpError::with_basic_challenge)?;
+    (s.admin)(headers)
+        .await
+        .map_err(HttpError::with_basic_challenge)?;
     Ok(Json(s.steps.get(&id).await?).into_response())
 }
 
@@ -132,7 +147,9 @@ async fn list(
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
-    (s.admin)(&headers).map_err(HttpError::with_basic_challenge)?;
+    (s.admin)(headers)
+        .await
+        .map_err(HttpError::with_basic_challenge)?;
     let Query(q) = query.map_err(|e| HttpError::bad_request(e.body_text()))?;
     let limit = q.limit.unwrap_or(ListOptions::default().limit);
     if limit == 0 || limit > MAX_LIST_LIMIT {
@@ -193,7 +210,8 @@ mod tests {
     #[test]
     fn basic_admin_accepts_only_the_admin() {
         let check = basic_admin("adm", "s3:cret");
-        assert_eq!(check(&headers(Some(&basic("adm", "s3:cret")))), Ok(()));
+        let check = |h: HeaderMap| futures::executor::block_on(check(h));
+        assert_eq!(check(headers(Some(&basic("adm", "s3:cret")))), Ok(()));
         for bad in [
             None,
             Some(basic("adm", "s3:cre")),
@@ -201,7 +219,7 @@ mod tests {
             Some("Bearer x".to_string()),
             Some("Basic !!".to_string()),
         ] {
-            let e = check(&headers(bad.as_deref())).unwrap_err();
+            let e = check(headers(bad.as_deref())).unwrap_err();
             assert_eq!(e.status, StatusCode::UNAUTHORIZED, "{bad:?}");
             assert!(!e.reason.contains("s3:"), "a reason echoes the password");
         }

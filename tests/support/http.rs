@@ -115,6 +115,8 @@ impl Node {
         config.node = format!("http{n}@127.0.0.1");
         let rep = Replicator::start(config).await.unwrap();
         let replicator = Arc::new(rep);
+        // The fixed users, plus the authentication CouchDB the caller configured, if any.
+        let couchdb = cfg.users.couchdb().cloned();
         cfg.users = Users::new(
             [(ADMIN.0.to_string(), ADMIN.1.to_string())],
             [
@@ -122,6 +124,9 @@ impl Node {
                 (EVE.0.to_string(), EVE.1.to_string()),
             ],
         );
+        if let Some(c) = couchdb {
+            cfg.users = cfg.users.with_couchdb(c);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let state = AppState::new(replicator.clone(), cfg, http::prometheus());
