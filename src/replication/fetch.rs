@@ -126,21 +126,35 @@ pub struct BulkGetOutcome {
     pub supported: bool,
 }
 
-/// `POST _bulk_get?revs=true&latest=true&attachments=false|true`. Without attachments, revisions
-/// that have some come back in [`BulkGetOutcome::inline`] or [`BulkGetOutcome::refetch`]; with
-/// them, documents are taken as they come (stubs only where `atts_since` allows them).
+/// `POST _bulk_get?revs=true&latest=true&attachments=false|true` (JSON). Without attachments,
+/// revisions that have some come back in [`BulkGetOutcome::inline`] or
+/// [`BulkGetOutcome::refetch`]; with them, documents are taken as they come (stubs only where
+/// `atts_since` allows them).
 pub async fn bulk_get(
     source: &HttpClient,
     wanted: Vec<Wanted>,
     attachments: bool,
 ) -> Result<BulkGetOutcome> {
-    let resp = match request_bulk_get(source, &wanted, attachments).await {
-        Ok(Some(resp)) => resp,
-        Ok(None) => return Ok(BulkGetOutcome::unsupported(wanted)),
-        Err(e) => return Err(e),
+    let pass = if attachments {
+        BulkPass::Inline
+    } else {
+        BulkPass::Stubs
     };
-    let Ok(parsed) = serde_json::from_slice::<BulkGetResp<'_>>(&resp.body) else {
-        return Ok(BulkGetOutcome::unsupported(wanted));
+    match request_bulk_get(source, &wanted, pass).await {
+        Ok(Some(resp)) => Ok(bulk_get_outcome(&resp.body, wanted, attachments)),
+        Ok(None) => Ok(BulkGetOutcome::unsupported(wanted)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sorts the documents of a JSON `_bulk_get` answer (see [`bulk_get`]).
+pub(crate) fn bulk_get_outcome(
+    body: &Bytes,
+    wanted: Vec<Wanted>,
+    attachments: bool,
+) -> BulkGetOutcome {
+    let Ok(parsed) = serde_json::from_slice::<BulkGetResp<'_>>(body) else {
+        return BulkGetOutcome::unsupported(wanted);
     };
     let mut out = BulkGetOutcome {
         supported: true,
@@ -160,7 +174,7 @@ pub async fn bulk_get(
         // Stubs are acceptable in the attachments=true pass only where atts_since asked.
         let stubs_ok = positional && wanted.get(i).is_some_and(|w| !w.atts_since.is_empty());
         let track = (!positional).then_some(&mut seen);
-        let verdict = take_result(r, &resp.body, attachments, stubs_ok, &mut out.docs, track);
+        let verdict = take_result(r, body, attachments, stubs_ok, &mut out.docs, track);
         if positional {
             verdicts[i] = verdict;
         }
@@ -177,12 +191,12 @@ pub async fn bulk_get(
             Verdict::Refetch => out.refetch.push(w),
         }
     }
-    Ok(out)
+    out
 }
 
 impl BulkGetOutcome {
     /// `_bulk_get` is not usable here: every revision is fetched one by one.
-    fn unsupported(wanted: Vec<Wanted>) -> Self {
+    pub(crate) fn unsupported(wanted: Vec<Wanted>) -> Self {
         Self {
             refetch: wanted,
             supported: false,
@@ -191,12 +205,24 @@ impl BulkGetOutcome {
     }
 }
 
+/// Which `_bulk_get` request to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BulkPass {
+    /// JSON, attachment stubs only.
+    Stubs,
+    /// JSON, attachment bodies inline (base64 of the decoded bytes).
+    Inline,
+    /// `multipart/mixed` asked for, attachment bodies as they are stored (`att_encoding_info`:
+    /// gzip-encoded ones stay gzip-encoded); a source that cannot answer so answers JSON.
+    Related,
+}
+
 /// Sends the `_bulk_get` request. `Ok(None)` when the source cannot serve it (any failure
 /// but 429 exhaustion, or a status other than 200): the caller falls back to single fetches.
-async fn request_bulk_get(
+pub(crate) async fn request_bulk_get(
     source: &HttpClient,
     wanted: &[Wanted],
-    attachments: bool,
+    pass: BulkPass,
 ) -> Result<Option<super::client::Resp>> {
     let docs: Vec<Value> = wanted
         .iter()
@@ -208,14 +234,21 @@ async fn request_bulk_get(
             }
         })
         .collect();
+    let attachments = pass != BulkPass::Stubs;
     let body =
         json!({"docs": docs, "latest": true, "revs": true, "attachments": attachments}).to_string();
-    let path = if attachments {
-        "_bulk_get?latest=true&revs=true&attachments=true"
-    } else {
-        "_bulk_get?latest=true&revs=true&attachments=false"
+    let path = match pass {
+        BulkPass::Stubs => "_bulk_get?latest=true&revs=true&attachments=false",
+        BulkPass::Inline => "_bulk_get?latest=true&revs=true&attachments=true",
+        BulkPass::Related => {
+            "_bulk_get?latest=true&revs=true&attachments=true&att_encoding_info=true"
+        }
     };
-    match source.send(&Req::json(Method::POST, path, body)).await {
+    let mut req = Req::json(Method::POST, path, body);
+    if pass == BulkPass::Related {
+        req.accept = "multipart/mixed";
+    }
+    match source.send(&req).await {
         Ok(resp) if resp.status == StatusCode::OK => Ok(Some(resp)),
         Ok(_) => Ok(None),
         // 429 exhaustion ends the replication; any other failure falls back to single fetches.
@@ -331,8 +364,9 @@ fn rev_of(doc: &str) -> Option<String> {
     serde_json::from_str::<R>(doc).ok().map(|r| r.rev)
 }
 
-/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true` asking for
-/// `multipart/mixed`, accepting a JSON answer too. Missing revisions yield nothing.
+/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true&att_encoding_info=true`
+/// asking for `multipart/mixed` (so gzip-encoded attachments travel and are written as
+/// stored, with their encoding, digest and lengths), accepting a JSON answer too. Missing revisions yield nothing.
 /// With `sink`, documents that come with attachment bodies are streamed straight into a
 /// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
 /// caller fetches again without a sink (buffered, with retries).
@@ -342,7 +376,7 @@ pub async fn open_revs(
     sink: Option<&HttpClient>,
 ) -> Result<Vec<Fetched>> {
     let mut path = format!(
-        "{}?revs=true&latest=true&attachments=true&open_revs={}",
+        "{}?revs=true&latest=true&attachments=true&att_encoding_info=true&open_revs={}",
         encode_doc_id(&w.id),
         encode_query(&json!([w.rev]).to_string())
     );
