@@ -1,12 +1,13 @@
 //! Fetching missing revisions from the source: `_bulk_get` (JSON, attachment stubs only)
 //! first; revisions whose attachments are small (at most [`INLINE_ATTACHMENTS_MAX`] in all)
-//! through a second `_bulk_get` with `attachments=true`, so a batch costs the source two
-//! requests instead of one per such document; the rest (large attachments, errors) through
-//! individual `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed`.
-//! Document bodies stay raw JSON bytes (slices of the response) so they can be passed to
-//! `_bulk_docs` without being rebuilt; a `multipart/related` revision (one with attachment
-//! bodies) is streamed straight into the target's `PUT ?new_edits=false`, so attachments are
-//! never held whole in memory.
+//! then come through a multipart `_bulk_get` with their attachments as stored
+//! (`bulk_related.rs`), so a batch costs the source two requests instead of one per such
+//! document; the rest (large attachments, errors) through individual
+//! `GET doc?open_revs=[..]&revs=true&latest=true&att_encoding_info=true` with
+//! `Accept: multipart/mixed`. Document bodies stay raw JSON bytes (slices of the response) so
+//! they can be passed to `_bulk_docs` without being rebuilt; a `multipart/related` revision
+//! (one with attachment bodies) is streamed straight into the target's `PUT ?new_edits=false`,
+//! so attachments are never held whole in memory, and gzip-encoded ones stay gzip-encoded.
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -101,8 +102,8 @@ impl BulkGetGate {
     }
 }
 
-/// Revisions whose attachments add up to at most this many bytes are fetched with inline
-/// (base64) attachment bodies in one `_bulk_get`; larger ones are streamed one by one.
+/// Revisions whose attachments add up to at most this many bytes are fetched in bulk with
+/// their attachment bodies (one multipart `_bulk_get`); larger ones are streamed one by one.
 pub const INLINE_ATTACHMENTS_MAX: u64 = 256 * 1024;
 
 /// What to do with one requested revision after a `_bulk_get`, worst last.
@@ -118,7 +119,7 @@ enum Verdict {
 pub struct BulkGetOutcome {
     /// Ready JSON documents.
     pub docs: Vec<Bytes>,
-    /// Revisions with small attachments, to fetch again with `attachments=true`.
+    /// Revisions with small attachments, to fetch again in bulk with their attachments.
     pub inline: Vec<Wanted>,
     /// To refetch individually (large attachments, errors).
     pub refetch: Vec<Wanted>,
@@ -126,28 +127,20 @@ pub struct BulkGetOutcome {
     pub supported: bool,
 }
 
-/// `POST _bulk_get?revs=true&latest=true&attachments=false|true` (JSON). Without attachments,
-/// revisions that have some come back in [`BulkGetOutcome::inline`] or
-/// [`BulkGetOutcome::refetch`]; with them, documents are taken as they come (stubs only where
-/// `atts_since` allows them).
-pub async fn bulk_get(
-    source: &HttpClient,
-    wanted: Vec<Wanted>,
-    attachments: bool,
-) -> Result<BulkGetOutcome> {
-    let pass = if attachments {
-        BulkPass::Inline
-    } else {
-        BulkPass::Stubs
-    };
-    match request_bulk_get(source, &wanted, pass).await {
-        Ok(Some(resp)) => Ok(bulk_get_outcome(&resp.body, wanted, attachments)),
+/// `POST _bulk_get?revs=true&latest=true&attachments=false` (JSON, stubs only): revisions
+/// with attachments come back in [`BulkGetOutcome::inline`] (small ones, for
+/// [`super::bulk_related::bulk_get_related`]) or [`BulkGetOutcome::refetch`].
+pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGetOutcome> {
+    match request_bulk_get(source, &wanted, BulkPass::Stubs).await {
+        Ok(Some(resp)) => Ok(bulk_get_outcome(&resp.body, wanted, false)),
         Ok(None) => Ok(BulkGetOutcome::unsupported(wanted)),
         Err(e) => Err(e),
     }
 }
 
-/// Sorts the documents of a JSON `_bulk_get` answer (see [`bulk_get`]).
+/// Sorts the documents of a JSON `_bulk_get` answer: without `attachments` as [`bulk_get`]
+/// says; with them (a source that answered the multipart request with inline attachments),
+/// documents are taken as they come (stubs only where `atts_since` allows them).
 pub(crate) fn bulk_get_outcome(
     body: &Bytes,
     wanted: Vec<Wanted>,
@@ -210,8 +203,6 @@ impl BulkGetOutcome {
 pub(crate) enum BulkPass {
     /// JSON, attachment stubs only.
     Stubs,
-    /// JSON, attachment bodies inline (base64 of the decoded bytes).
-    Inline,
     /// `multipart/mixed` asked for, attachment bodies as they are stored (`att_encoding_info`:
     /// gzip-encoded ones stay gzip-encoded); a source that cannot answer so answers JSON.
     Related,
@@ -239,7 +230,6 @@ pub(crate) async fn request_bulk_get(
         json!({"docs": docs, "latest": true, "revs": true, "attachments": attachments}).to_string();
     let path = match pass {
         BulkPass::Stubs => "_bulk_get?latest=true&revs=true&attachments=false",
-        BulkPass::Inline => "_bulk_get?latest=true&revs=true&attachments=true",
         BulkPass::Related => {
             "_bulk_get?latest=true&revs=true&attachments=true&att_encoding_info=true"
         }

@@ -1,7 +1,7 @@
 //! A running replication: opens the endpoints (CouchDB's couch_replicator_scheduler_job.erl start-up), finds the start sequence, then runs the
 //! pipeline — the changes reader running ahead, `worker_processes` workers each taking a batch
-//! through `_revs_diff` → `_bulk_get` (+ one for small attachments, + individual fetches) →
-//! `_bulk_docs`, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
+//! through `_revs_diff` → `_bulk_get` (+ a multipart one for small attachments, + individual
+//! fetches) → `_bulk_docs` and multipart PUTs, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
 //! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
 //! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
 

@@ -1,6 +1,7 @@
 //! The workers' side of the pipeline (CouchDB's couch_replicator_worker.erl): what one worker
-//! does with a batch of changes (`_revs_diff`, then `_bulk_get` plus one for small
-//! attachments plus individual fetches, then `_bulk_docs`), and the state the workers share
+//! does with a batch of changes (`_revs_diff`, then `_bulk_get` plus a multipart one for
+//! small attachments, kept encoded, plus individual fetches, then `_bulk_docs` and
+//! `multipart/related` PUTs), and the state the workers share
 //! with the run loop: the [`Tracker`] that keeps the checkpoint behind every batch still in
 //! flight, the counters, and the highest source sequence seen.
 
@@ -12,10 +13,10 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::bulk_related::bulk_get_related;
 use super::changes::Batch;
 use super::client::HttpClient;
 use super::error::{ReplicationError, Result};
-use super::bulk_related::bulk_get_related;
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
 use super::options::ReplicationSpec;
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
@@ -200,7 +201,7 @@ type InBulk = (Vec<Bytes>, Vec<(Wanted, Fetched)>, Vec<Wanted>);
 async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<InBulk> {
     let c = &sh.counters;
     let n = wanted.len();
-    let mut out = bulk_get(&sh.src, wanted, false).await?;
+    let mut out = bulk_get(&sh.src, wanted).await?;
     let failed = if out.supported { out.refetch.len() } else { n };
     lock(&sh.bulk_get).record(n, failed);
     if out.supported {

@@ -30,7 +30,9 @@ fn text(seed: usize, len: usize) -> Vec<u8> {
     let mut s = String::with_capacity(len + 64);
     let mut i = 0;
     while s.len() < len {
-        s.push_str(&format!("line {i} of document {seed}: the quick brown fox\n"));
+        s.push_str(&format!(
+            "line {i} of document {seed}: the quick brown fox\n"
+        ));
         i += 1;
     }
     s.into_bytes()
@@ -43,7 +45,15 @@ struct Db<'a> {
 
 impl Db<'_> {
     /// `PUT db/id/name?rev=` with `data`: the new revision.
-    async fn put_att(&self, db: &str, id: &str, rev: &str, name: &str, ctype: &str, data: Vec<u8>) -> String {
+    async fn put_att(
+        &self,
+        db: &str,
+        id: &str,
+        rev: &str,
+        name: &str,
+        ctype: &str,
+        data: Vec<u8>,
+    ) -> String {
         let r = self
             .http
             .put(format!("{}/{db}/{id}/{name}?rev={rev}", self.peer.url()))
@@ -110,26 +120,47 @@ async fn fill(db: &Db<'_>, c: &Couch, src: &str) {
     c.create_db(src).await;
     for i in 0..6 {
         let rev = db.put_doc(c, src, &format!("t{i}"), json!({"i": i})).await;
-        db.put_att(src, &format!("t{i}"), &rev, "notes.txt", "text/plain", text(i, 6000))
-            .await;
+        db.put_att(
+            src,
+            &format!("t{i}"),
+            &rev,
+            "notes.txt",
+            "text/plain",
+            text(i, 6000),
+        )
+        .await;
     }
     let rev = db.put_doc(c, src, "j", json!({"kind": "json"})).await;
     let body = serde_json::to_vec(&json!({"rows": (0..200).collect::<Vec<_>>()})).expect("json");
-    let rev = db.put_att(src, "j", &rev, "data.json", "application/json", body).await;
+    let rev = db
+        .put_att(src, "j", &rev, "data.json", "application/json", body)
+        .await;
     db.put_att(src, "j", &rev, "readme.txt", "text/plain", text(99, 3000))
         .await;
     let rev = db.put_doc(c, src, "bin", json!({"kind": "binary"})).await;
     let noise: Vec<u8> = (0..4096u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    db.put_att(src, "bin", &rev, "pic.png", "image/png", noise).await;
-    db.put_doc(c, src, "plain", json!({"no": "attachments"})).await;
-    let rev = db.put_doc(c, src, "two-revs", json!({"k": 1})).await;
-    let rev = db.put_att(src, "two-revs", &rev, "a.txt", "text/plain", text(7, 2000)).await;
-    db.put_att(src, "two-revs", &rev, "b.txt", "text/plain", text(8, 2000)).await;
-    let rev = db.put_doc(c, src, "big", json!({"k": "big"})).await;
-    db.put_att(src, "big", &rev, "big.txt", "text/plain", text(42, 300 * 1024))
+    db.put_att(src, "bin", &rev, "pic.png", "image/png", noise)
         .await;
+    db.put_doc(c, src, "plain", json!({"no": "attachments"}))
+        .await;
+    let rev = db.put_doc(c, src, "two-revs", json!({"k": 1})).await;
+    let rev = db
+        .put_att(src, "two-revs", &rev, "a.txt", "text/plain", text(7, 2000))
+        .await;
+    db.put_att(src, "two-revs", &rev, "b.txt", "text/plain", text(8, 2000))
+        .await;
+    let rev = db.put_doc(c, src, "big", json!({"k": "big"})).await;
+    db.put_att(
+        src,
+        "big",
+        &rev,
+        "big.txt",
+        "text/plain",
+        text(42, 300 * 1024),
+    )
+    .await;
 }
 
 /// Every document's `_rev` and attachment stub fields (with `att_encoding_info`).
@@ -186,14 +217,20 @@ async fn compare(c: &Couch, src: &str, theirs: &str, mine: &str) {
     let t = stubs(c, theirs).await;
     let m = stubs(c, mine).await;
     assert_eq!(s.len(), 11, "source docs: {s:?}");
-    assert_eq!(t, s, "CouchDB's replicator's target differs from the source");
+    assert_eq!(
+        t, s,
+        "CouchDB's replicator's target differs from the source"
+    );
     assert_eq!(m, t, "our target differs from CouchDB's replicator's");
     let gz = s
         .values()
         .flat_map(|d| d["atts"].as_object().into_iter().flatten())
         .filter(|(_, a)| a["encoding"] == "gzip")
         .count();
-    assert!(gz >= 10, "the source should hold gzip-encoded attachments: {s:?}");
+    assert!(
+        gz >= 10,
+        "the source should hold gzip-encoded attachments: {s:?}"
+    );
     let sb = bodies(c, src, &s).await;
     assert_eq!(bodies(c, theirs, &s).await, sb, "CouchDB's copy's bytes");
     assert_eq!(bodies(c, mine, &s).await, sb, "our copy's bytes");
@@ -225,10 +262,17 @@ fn assert_wire(proxy: &FaultProxy, tgt: &str) {
             b.contains("\"encoding\":\"gzip\"") && b.contains("content-encoding: gzip")
         })
         .count();
-    assert!(gzip_puts >= 9, "{gzip_puts} of {} PUTs carried gzip parts", puts.len());
+    assert!(
+        gzip_puts >= 9,
+        "{gzip_puts} of {} PUTs carried gzip parts",
+        puts.len()
+    );
     for r in log.iter().filter(|r| r.path.contains("_bulk_docs")) {
         let b = String::from_utf8_lossy(&r.body);
-        assert!(!b.contains("\"data\""), "inline attachment in _bulk_docs: {b:.300}");
+        assert!(
+            !b.contains("\"data\""),
+            "inline attachment in _bulk_docs: {b:.300}"
+        );
     }
 }
 
