@@ -2,7 +2,8 @@
 //! `POST _bulk_get?attachments=true&att_encoding_info=true` asking for `multipart/mixed`, so a
 //! gzip-encoded attachment crosses the wire gzip-encoded, as one `multipart/related` part per
 //! revision, ready to be written with `PUT ?new_edits=false` keeping its `encoding`, `digest`,
-//! `length` and `encoded_length`. One request serves a whole chunk of revisions instead of one
+//! `length` and `encoded_length`. For a target that is not CouchDB (pouchdb-server would store
+//! gzip bytes as the content), the JSON pass with inline, decoded attachments is used instead. One request serves a whole chunk of revisions instead of one
 //! `GET ?open_revs` each (CouchDB's replicator). A source that answers JSON instead
 //! (pouchdb-server never answers multipart) is read as the inline JSON pass was.
 
@@ -57,8 +58,19 @@ struct IdRev {
     rev: String,
 }
 
-/// Fetches `wanted` (revisions known to have attachments) in chunks of [`RELATED_CHUNK`].
-pub async fn bulk_get_related(source: &HttpClient, wanted: Vec<Wanted>) -> Result<RelatedOutcome> {
+/// Fetches `wanted` (revisions known to have attachments) in chunks of [`RELATED_CHUNK`];
+/// with `keep_encoding` (see `Shared::keep_encoding`), attachments come
+/// as stored in multipart, else decoded inline in JSON.
+pub async fn bulk_get_related(
+    source: &HttpClient,
+    wanted: Vec<Wanted>,
+    keep_encoding: bool,
+) -> Result<RelatedOutcome> {
+    let pass = if keep_encoding {
+        BulkPass::Related
+    } else {
+        BulkPass::Inline
+    };
     let mut out = RelatedOutcome {
         supported: true,
         ..Default::default()
@@ -67,7 +79,7 @@ pub async fn bulk_get_related(source: &HttpClient, wanted: Vec<Wanted>) -> Resul
     while !rest.is_empty() {
         let tail = rest.split_off(rest.len().min(RELATED_CHUNK));
         let chunk = std::mem::replace(&mut rest, tail);
-        let got = fetch_chunk(source, chunk).await?;
+        let got = fetch_chunk(source, chunk, pass).await?;
         out.supported &= got.supported;
         out.docs.extend(got.docs);
         out.related.extend(got.related);
@@ -76,8 +88,12 @@ pub async fn bulk_get_related(source: &HttpClient, wanted: Vec<Wanted>) -> Resul
     Ok(out)
 }
 
-async fn fetch_chunk(source: &HttpClient, wanted: Vec<Wanted>) -> Result<RelatedOutcome> {
-    let Some(resp) = request_bulk_get(source, &wanted, BulkPass::Related).await? else {
+async fn fetch_chunk(
+    source: &HttpClient,
+    wanted: Vec<Wanted>,
+    pass: BulkPass,
+) -> Result<RelatedOutcome> {
+    let Some(resp) = request_bulk_get(source, &wanted, pass).await? else {
         return Ok(BulkGetOutcome::unsupported(wanted).into());
     };
     let ctype = resp
@@ -89,10 +105,19 @@ async fn fetch_chunk(source: &HttpClient, wanted: Vec<Wanted>) -> Result<Related
     if !ctype.to_ascii_lowercase().starts_with("multipart/") {
         return Ok(bulk_get_outcome(&resp.body, wanted, true).into());
     }
-    let boundary = boundary_of(&ctype)?;
     let body = resp.body;
-    let stream = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(body) });
-    parse_mixed_bulk(multer::Multipart::new(stream, boundary), wanted).await
+    let parsed = match boundary_of(&ctype) {
+        Ok(boundary) => {
+            let stream = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(body) });
+            parse_mixed_bulk(multer::Multipart::new(stream, boundary), wanted.clone()).await
+        }
+        Err(e) => Err(e),
+    };
+    // An answer that cannot be read costs this chunk its bulk fetch, not the replication.
+    Ok(parsed.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "multipart _bulk_get unreadable, fetching one by one");
+        BulkGetOutcome::unsupported(wanted).into()
+    }))
 }
 
 /// Reads a `multipart/mixed` `_bulk_get` answer: `application/json` parts (a document without

@@ -203,8 +203,12 @@ impl BulkGetOutcome {
 pub(crate) enum BulkPass {
     /// JSON, attachment stubs only.
     Stubs,
-    /// `multipart/mixed` asked for, attachment bodies as they are stored (`att_encoding_info`:
-    /// gzip-encoded ones stay gzip-encoded); a source that cannot answer so answers JSON.
+    /// JSON, attachment bodies inline (base64 of the decoded bytes): for a target that is not
+    /// CouchDB, which would take gzip bytes for the content.
+    Inline,
+    /// `multipart/mixed` asked for, attachment bodies as they are stored (gzip-encoded ones
+    /// stay gzip-encoded; `att_encoding_info` for the JSON parts); a source that cannot
+    /// answer so (pouchdb-server) answers JSON with inline attachments.
     Related,
 }
 
@@ -215,10 +219,13 @@ pub(crate) async fn request_bulk_get(
     wanted: &[Wanted],
     pass: BulkPass,
 ) -> Result<Option<super::client::Resp>> {
+    // CouchDB answers `attachments=false` with the bodies of attachments newer than
+    // `atts_since` inline (base64) all the same: the stubs pass leaves it out, the passes
+    // with attachments send it so that only those bodies travel.
     let docs: Vec<Value> = wanted
         .iter()
         .map(|w| {
-            if w.atts_since.is_empty() {
+            if w.atts_since.is_empty() || pass == BulkPass::Stubs {
                 json!({"id": w.id, "rev": w.rev})
             } else {
                 json!({"id": w.id, "rev": w.rev, "atts_since": w.atts_since})
@@ -230,6 +237,7 @@ pub(crate) async fn request_bulk_get(
         json!({"docs": docs, "latest": true, "revs": true, "attachments": attachments}).to_string();
     let path = match pass {
         BulkPass::Stubs => "_bulk_get?latest=true&revs=true&attachments=false",
+        BulkPass::Inline => "_bulk_get?latest=true&revs=true&attachments=true",
         BulkPass::Related => {
             "_bulk_get?latest=true&revs=true&attachments=true&att_encoding_info=true"
         }
@@ -354,9 +362,10 @@ fn rev_of(doc: &str) -> Option<String> {
     serde_json::from_str::<R>(doc).ok().map(|r| r.rev)
 }
 
-/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true&att_encoding_info=true`
-/// asking for `multipart/mixed` (so gzip-encoded attachments travel and are written as
-/// stored, with their encoding, digest and lengths), accepting a JSON answer too. Missing revisions yield nothing.
+/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true`: with `keep_encoding`
+/// (a CouchDB target), `att_encoding_info=true` asking for `multipart/mixed`, so gzip-encoded
+/// attachments travel and are written as stored, with their encoding, digest and lengths;
+/// without, asking for JSON (decoded attachments). Either answer is read. Missing revisions yield nothing.
 /// With `sink`, documents that come with attachment bodies are streamed straight into a
 /// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
 /// caller fetches again without a sink (buffered, with retries).
@@ -364,12 +373,16 @@ pub async fn open_revs(
     source: &HttpClient,
     w: &Wanted,
     sink: Option<&HttpClient>,
+    keep_encoding: bool,
 ) -> Result<Vec<Fetched>> {
     let mut path = format!(
-        "{}?revs=true&latest=true&attachments=true&att_encoding_info=true&open_revs={}",
+        "{}?revs=true&latest=true&attachments=true&open_revs={}",
         encode_doc_id(&w.id),
         encode_query(&json!([w.rev]).to_string())
     );
+    if keep_encoding {
+        path.push_str("&att_encoding_info=true");
+    }
     if !w.atts_since.is_empty() {
         let mut since = w.atts_since.clone();
         // Keep the URL short (CouchDB trims atts_since below 7000 chars).
@@ -382,7 +395,14 @@ pub async fn open_revs(
         ));
     }
     let mut req = Req::get(path);
-    req.accept = "multipart/mixed";
+    // CouchDB's multipart answer carries gzip-encoded attachments as stored, whatever the
+    // query says; only a CouchDB target keeps them so, any other gets the JSON answer
+    // (attachments decoded, base64).
+    req.accept = if keep_encoding {
+        "multipart/mixed"
+    } else {
+        "application/json"
+    };
     let resp = source.send_streaming(&req).await?;
     if !resp.status().is_success() {
         return Err(ReplicationError::OpenDocRevsFailed(format!(

@@ -74,6 +74,9 @@ pub(super) struct Shared {
     pub(super) tracker: Mutex<Tracker>,
     pub(super) skipper: Mutex<DiffSkipper>,
     pub(super) bulk_get: Mutex<BulkGetGate>,
+    /// Whether attachments are fetched as stored (multipart, `att_encoding_info`) and written
+    /// so: false only from a CouchDB source to a target that would not keep them encoded.
+    pub(super) keep_encoding: bool,
     pub(super) source_seq: Mutex<Value>,
     /// Told of every batch registered or completed, so the run loop publishes stats after
     /// progress instead of polling: an idle job then wakes nobody.
@@ -213,7 +216,8 @@ async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<InBulk> {
     let mut related = Vec::new();
     if !out.inline.is_empty() {
         let n = out.inline.len() as u64;
-        let again = bulk_get_related(&sh.src, std::mem::take(&mut out.inline)).await?;
+        let again =
+            bulk_get_related(&sh.src, std::mem::take(&mut out.inline), sh.keep_encoding).await?;
         if again.supported {
             Counters::add(&c.bulk_get_attempts, n);
             Counters::add(
@@ -278,16 +282,17 @@ async fn fetch_one_by_one(
     let mut result = WriteResult::default();
     let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
     let retry_after = sh.spec.options.missing_doc_retry;
+    let enc = sh.keep_encoding;
     let mut fetched = futures::stream::iter(refetch)
         .map(move |w| {
             let (src, tgt) = (src.clone(), tgt.clone());
             async move {
                 // Attachments stream from source to target; on failure fetch again buffered.
-                let mut got = match open_revs(&src, &w, Some(&tgt)).await {
+                let mut got = match open_revs(&src, &w, Some(&tgt), enc).await {
                     Ok(g) => g,
                     Err(e) => {
                         tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
-                        open_revs(&src, &w, None).await?
+                        open_revs(&src, &w, None, enc).await?
                     }
                 };
                 let missing_stub = got
@@ -302,7 +307,7 @@ async fn fetch_one_by_one(
                         atts_since: Vec::new(),
                         ..w.clone()
                     };
-                    got = open_revs(&src, &again, None).await?;
+                    got = open_revs(&src, &again, None, enc).await?;
                 }
                 Ok::<_, ReplicationError>((w.id, got))
             }

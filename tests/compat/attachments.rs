@@ -12,6 +12,7 @@ use crate::support::couch::Couch;
 use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
 use crate::support::proxy::FaultProxy;
+use crate::support::server::PouchServer;
 use couch_replicator::replication::{Context, ReplicationSpec, replicate};
 use serde_json::{Value, json};
 
@@ -296,10 +297,78 @@ async fn attachments_keep_encoding_digest_and_lengths_like_couchdb() {
     compare(&c, "src", "theirs", "mine").await;
     assert_wire(&proxy, "mine");
 
+    // Later revisions adding an attachment: the targets have the earlier ones, so only the
+    // new attachment needs to travel (`atts_since`); the result must still match.
+    for id in ["t0", "t1"] {
+        let (_, doc) = c.get_doc("src", id).await;
+        let rev = doc["_rev"].as_str().expect("rev");
+        db.put_att("src", id, rev, "more.txt", "text/plain", text(500, 5000))
+            .await;
+    }
+    db.couch_replicate("src", "theirs").await;
+    ours(&proxy, "src", "mine").await;
+    compare(&c, "src", "theirs", "mine").await;
+    let since = proxy
+        .log()
+        .into_iter()
+        .filter(|r| r.path.contains("att_encoding_info=true") && r.path.contains("_bulk_get"))
+        .any(|r| String::from_utf8_lossy(&r.body).contains("atts_since"));
+    let trail: Vec<String> = proxy
+        .log()
+        .iter()
+        .filter(|r| r.path.contains("_bulk_get") || r.path.contains("_revs_diff"))
+        .map(|r| format!("{} {}", r.path, String::from_utf8_lossy(&r.body)))
+        .collect();
+    assert!(
+        since,
+        "the bulk fetch of updated documents did not send atts_since: {trail:#?}"
+    );
+
     // The source stays as written (compressed); new copies must not be re-encoded.
     db.set_compression("0").await;
     db.couch_replicate("src", "theirs0").await;
     ours(&proxy, "src", "mine0").await;
     compare(&c, "src", "theirs0", "mine0").await;
     assert_wire(&proxy, "mine0");
+}
+
+/// A CouchDB source into a pouchdb-server target: pouchdb-server would keep gzip bytes sent
+/// as an encoded attachment as the attachment's content, so for it attachments travel decoded
+/// and read back the same as from the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pouchdb_target_gets_attachments_decoded() {
+    let test = "a_pouchdb_target_gets_attachments_decoded";
+    let Some(peer) = CouchPeer::start(test, None) else {
+        return;
+    };
+    peer.warm_up_sessions().await;
+    let c = Couch::new(&peer.admin_url());
+    let db = Db {
+        peer: &peer,
+        http: reqwest::Client::new(),
+    };
+    fill(&db, &c, "src").await;
+    let pouch = PouchServer::start().await;
+    let spec = ReplicationSpec::from_json(&json!({
+        "source": format!("{}/src", peer.admin_url()),
+        "target": pouch.db_url("tgt"),
+        "create_target": true,
+    }))
+    .expect("spec");
+    let stats = deadline(180, "our replication", replicate(spec, Context::default()))
+        .await
+        .expect("our replication");
+    assert_eq!(stats.doc_write_failures, 0, "{stats:?}");
+    let s = stubs(&c, "src").await;
+    let p = Couch::new(&pouch.root());
+    assert_eq!(bodies(&p, "tgt", &s).await, bodies(&c, "src", &s).await);
+    for (id, doc) in &s {
+        let (_, got) = p.get_doc("tgt", id).await;
+        for (name, stub) in doc["atts"].as_object().expect("atts") {
+            assert_eq!(
+                got["_attachments"][name]["length"], stub["length"],
+                "{id}/{name}"
+            );
+        }
+    }
 }
