@@ -1,8 +1,9 @@
-//! Drop-in for CouchDB: replication ids, checkpoint hand-over both ways, `_replicate` replies, configuration, the switch that keeps CouchDB's replicator off the documents ours runs, and CouchDB's `_users` calling our node, each compared with what a real CouchDB 3.4.3 computes or answers (the CouchDB peer runs where `COUCHDB_PEER_SCRIPT` is set).
+//! Drop-in for CouchDB: replication ids, checkpoint hand-over both ways, attachments keeping their encoding, `_replicate` replies, response headers and status codes, configuration, the switch that keeps CouchDB's replicator off the documents ours runs, and CouchDB's `_users` calling our node, each compared with what a real CouchDB 3.4.3 computes or answers (the CouchDB peer runs where `COUCHDB_PEER_SCRIPT` is set).
 
 mod support;
 
 mod compat {
+    mod attachments;
     mod config;
     mod couch_front;
     mod handover;

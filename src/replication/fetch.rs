@@ -1,12 +1,13 @@
 //! Fetching missing revisions from the source: `_bulk_get` (JSON, attachment stubs only)
 //! first; revisions whose attachments are small (at most [`INLINE_ATTACHMENTS_MAX`] in all)
-//! through a second `_bulk_get` with `attachments=true`, so a batch costs the source two
-//! requests instead of one per such document; the rest (large attachments, errors) through
-//! individual `GET doc?open_revs=[..]&revs=true&latest=true` with `Accept: multipart/mixed`.
-//! Document bodies stay raw JSON bytes (slices of the response) so they can be passed to
-//! `_bulk_docs` without being rebuilt; a `multipart/related` revision (one with attachment
-//! bodies) is streamed straight into the target's `PUT ?new_edits=false`, so attachments are
-//! never held whole in memory.
+//! then come through a multipart `_bulk_get` with their attachments as stored
+//! (`bulk_related.rs`), so a batch costs the source two requests instead of one per such
+//! document; the rest (large attachments, errors) through individual
+//! `GET doc?open_revs=[..]&revs=true&latest=true&att_encoding_info=true` with
+//! `Accept: multipart/mixed`. Document bodies stay raw JSON bytes (slices of the response) so
+//! they can be passed to `_bulk_docs` without being rebuilt; a `multipart/related` revision
+//! (one with attachment bodies) is streamed straight into the target's `PUT ?new_edits=false`,
+//! so attachments are never held whole in memory, and gzip-encoded ones stay gzip-encoded.
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -101,8 +102,8 @@ impl BulkGetGate {
     }
 }
 
-/// Revisions whose attachments add up to at most this many bytes are fetched with inline
-/// (base64) attachment bodies in one `_bulk_get`; larger ones are streamed one by one.
+/// Revisions whose attachments add up to at most this many bytes are fetched in bulk with
+/// their attachment bodies (one multipart `_bulk_get`); larger ones are streamed one by one.
 pub const INLINE_ATTACHMENTS_MAX: u64 = 256 * 1024;
 
 /// What to do with one requested revision after a `_bulk_get`, worst last.
@@ -118,7 +119,7 @@ enum Verdict {
 pub struct BulkGetOutcome {
     /// Ready JSON documents.
     pub docs: Vec<Bytes>,
-    /// Revisions with small attachments, to fetch again with `attachments=true`.
+    /// Revisions with small attachments, to fetch again in bulk with their attachments.
     pub inline: Vec<Wanted>,
     /// To refetch individually (large attachments, errors).
     pub refetch: Vec<Wanted>,
@@ -126,21 +127,27 @@ pub struct BulkGetOutcome {
     pub supported: bool,
 }
 
-/// `POST _bulk_get?revs=true&latest=true&attachments=false|true`. Without attachments, revisions
-/// that have some come back in [`BulkGetOutcome::inline`] or [`BulkGetOutcome::refetch`]; with
-/// them, documents are taken as they come (stubs only where `atts_since` allows them).
-pub async fn bulk_get(
-    source: &HttpClient,
+/// `POST _bulk_get?revs=true&latest=true&attachments=false` (JSON, stubs only): revisions
+/// with attachments come back in [`BulkGetOutcome::inline`] (small ones, for
+/// [`super::bulk_related::bulk_get_related`]) or [`BulkGetOutcome::refetch`].
+pub async fn bulk_get(source: &HttpClient, wanted: Vec<Wanted>) -> Result<BulkGetOutcome> {
+    match request_bulk_get(source, &wanted, BulkPass::Stubs).await {
+        Ok(Some(resp)) => Ok(bulk_get_outcome(&resp.body, wanted, false)),
+        Ok(None) => Ok(BulkGetOutcome::unsupported(wanted)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sorts the documents of a JSON `_bulk_get` answer: without `attachments` as [`bulk_get`]
+/// says; with them (a source that answered the multipart request with inline attachments),
+/// documents are taken as they come (stubs only where `atts_since` allows them).
+pub(crate) fn bulk_get_outcome(
+    body: &Bytes,
     wanted: Vec<Wanted>,
     attachments: bool,
-) -> Result<BulkGetOutcome> {
-    let resp = match request_bulk_get(source, &wanted, attachments).await {
-        Ok(Some(resp)) => resp,
-        Ok(None) => return Ok(BulkGetOutcome::unsupported(wanted)),
-        Err(e) => return Err(e),
-    };
-    let Ok(parsed) = serde_json::from_slice::<BulkGetResp<'_>>(&resp.body) else {
-        return Ok(BulkGetOutcome::unsupported(wanted));
+) -> BulkGetOutcome {
+    let Ok(parsed) = serde_json::from_slice::<BulkGetResp<'_>>(body) else {
+        return BulkGetOutcome::unsupported(wanted);
     };
     let mut out = BulkGetOutcome {
         supported: true,
@@ -160,7 +167,7 @@ pub async fn bulk_get(
         // Stubs are acceptable in the attachments=true pass only where atts_since asked.
         let stubs_ok = positional && wanted.get(i).is_some_and(|w| !w.atts_since.is_empty());
         let track = (!positional).then_some(&mut seen);
-        let verdict = take_result(r, &resp.body, attachments, stubs_ok, &mut out.docs, track);
+        let verdict = take_result(r, body, attachments, stubs_ok, &mut out.docs, track);
         if positional {
             verdicts[i] = verdict;
         }
@@ -177,12 +184,12 @@ pub async fn bulk_get(
             Verdict::Refetch => out.refetch.push(w),
         }
     }
-    Ok(out)
+    out
 }
 
 impl BulkGetOutcome {
     /// `_bulk_get` is not usable here: every revision is fetched one by one.
-    fn unsupported(wanted: Vec<Wanted>) -> Self {
+    pub(crate) fn unsupported(wanted: Vec<Wanted>) -> Self {
         Self {
             refetch: wanted,
             supported: false,
@@ -191,31 +198,55 @@ impl BulkGetOutcome {
     }
 }
 
+/// Which `_bulk_get` request to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BulkPass {
+    /// JSON, attachment stubs only.
+    Stubs,
+    /// JSON, attachment bodies inline (base64 of the decoded bytes): for a target that is not
+    /// CouchDB, which would take gzip bytes for the content.
+    Inline,
+    /// `multipart/mixed` asked for, attachment bodies as they are stored (gzip-encoded ones
+    /// stay gzip-encoded; `att_encoding_info` for the JSON parts); a source that cannot
+    /// answer so (pouchdb-server) answers JSON with inline attachments.
+    Related,
+}
+
 /// Sends the `_bulk_get` request. `Ok(None)` when the source cannot serve it (any failure
 /// but 429 exhaustion, or a status other than 200): the caller falls back to single fetches.
-async fn request_bulk_get(
+pub(crate) async fn request_bulk_get(
     source: &HttpClient,
     wanted: &[Wanted],
-    attachments: bool,
+    pass: BulkPass,
 ) -> Result<Option<super::client::Resp>> {
+    // CouchDB answers `attachments=false` with the bodies of attachments newer than
+    // `atts_since` inline (base64) all the same: the stubs pass leaves it out, the passes
+    // with attachments send it so that only those bodies travel.
     let docs: Vec<Value> = wanted
         .iter()
         .map(|w| {
-            if w.atts_since.is_empty() {
+            if w.atts_since.is_empty() || pass == BulkPass::Stubs {
                 json!({"id": w.id, "rev": w.rev})
             } else {
                 json!({"id": w.id, "rev": w.rev, "atts_since": w.atts_since})
             }
         })
         .collect();
+    let attachments = pass != BulkPass::Stubs;
     let body =
         json!({"docs": docs, "latest": true, "revs": true, "attachments": attachments}).to_string();
-    let path = if attachments {
-        "_bulk_get?latest=true&revs=true&attachments=true"
-    } else {
-        "_bulk_get?latest=true&revs=true&attachments=false"
+    let path = match pass {
+        BulkPass::Stubs => "_bulk_get?latest=true&revs=true&attachments=false",
+        BulkPass::Inline => "_bulk_get?latest=true&revs=true&attachments=true",
+        BulkPass::Related => {
+            "_bulk_get?latest=true&revs=true&attachments=true&att_encoding_info=true"
+        }
     };
-    match source.send(&Req::json(Method::POST, path, body)).await {
+    let mut req = Req::json(Method::POST, path, body);
+    if pass == BulkPass::Related {
+        req.accept = "multipart/mixed";
+    }
+    match source.send(&req).await {
         Ok(resp) if resp.status == StatusCode::OK => Ok(Some(resp)),
         Ok(_) => Ok(None),
         // 429 exhaustion ends the replication; any other failure falls back to single fetches.
@@ -331,8 +362,10 @@ fn rev_of(doc: &str) -> Option<String> {
     serde_json::from_str::<R>(doc).ok().map(|r| r.rev)
 }
 
-/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true` asking for
-/// `multipart/mixed`, accepting a JSON answer too. Missing revisions yield nothing.
+/// `GET doc?open_revs=[rev]&revs=true&latest=true&attachments=true`: with `keep_encoding`
+/// (a CouchDB target), `att_encoding_info=true` asking for `multipart/mixed`, so gzip-encoded
+/// attachments travel and are written as stored, with their encoding, digest and lengths;
+/// without, asking for JSON (decoded attachments). Either answer is read. Missing revisions yield nothing.
 /// With `sink`, documents that come with attachment bodies are streamed straight into a
 /// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
 /// caller fetches again without a sink (buffered, with retries).
@@ -340,12 +373,16 @@ pub async fn open_revs(
     source: &HttpClient,
     w: &Wanted,
     sink: Option<&HttpClient>,
+    keep_encoding: bool,
 ) -> Result<Vec<Fetched>> {
     let mut path = format!(
         "{}?revs=true&latest=true&attachments=true&open_revs={}",
         encode_doc_id(&w.id),
         encode_query(&json!([w.rev]).to_string())
     );
+    if keep_encoding {
+        path.push_str("&att_encoding_info=true");
+    }
     if !w.atts_since.is_empty() {
         let mut since = w.atts_since.clone();
         // Keep the URL short (CouchDB trims atts_since below 7000 chars).
@@ -358,7 +395,14 @@ pub async fn open_revs(
         ));
     }
     let mut req = Req::get(path);
-    req.accept = "multipart/mixed";
+    // CouchDB's multipart answer carries gzip-encoded attachments as stored, whatever the
+    // query says; only a CouchDB target keeps them so, any other gets the JSON answer
+    // (attachments decoded, base64).
+    req.accept = if keep_encoding {
+        "multipart/mixed"
+    } else {
+        "application/json"
+    };
     let resp = source.send_streaming(&req).await?;
     if !resp.status().is_success() {
         return Err(ReplicationError::OpenDocRevsFailed(format!(

@@ -5,6 +5,7 @@
 //! progress stream and checkpoint-then-stop, for continuous replications and job actors).
 
 pub mod auth;
+pub(crate) mod bulk_related;
 pub mod changes;
 pub(crate) mod checkpoint;
 pub mod client;

@@ -1,7 +1,7 @@
 //! A running replication: opens the endpoints (CouchDB's couch_replicator_scheduler_job.erl start-up), finds the start sequence, then runs the
 //! pipeline — the changes reader running ahead, `worker_processes` workers each taking a batch
-//! through `_revs_diff` → `_bulk_get` (+ one for small attachments, + individual fetches) →
-//! `_bulk_docs`, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
+//! through `_revs_diff` → `_bulk_get` (+ a multipart one for small attachments, + individual
+//! fetches) → `_bulk_docs` and multipart PUTs, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
 //! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
 //! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
 
@@ -254,6 +254,7 @@ async fn run(
         src,
         tgt,
         src_info,
+        keep_encoding,
         rep_id,
         checkpointer,
         start_point,
@@ -285,6 +286,7 @@ async fn run(
         tracker: Mutex::new(Tracker::new(start_point.seq.clone())),
         skipper: Mutex::new(DiffSkipper::default()),
         bulk_get: Mutex::new(BulkGetGate::default()),
+        keep_encoding,
         source_seq: Mutex::new(base.source_seq.clone()),
         moved: tokio::sync::Notify::new(),
     });
@@ -307,6 +309,7 @@ struct Opened {
     src: Arc<HttpClient>,
     tgt: Arc<HttpClient>,
     src_info: Value,
+    keep_encoding: bool,
     rep_id: RepId,
     checkpointer: Option<Checkpointer>,
     start_point: StartPoint,
@@ -329,10 +332,17 @@ async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
         &checkpoint_ids,
     )
     .await?;
+    // CouchDB (its database info names its storage's `disk_format_version`) sends
+    // gzip-encoded attachments as stored in any multipart answer, and only a CouchDB target
+    // stores them so; pouchdb-server would keep the gzip bytes as the content. So from a
+    // CouchDB source to any other target, attachments travel decoded (JSON).
+    let is_couch = |info: &Value| info.get("disk_format_version").is_some();
+    let keep_encoding = is_couch(&tgt_info) || !is_couch(&src_info);
     Ok(Opened {
         src,
         tgt,
         src_info,
+        keep_encoding,
         rep_id,
         checkpointer,
         start_point,

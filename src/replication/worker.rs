@@ -1,6 +1,7 @@
 //! The workers' side of the pipeline (CouchDB's couch_replicator_worker.erl): what one worker
-//! does with a batch of changes (`_revs_diff`, then `_bulk_get` plus one for small
-//! attachments plus individual fetches, then `_bulk_docs`), and the state the workers share
+//! does with a batch of changes (`_revs_diff`, then `_bulk_get` plus a multipart one for
+//! small attachments, kept encoded, plus individual fetches, then `_bulk_docs` and
+//! `multipart/related` PUTs), and the state the workers share
 //! with the run loop: the [`Tracker`] that keeps the checkpoint behind every batch still in
 //! flight, the counters, and the highest source sequence seen.
 
@@ -12,6 +13,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::bulk_related::bulk_get_related;
 use super::changes::Batch;
 use super::client::HttpClient;
 use super::error::{ReplicationError, Result};
@@ -24,6 +26,10 @@ use crate::telemetry::NodeMetrics;
 
 /// Concurrent individual fetches per worker.
 const INDIVIDUAL_FETCHES: usize = 4;
+
+/// Concurrent `PUT`s per worker of documents fetched in bulk with their attachments (each is
+/// one request to the target, so a few in flight keep it busy).
+const RELATED_WRITES: usize = 8;
 
 /// Orders batches so the checkpoint never passes one still in flight.
 #[derive(Debug)]
@@ -68,6 +74,9 @@ pub(super) struct Shared {
     pub(super) tracker: Mutex<Tracker>,
     pub(super) skipper: Mutex<DiffSkipper>,
     pub(super) bulk_get: Mutex<BulkGetGate>,
+    /// Whether attachments are fetched as stored (multipart, `att_encoding_info`) and written
+    /// so: false only from a CouchDB source to a target that would not keep them encoded.
+    pub(super) keep_encoding: bool,
     pub(super) source_seq: Mutex<Value>,
     /// Told of every batch registered or completed, so the run loop publishes stats after
     /// progress instead of polling: an idle job then wakes nobody.
@@ -133,14 +142,15 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
         .into_iter()
         .partition(|w| w.id.starts_with("_design/"));
     let try_bulk = sh.spec.options.use_bulk_get && lock(&sh.bulk_get).should_try();
-    let (mut docs, mut refetch) = if try_bulk && !wanted.is_empty() {
+    let (mut docs, related, mut refetch) = if try_bulk && !wanted.is_empty() {
         fetch_in_bulk(sh, wanted).await?
     } else {
-        (Vec::new(), wanted)
+        (Vec::new(), Vec::new(), wanted)
     };
+    let mut read = (docs.len() + related.len()) as u64;
+    let mut result = write_related(sh, related, &mut refetch).await?;
     refetch.extend(design);
-    let mut read = docs.len() as u64;
-    let mut result = fetch_one_by_one(sh, refetch, &mut docs, &mut read).await?;
+    result += fetch_one_by_one(sh, refetch, &mut docs, &mut read).await?;
     Counters::add(&c.docs_read, read);
     result += write_docs(&sh.tgt, &docs).await?;
     Counters::add(&c.docs_written, result.written);
@@ -182,13 +192,19 @@ async fn missing_revisions(sh: &Shared, batch: &Batch) -> Result<Vec<Wanted>> {
     Ok(wanted)
 }
 
-/// `_bulk_get` for the wanted revisions, then once more with inline attachments for those
-/// that have small ones: the documents ready to write, and the revisions left to fetch one
-/// by one (all of them when the source has no usable `_bulk_get`).
-async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<(Vec<Bytes>, Vec<Wanted>)> {
+/// Documents fetched in bulk: JSON ones for `_bulk_docs`, ones with attachment bodies (each
+/// with the revision asked for) for `PUT ?new_edits=false`, and revisions left to fetch one
+/// by one.
+type InBulk = (Vec<Bytes>, Vec<(Wanted, Fetched)>, Vec<Wanted>);
+
+/// `_bulk_get` for the wanted revisions (JSON, stubs only), then a multipart one for those
+/// with small attachments, which come as stored (gzip-encoded ones stay so): the documents
+/// ready to write, and the revisions left to fetch one by one (all of them when the source
+/// has no usable `_bulk_get`).
+async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<InBulk> {
     let c = &sh.counters;
     let n = wanted.len();
-    let mut out = bulk_get(&sh.src, wanted, false).await?;
+    let mut out = bulk_get(&sh.src, wanted).await?;
     let failed = if out.supported { out.refetch.len() } else { n };
     lock(&sh.bulk_get).record(n, failed);
     if out.supported {
@@ -197,19 +213,60 @@ async fn fetch_in_bulk(sh: &Shared, wanted: Vec<Wanted>) -> Result<(Vec<Bytes>, 
     } else {
         tracing::debug!(source = %sh.spec.source, "_bulk_get unusable, fetching one by one");
     }
-    // Documents with small attachments: one more `_bulk_get` for all of them.
+    let mut related = Vec::new();
     if !out.inline.is_empty() {
         let n = out.inline.len() as u64;
-        let again = bulk_get(&sh.src, std::mem::take(&mut out.inline), true).await?;
+        let again =
+            bulk_get_related(&sh.src, std::mem::take(&mut out.inline), sh.keep_encoding).await?;
         if again.supported {
             Counters::add(&c.bulk_get_attempts, n);
-            Counters::add(&c.bulk_get_docs, again.docs.len() as u64);
+            Counters::add(
+                &c.bulk_get_docs,
+                (again.docs.len() + again.related.len()) as u64,
+            );
         }
         out.docs.extend(again.docs);
+        related = again.related;
         out.refetch.extend(again.refetch);
-        out.refetch.extend(again.inline);
     }
-    Ok((out.docs, out.refetch))
+    Ok((out.docs, related, out.refetch))
+}
+
+/// Writes documents fetched with their attachment bodies, a few at a time, each with
+/// `PUT ?new_edits=false` as `multipart/related` (the attachments as they came: encoded ones
+/// keep their encoding). A document the target refuses for a missing stub is not counted
+/// but added to `refetch` without `atts_since`, to be fetched again in full.
+async fn write_related(
+    sh: &Shared,
+    related: Vec<(Wanted, Fetched)>,
+    refetch: &mut Vec<Wanted>,
+) -> Result<WriteResult> {
+    let tgt = &sh.tgt;
+    let mut writes = futures::stream::iter(related)
+        .map(|(w, doc)| async move {
+            let r = match &doc {
+                Fetched::Multipart { id, json, parts } => {
+                    put_multipart(tgt, id, json, parts).await?
+                }
+                Fetched::Json(b) => put_json(tgt, &w.id, b).await?,
+                Fetched::Written(r) => *r,
+            };
+            Ok::<_, ReplicationError>((w, r))
+        })
+        .buffer_unordered(RELATED_WRITES);
+    let mut result = WriteResult::default();
+    while let Some(done) = writes.next().await {
+        let (w, r) = done?;
+        if r.missing_stub > 0 {
+            refetch.push(Wanted {
+                atts_since: Vec::new(),
+                ..w
+            });
+        } else {
+            result += r;
+        }
+    }
+    Ok(result)
 }
 
 /// Fetches the remaining revisions individually (`open_revs`, attachments streamed to the
@@ -225,16 +282,17 @@ async fn fetch_one_by_one(
     let mut result = WriteResult::default();
     let (src, tgt) = (sh.src.clone(), sh.tgt.clone());
     let retry_after = sh.spec.options.missing_doc_retry;
+    let enc = sh.keep_encoding;
     let mut fetched = futures::stream::iter(refetch)
         .map(move |w| {
             let (src, tgt) = (src.clone(), tgt.clone());
             async move {
                 // Attachments stream from source to target; on failure fetch again buffered.
-                let mut got = match open_revs(&src, &w, Some(&tgt)).await {
+                let mut got = match open_revs(&src, &w, Some(&tgt), enc).await {
                     Ok(g) => g,
                     Err(e) => {
                         tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
-                        open_revs(&src, &w, None).await?
+                        open_revs(&src, &w, None, enc).await?
                     }
                 };
                 let missing_stub = got
@@ -249,7 +307,7 @@ async fn fetch_one_by_one(
                         atts_since: Vec::new(),
                         ..w.clone()
                     };
-                    got = open_revs(&src, &again, None).await?;
+                    got = open_revs(&src, &again, None, enc).await?;
                 }
                 Ok::<_, ReplicationError>((w.id, got))
             }
