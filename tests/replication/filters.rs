@@ -134,7 +134,8 @@ async fn selector_is_posted_and_its_feed_followed() {
     assert_eq!(body, json!({ "selector": selector }));
     assert_eq!(stats.docs_written, 2, "{stats:?}");
     assert_eq!(target_ids(&c, "tgt").await, vec!["s00000", "s00001"]);
-    assert_eq!(stats.checkpointed_source_seq, json!(10));
+    // A one-shot run ends at the last change it read, not at `last_seq`, as CouchDB's does.
+    assert_eq!(stats.checkpointed_source_seq, json!(2));
 }
 
 #[tokio::test]
