@@ -16,7 +16,7 @@ use super::client::HttpClient;
 use super::error::{ReplicationError, Result};
 use super::fetch::{
     BulkGetOutcome, BulkPass, Fetched, Wanted, boundary_of, bulk_get_outcome, parse_related,
-    request_bulk_get,
+    part_type, request_bulk_get,
 };
 
 /// Revisions asked for in one multipart `_bulk_get`: each has at most
@@ -138,12 +138,7 @@ async fn parse_mixed_bulk(
     };
     let mut got: HashSet<(String, String)> = HashSet::new();
     while let Some(field) = mp.next_field().await.map_err(err)? {
-        let ctype = field
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/json")
-            .to_owned();
+        let ctype = part_type(&field);
         let data = field.bytes().await.map_err(err)?;
         if ctype.to_ascii_lowercase().starts_with("multipart/related") {
             let inner_boundary = boundary_of(&ctype)?;

@@ -468,6 +468,16 @@ pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
         .collect())
 }
 
+/// A multipart part's content type (JSON when it names none, as CouchDB's document parts).
+pub(super) fn part_type(field: &multer::Field<'_>) -> String {
+    field
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_owned()
+}
+
 async fn parse_mixed(
     mut mp: multer::Multipart<'static>,
     id: &str,
@@ -477,12 +487,7 @@ async fn parse_mixed(
         |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
     let mut out = Vec::new();
     while let Some(field) = mp.next_field().await.map_err(err)? {
-        let ctype = field
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("application/json")
-            .to_owned();
+        let ctype = part_type(&field);
         if let Some(target) = sink
             && ctype.starts_with("multipart/related")
         {
