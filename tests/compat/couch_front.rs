@@ -287,15 +287,15 @@ async fn a_new_job_is_an_active_task_at_once_and_its_counters_follow_progress() 
     }
     // Listed within seconds on both (CouchDB: about a second once warm, a few on a fresh
     // node; ours must not wait for its 10 s stats timer).
-    for (ours, target, secs) in [(false, "tgt_c", 10), (true, "tgt_o", 3)] {
+    for (ours, target, secs) in [(false, "tgt_c", 10), (true, "tgt_o", 5)] {
         let t = task_when(&b, ours, target, secs, |_| true).await;
         let t = t.unwrap_or_else(|| panic!("{target}: not in _active_tasks within {secs} s"));
         assert_eq!(t["docs_written"], 0, "{t}");
     }
-    // Progress shows within 4 s (far under the 10 s timer).
+    // Progress shows within 6 s (under the 10 s stats timer, with room for a loaded machine).
     b.c.bulk_insert("src", &numbered_docs("d", 20)).await;
     for (ours, target) in [(false, "tgt_c"), (true, "tgt_o")] {
-        let t = task_when(&b, ours, target, 4, |t| t["docs_written"] == 20).await;
-        assert!(t.is_some(), "{target}: docs_written not 20 within 4 s");
+        let t = task_when(&b, ours, target, 6, |t| t["docs_written"] == 20).await;
+        assert!(t.is_some(), "{target}: docs_written not 20 within 6 s");
     }
 }
