@@ -108,7 +108,9 @@ async fn run_one(a: &VerifyArgs) -> Result<bool, String> {
 /// verified (say, missing on the target) makes the whole run incomplete, not a failure.
 async fn run_all(a: &VerifyArgs) -> Result<bool, String> {
     let ctx = replication::Context::default();
-    let base = spec_for(a, &verify::all_dbs::db_url(&a.source, "x"), &a.target)?;
+    // The options every database shares (the name is only there to make a database URL).
+    let db = |server: &str| verify::all_dbs::db_url(server, "any");
+    let base = spec_for(a, &db(&a.source), &db(&a.target))?;
     let dbs = verify::all_dbs::list(&a.source, &a.include, &ctx, &base.options)
         .await
         .map_err(|e| e.to_string())?;
