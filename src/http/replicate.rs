@@ -100,7 +100,7 @@ pub async fn post_replicate(
                 if let (Some(opts), Value::Object(m)) = (check, &mut reply) {
                     m.insert(
                         "verify".into(),
-                        super::verify::after_replication(&spec, &opts).await,
+                        crate::replication::verify::request::report_json(&spec, &opts).await,
                     );
                 }
                 Ok(Json(masked(reply)).into_response())

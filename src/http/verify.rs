@@ -1,23 +1,23 @@
 //! `POST /_verify` (ours, not CouchDB's): takes `_replicate`'s body (source, target, auth,
 //! `doc_ids` / `selector` / `filter` + `query_params`, `winning_revs_only`, worker options)
 //! plus `"deep": true`, runs [`crate::replication::verify::verify`] and answers its report.
-//! Also the `"verify"` option of a one-shot `_replicate`: [`after_replication`] runs the same
-//! check once the replication completed and its report goes into the reply's `verify` field.
+//! Also reads the `"verify"` option of a one-shot `_replicate` ([`requested`]); the check runs
+//! once the replication completed and its report goes into the reply's `verify` field.
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
 use super::replicate::json_body;
-use crate::replication::verify::{VerifyOptions, verify};
-use crate::replication::{Context, ReplicationError, ReplicationSpec};
+use crate::replication::verify::{VerifyOptions, request, verify};
+use crate::replication::{Context, ReplicationError};
 use crate::replicator::rep_doc::{ReplicateRequest, parse_replicate_body};
 
 /// `POST /_verify`: 200 with the report (`complete` says the verdict), 400 for a bad body,
@@ -48,37 +48,11 @@ pub async fn post_verify(
     Ok(Json(masked(v)))
 }
 
-/// What a `_replicate` body's `"verify"` asks for: `true`, or `{"deep": true}`.
+/// What a `_replicate` body's `"verify"` asks for.
 pub(crate) fn requested(body: &Value) -> HttpResult<Option<VerifyOptions>> {
-    let deep = match body.get("verify") {
-        None | Some(Value::Null | Value::Bool(false)) => return Ok(None),
-        Some(Value::Bool(true)) => false,
-        Some(Value::Object(o)) => match o.get("deep") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(HttpError::bad_request("`verify.deep` must be a boolean")),
-        },
-        Some(_) => {
-            return Err(HttpError::bad_request(
-                "`verify` must be a boolean or {\"deep\": boolean}",
-            ));
-        }
-    };
-    Ok(Some(VerifyOptions {
-        deep,
-        progress: None,
-    }))
-}
-
-/// The `verify` field of a completed replication's reply: the report, or the error that
-/// kept it from running (the replication itself succeeded, so the reply stays a 200).
-pub(crate) async fn after_replication(spec: &ReplicationSpec, opts: &VerifyOptions) -> Value {
-    match verify(spec, &Context::default(), opts).await {
-        Ok(r) => serde_json::to_value(r).unwrap_or(Value::Null),
-        Err(e) => {
-            let h = http_error(e);
-            json!({"error": h.error, "reason": h.reason})
-        }
+    match body.as_object() {
+        Some(m) => request::requested(m).map_err(HttpError::bad_request),
+        None => Ok(None),
     }
 }
 
