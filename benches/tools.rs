@@ -3,7 +3,7 @@
 //! by default: ~1 KB each, some with several revisions, conflicts and attachments), then
 //! measures our engine replicating it one-shot into a fresh pouchdb-server target, `verify`
 //! of that target (`_revs_diff` only) and `verify --deep` (also `_bulk_get` on both sides),
-//! and prints a table and `RESULT verify_docs_per_s_over_replicate = X`.
+//! with each process's CPU, and prints `RESULT verify_docs_per_s_over_replicate = X`.
 //! `BENCH_WORKERS` / `BENCH_BATCH` apply to both (CouchDB's defaults 4 / 500).
 
 #[allow(dead_code)]
@@ -22,15 +22,51 @@ mod measure;
 #[path = "replication/servers.rs"]
 mod servers;
 
+use std::future::Future;
 use std::time::Instant;
 
 use couch_replicator::replication::verify::{VerifyOptions, verify};
 use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
 use servers::Server;
 
+/// One measured run: wall seconds and CPU seconds of (this process, source, target).
+struct Row {
+    name: &'static str,
+    wall_s: f64,
+    cpu: [f64; 3],
+    revisions: u64,
+}
+
 fn main() {
     // On Ctrl-C the run is dropped, which kills the servers it started.
     entry::run_main("tools", run());
+}
+
+/// Runs `f`, timing it and the CPU each process spent meanwhile.
+async fn measured<T>(
+    name: &'static str,
+    src: &Server,
+    tgt: &Server,
+    f: impl Future<Output = Result<(T, u64), String>>,
+) -> Result<(T, Row), String> {
+    let cpu = || {
+        [
+            measure::self_cpu_seconds(),
+            src.cpu_seconds(),
+            tgt.cpu_seconds(),
+        ]
+    };
+    let (c0, t) = (cpu(), Instant::now());
+    let (v, revisions) = f.await?;
+    let wall_s = t.elapsed().as_secs_f64();
+    let c1 = cpu();
+    let row = Row {
+        name,
+        wall_s,
+        cpu: [c1[0] - c0[0], c1[1] - c0[1], c1[2] - c0[2]],
+        revisions,
+    };
+    Ok((v, row))
 }
 
 async fn run() -> Result<(), String> {
@@ -56,40 +92,34 @@ async fn run() -> Result<(), String> {
     spec.options.worker_processes = workers;
     spec.options.worker_batch_size = batch;
 
-    let t = Instant::now();
-    let stats = replicate(spec.clone(), Context::default())
-        .await
-        .map_err(|e| format!("replication failed: {e}"))?;
-    let replicate_s = t.elapsed().as_secs_f64();
-    eprintln!("replicated: {} revisions written", stats.docs_written);
-
-    let mut rows = vec![("replicate (ours)", replicate_s, stats.docs_read)];
+    let replication = async {
+        let s = replicate(spec.clone(), Context::default())
+            .await
+            .map_err(|e| format!("replication failed: {e}"))?;
+        Ok(((), s.docs_read))
+    };
+    let ((), row) = measured("replicate (ours)", &source, &target, replication).await?;
+    let mut rows = vec![row];
     for (name, deep) in [("verify", false), ("verify --deep", true)] {
         let opts = VerifyOptions {
             deep,
             progress: None,
         };
-        let t = Instant::now();
-        let r = verify(&spec, &Context::default(), &opts)
-            .await
-            .map_err(|e| format!("{name} failed: {e}"))?;
-        let took = t.elapsed().as_secs_f64();
-        if !r.complete || r.docs_checked != n {
-            return Err(format!("{name}: expected a complete target of {n} docs: {r:?}"));
-        }
-        rows.push((name, took, r.leaves_checked));
+        let check = async {
+            let r = verify(&spec, &Context::default(), &opts)
+                .await
+                .map_err(|e| format!("{name} failed: {e}"))?;
+            if !r.complete || r.docs_checked != n {
+                return Err(format!(
+                    "{name}: expected a complete target of {n} docs: {r:?}"
+                ));
+            }
+            Ok(((), r.leaves_checked))
+        };
+        rows.push(measured(name, &source, &target, check).await?.1);
     }
-
-    println!(
-        "tools benchmark: {n} docs, pouchdb-server --in-memory source and target, \
-         worker_processes={workers} worker_batch_size={batch}, {} cores",
-        std::thread::available_parallelism().map_or(0, |p| p.get())
-    );
-    println!("{:<18} {:>10} {:>9} {:>12}", "run", "docs/s", "wall s", "revisions");
-    for (name, wall, revs) in &rows {
-        println!("{name:<18} {:>10.0} {wall:>9.2} {revs:>12}", n as f64 / wall);
-    }
-    let rate = |i: usize| n as f64 / rows[i].1;
+    print_table(n, workers, batch, &rows);
+    let rate = |i: usize| n as f64 / rows[i].wall_s;
     println!(
         "RESULT verify_docs_per_s_over_replicate = {:.2}",
         rate(1) / rate(0)
@@ -99,4 +129,29 @@ async fn run() -> Result<(), String> {
         rate(2) / rate(0)
     );
     Ok(())
+}
+
+fn print_table(n: u64, workers: usize, batch: usize, rows: &[Row]) {
+    println!(
+        "tools benchmark: {n} docs, pouchdb-server --in-memory source and target, \
+         worker_processes={workers} worker_batch_size={batch}, {} cores",
+        std::thread::available_parallelism().map_or(0, |p| p.get())
+    );
+    println!(
+        "{:<18} {:>9} {:>8} {:>10} {:>8} {:>8} {:>8}",
+        "run", "docs/s", "wall s", "revisions", "ours s", "src s", "tgt s"
+    );
+    for r in rows {
+        println!(
+            "{:<18} {:>9.0} {:>8.2} {:>10} {:>8.2} {:>8.2} {:>8.2}",
+            r.name,
+            n as f64 / r.wall_s,
+            r.wall_s,
+            r.revisions,
+            r.cpu[0],
+            r.cpu[1],
+            r.cpu[2]
+        );
+    }
+    println!("(ours / src / tgt s: CPU seconds of this process and of each server)");
 }

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::Value;
-use tokio::sync::{Mutex, mpsc, watch};
+use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 
 use super::deep;
@@ -58,8 +58,8 @@ pub async fn verify(
         Arc::new(Counters::default()),
         Arc::new(|_: &Batch| {}),
     );
-    // The stop signal is never raised: a one-shot feed ends by itself.
-    let (_stop_tx, stop_rx) = watch::channel(false);
+    // Pages of a few batches: the source builds the next while the workers check this one.
+    let page = spec.options.worker_batch_size.max(1) * workers * 4;
     let mut set: JoinSet<Result<Tally>> = JoinSet::new();
     let rx = Arc::new(Mutex::new(rx));
     for _ in 0..workers {
@@ -67,7 +67,7 @@ pub async fn verify(
         let (deep, progress) = (opts.deep, opts.progress.clone());
         set.spawn(async move { worker(&src, &tgt, &rx, deep, progress.as_deref()).await });
     }
-    let feed = reader.run(Value::from(0), tx, stop_rx).await;
+    let feed = reader.run_paged(Value::from(0), page, tx).await;
     let mut report = VerifyReport {
         source: spec.source.to_string(),
         target: spec.target.to_string(),
