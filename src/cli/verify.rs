@@ -1,6 +1,6 @@
 //! `couch-replicator verify SRC TGT` (and `--all-dbs SRC_SERVER TGT_SERVER`): checks that the
 //! target holds every leaf revision of every selected source document, with a progress bar
-//! on a terminal, a summary or `--json` on stdout, and the exit code saying the verdict:
+//! on a terminal (a spinner while the total is unknown: filtered feeds), a summary or `--json` on stdout, and the exit code saying the verdict:
 //! 0 complete, 1 incomplete, 2 could not verify.
 
 use std::process::ExitCode;
@@ -155,17 +155,24 @@ async fn run_all(a: &VerifyArgs) -> Result<bool, String> {
 async fn with_progress(spec: &ReplicationSpec, deep: bool) -> Result<VerifyReport, String> {
     let progress = Arc::new(Progress::default());
     let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} {prefix}: {pos} docs, {msg} [{elapsed}]",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-    );
+    let style = |t: &str| {
+        indicatif::ProgressStyle::with_template(t)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner())
+    };
+    bar.set_style(style("{spinner} {prefix}: {pos} docs, {msg} [{elapsed}]"));
     bar.set_prefix(spec.source.to_string());
     let ui = {
         let (bar, progress) = (bar.clone(), progress.clone());
         tokio::spawn(async move {
             loop {
+                // The source's document count, once read, turns the spinner into a bar.
+                let total = progress.total.load(Ordering::Relaxed);
+                if total > 0 && bar.length().is_none() {
+                    bar.set_length(total);
+                    bar.set_style(style(
+                        "{prefix}: {wide_bar} {pos}/{len} docs, {msg} [{elapsed}, {eta}]",
+                    ));
+                }
                 bar.set_position(progress.docs.load(Ordering::Relaxed));
                 bar.set_message(format!(
                     "{} leaves, {} missing or different",

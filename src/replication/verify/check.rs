@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
@@ -49,7 +50,12 @@ pub async fn verify(
         )));
     }
     let (src, tgt) = clients(&spec, ctx)?;
-    tokio::try_join!(open_db(&src), open_db(&tgt))?;
+    let (info, _) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
+    if let (Some(p), Filter::None) = (&opts.progress, &spec.options.filter) {
+        let n = |k: &str| info.get(k).and_then(Value::as_u64).unwrap_or(0);
+        p.total
+            .store(n("doc_count") + n("doc_del_count"), Ordering::Relaxed);
+    }
     let workers = spec.options.worker_processes.max(1);
     let (tx, rx) = mpsc::channel::<Batch>(workers * 2);
     let reader = ChangesReader::new(

@@ -155,6 +155,9 @@ pub struct Progress {
     pub leaves: AtomicU64,
     /// Leaf revisions found missing or different so far.
     pub problems: AtomicU64,
+    /// Documents the source holds (deleted ones included), once known; 0 when unknown or
+    /// when a filter selects an unknown part of them.
+    pub total: AtomicU64,
 }
 
 impl Progress {
