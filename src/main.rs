@@ -1,5 +1,5 @@
 //! The `couch-replicator` command line: runs a replicator node (`serve`), one-off replications
-//! (`replicate`) and steps jobs. This file only holds the clap enum and the dispatch; each
+//! (`replicate`), target checks (`verify`) and steps jobs. This file only holds the clap enum and the dispatch; each
 //! subcommand lives in its own file under `src/cli/`.
 
 use std::process::ExitCode;
@@ -34,6 +34,8 @@ enum Command {
     Replicate(cli::replicate::ReplicateArgs),
     /// Steps jobs on a node: submit a job file (and watch it), get one, list them.
     Steps(cli::steps::StepsArgs),
+    /// Check that TGT holds every leaf revision of SRC (exit 0 only when it does).
+    Verify(cli::verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Replicate(a) => rt.block_on(cli::replicate::run(a)),
         Command::Steps(a) => rt.block_on(cli::steps::run(a)),
+        Command::Verify(a) => return rt.block_on(cli::verify::run(a)),
         Command::Serve(a) => {
             couch_replicator::telemetry::logging::init(cli.log_format);
             rt.block_on(cli::serve::run(a))

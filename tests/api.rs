@@ -1,4 +1,4 @@
-//! The CouchDB-compatible HTTP API served by a node: scheduler/active-tasks endpoints and `POST /_replicate`.
+//! The CouchDB-compatible HTTP API served by a node: scheduler/active-tasks endpoints, `POST /_replicate` and `POST /_verify`.
 
 mod support;
 
@@ -8,4 +8,5 @@ mod api {
     mod couchdb_shapes;
     mod endpoints;
     mod replicate;
+    mod verify;
 }

@@ -1,4 +1,4 @@
-//! The built `couch-replicator` binary: `replicate`, and `serve` end to end (also with steps workers, HTTPS from `[ssl]`, and an authentication CouchDB).
+//! The built `couch-replicator` binary: `replicate`, `verify`, and `serve` end to end (also with steps workers, HTTPS from `[ssl]`, and an authentication CouchDB).
 
 mod support;
 
@@ -8,4 +8,5 @@ mod cli {
     mod serve_e2e;
     mod serve_steps;
     mod serve_tls;
+    mod verify;
 }

@@ -1,4 +1,4 @@
-//! The replication protocol engine against real pouchdb-servers: basic copies, faults, fetching, filters, attachments (multipart), resuming from checkpoints.
+//! The replication protocol engine against real pouchdb-servers: basic copies, faults, fetching, filters, attachments (multipart), resuming from checkpoints, verifying a target.
 
 mod support;
 
@@ -10,4 +10,5 @@ mod replication {
     mod multipart;
     mod resume;
     mod tls;
+    mod verify;
 }

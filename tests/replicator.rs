@@ -1,4 +1,4 @@
-//! The replicator actor tree: actors, the shared connection pool, fair share, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor.
+//! The replicator actor tree: actors, the shared connection pool, fair share, clusters of nodes on one store, actor faults, job lifecycle, scale, node types and the `_replicator` doc processor (with `verify`).
 
 mod support;
 
@@ -6,6 +6,7 @@ mod replicator {
     mod actors;
     mod cluster;
     mod doc_processor;
+    mod doc_verify;
     mod faults;
     mod lifecycle;
     mod neighbours;

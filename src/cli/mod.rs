@@ -8,3 +8,4 @@ pub mod serve;
 pub mod serve_steps;
 pub mod ssl_section;
 pub mod steps;
+pub mod verify;

@@ -44,10 +44,22 @@ fn build_spec(a: &ReplicateArgs) -> Result<ReplicationSpec, String> {
     );
     spec.options.continuous = a.continuous;
     spec.options.create_target = a.create_target;
+    spec.options.filter = filter_of(&a.doc_ids, &a.filter, &a.query_params, &a.selector)?;
+    Ok(spec)
+}
+
+/// The filter the `--doc-ids`, `--filter` (+ `--query-params`) and `--selector` options name
+/// (also used by `verify`).
+pub(crate) fn filter_of(
+    doc_ids: &Option<Vec<String>>,
+    filter: &Option<String>,
+    query_params: &Option<String>,
+    selector: &Option<String>,
+) -> Result<Filter, String> {
     let json = |s: &str, what: &str| {
         serde_json::from_str::<serde_json::Value>(s).map_err(|e| format!("{what}: {e}"))
     };
-    spec.options.filter = match (&a.doc_ids, &a.filter, &a.selector) {
+    Ok(match (doc_ids, filter, selector) {
         (Some(ids), None, None) => {
             let mut ids = ids.clone();
             ids.sort();
@@ -55,7 +67,7 @@ fn build_spec(a: &ReplicateArgs) -> Result<ReplicationSpec, String> {
             Filter::DocIds(ids)
         }
         (None, Some(name), None) => {
-            let qp = match &a.query_params {
+            let qp = match query_params {
                 Some(q) => match json(q, "--query-params")? {
                     serde_json::Value::Object(m) => m,
                     _ => return Err("--query-params must be a JSON object".into()),
@@ -70,8 +82,7 @@ fn build_spec(a: &ReplicateArgs) -> Result<ReplicationSpec, String> {
         (None, None, Some(sel)) => Filter::Selector(json(sel, "--selector")?),
         (None, None, None) => Filter::None,
         _ => return Err("--doc-ids, --filter and --selector are mutually exclusive".into()),
-    };
-    Ok(spec)
+    })
 }
 
 pub async fn run(a: ReplicateArgs) -> Result<(), String> {

@@ -25,6 +25,7 @@ pub(crate) mod status_page;
 pub mod steps;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub(crate) mod verify;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,6 +137,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
     let refresh = axum::middleware::from_fn_with_state(state.clone(), session::refresh_cookie);
     let mut app = Router::new()
         .route("/_replicate", post(replicate::post_replicate))
+        .route("/_verify", post(verify::post_verify))
         .route("/_scheduler/jobs", get(scheduler::list_jobs))
         .route("/_scheduler/jobs/{id}", get(scheduler::get_job))
         .route("/_scheduler/docs", get(scheduler::list_all_docs))

@@ -4,7 +4,8 @@
 //! waits for completion, then 200 with CouchDB's checkpoint record, or the job's error.
 //! `cancel: true`: by `id`/`_local_id`/`replication_id`, or by the same source/target/options;
 //! answered once the job has stopped. A replication that another (persistent or transient)
-//! job already runs is a 409.
+//! job already runs is a 409. `"verify": true` (or `{"deep": true}`) on a one-shot run adds
+//! the target's verification report as the reply's `verify` field (see [`super::verify`]).
 
 use axum::Json;
 use axum::body::Bytes;
@@ -56,6 +57,7 @@ pub async fn post_replicate(
             cancel(&st, &user, &id).await
         }
         ReplicateRequest::Start(spec) => {
+            let check = super::verify::requested(&body)?;
             // The job runs as the caller; a `user_ctx` in the body is not trusted.
             if let Some(m) = body.as_object_mut() {
                 m.remove("user_ctx");
@@ -94,7 +96,14 @@ pub async fn post_replicate(
                     st.config().completion_timeout,
                 )
                 .await?;
-                Ok(Json(masked(completion_body(&view))).into_response())
+                let mut reply = completion_body(&view);
+                if let (Some(opts), Value::Object(m)) = (check, &mut reply) {
+                    m.insert(
+                        "verify".into(),
+                        crate::replication::verify::request::report_json(&spec, &opts).await,
+                    );
+                }
+                Ok(Json(masked(reply)).into_response())
             }
         }
     }

@@ -26,6 +26,7 @@ use super::error::{ReplicationError, Result};
 pub use super::feed_line::{Row, parse_feed_line};
 use super::feed_line::{refused, seq_arg};
 
+mod paged;
 mod watched;
 use super::normal_feed::NormalFeed;
 use super::options::{Filter, ReplicationOptions};

@@ -30,6 +30,7 @@ pub mod session_cache;
 pub mod stats;
 pub mod tls;
 pub mod transport;
+pub mod verify;
 pub(crate) mod watch_feed;
 mod worker;
 pub mod write;

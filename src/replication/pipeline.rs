@@ -117,7 +117,10 @@ pub async fn replicate(spec: ReplicationSpec, ctx: Context) -> Result<Replicatio
     start(spec, ctx).wait().await
 }
 
-fn clients(spec: &ReplicationSpec, ctx: &Context) -> Result<(Arc<HttpClient>, Arc<HttpClient>)> {
+pub(crate) fn clients(
+    spec: &ReplicationSpec,
+    ctx: &Context,
+) -> Result<(Arc<HttpClient>, Arc<HttpClient>)> {
     let o = &spec.options;
     let cfg = |proxy: &Option<String>, conns: usize| ClientConfig {
         connection_timeout: o.connection_timeout,
@@ -195,7 +198,7 @@ async fn compute_ids_with(
 }
 
 /// `GET db` (D.2 step 2): returns the db info or the error class.
-async fn open_db(c: &HttpClient) -> Result<Value> {
+pub(crate) async fn open_db(c: &HttpClient) -> Result<Value> {
     // Jobs starting together on the same database share this read.
     let r = c.read_shared("").await?;
     let ep = c.endpoint().to_string();

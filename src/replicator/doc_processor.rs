@@ -10,7 +10,8 @@
 //! it is read again from the start. A writer task watches the handle's events (and rescans
 //! jobs periodically, because a job may finish on another node) and writes `completed` (with
 //! stats) or `failed` (with the reason) to the document, retrying on conflicts; no other
-//! state is ever written (`update_docs = false`).
+//! state is ever written (`update_docs = false`). A completed document that asks for
+//! `"verify"` is verified first, apart, and written with the report.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use tokio::task::JoinSet;
 
 use crate::replication::client::{ClientConfig, HttpClient, Req};
 use crate::replication::endpoint::encode_query;
-use crate::replication::{Aimd, Endpoint, ReplicationError};
+use crate::replication::{Aimd, Endpoint, ReplicationError, ReplicationSpec, verify};
 
 use super::doc_writeback::write_state_if;
 pub use super::doc_writeback::{DocStats, Terminal, write_state};
@@ -424,7 +425,7 @@ impl Writer {
     }
 
     /// Writes one finished job's state; true when done (written or nothing to write).
-    async fn write_job(&self, client: &HttpClient, j: &JobView) -> bool {
+    async fn write_job(&self, client: &Arc<HttpClient>, j: &JobView) -> bool {
         let Some(doc_id) = &j.doc_id else {
             return true;
         };
@@ -445,6 +446,27 @@ impl Writer {
             .ok()
             .and_then(|d| RepJobRecord::from_data(&d).ok())
             .map(|r| r.rep);
+        if let (Terminal::Completed(stats), Some(rep)) = (&state, &rep)
+            && let Some((spec, opts)) = verify_request(rep)
+        {
+            // A verification reads both databases whole: it runs apart, and writes the
+            // state itself when done, so the other documents are not kept waiting.
+            let (client, doc_id, rep, mut stats) =
+                (client.clone(), doc_id.clone(), rep.clone(), stats.clone());
+            let (metrics, job_id) = (self.rep.metrics().clone(), j.job_id.clone());
+            tokio::spawn(async move {
+                stats.verify = Some(verify::request::report_json(&spec, &opts).await);
+                let same = |doc: &Map<String, Value>| rep == rep_fields(doc);
+                match write_state_if(&client, &doc_id, Terminal::Completed(stats), same).await {
+                    Ok(true) => metrics.inc(Series::DocsCompletedStateUpdates),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(job = %job_id, error = %e, "writing the verified state failed")
+                    }
+                }
+            });
+            return true;
+        }
         let same = |doc: &Map<String, Value>| rep.as_ref() == Some(&rep_fields(doc));
         let written = match state {
             Terminal::Completed(_) => Series::DocsCompletedStateUpdates,
@@ -462,6 +484,13 @@ impl Writer {
             }
         }
     }
+}
+
+/// The verification a completed document asks for (`"verify"`), with its replication.
+fn verify_request(rep: &Map<String, Value>) -> Option<(ReplicationSpec, verify::VerifyOptions)> {
+    let opts = verify::request::requested(rep).ok()??;
+    let spec = ReplicationSpec::from_json(&Value::Object(rep.clone())).ok()?;
+    Some((spec, opts))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! `_replication_state` (`completed` or `failed`), `_replication_state_time`, and either
 //! `_replication_stats` (CouchDB's nine counters and `start_time`, [`DocStats`]) or
 //! `_replication_state_reason`; `owner` is stamped when missing. Conflicts are retried; a
-//! document that is gone or already final is left alone.
+//! document that is gone or already final is left alone. A document with `"verify": true`
+//! (or `{"deep": true}`) gets the target's verification report as `_replication_stats.verify`.
 
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub struct DocStats {
     pub counters: CouchStats,
     /// ISO 8601 start of the job.
     pub start_time: String,
+    /// Ours: the target's verification report when the document asked for `"verify"`
+    /// (inside `_replication_stats` because CouchDB refuses other `_`-prefixed members).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Value>,
 }
 
 impl DocStats {
@@ -34,6 +39,7 @@ impl DocStats {
         Self {
             counters: CouchStats::from(s),
             start_time: iso8601(start_time),
+            verify: None,
         }
     }
 }

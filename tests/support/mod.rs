@@ -23,6 +23,7 @@ pub mod steps;
 pub mod store;
 pub mod tcp_count;
 pub mod tls;
+pub mod verify;
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,0 +1,157 @@
+//! Tools benchmark (issue 28): `verify` against replicating, same run, same servers. Fills a
+//! pouchdb-server source with the replication bench's data set (`BENCH_DOCS` documents, 100,000
+//! by default: ~1 KB each, some with several revisions, conflicts and attachments), then
+//! measures our engine replicating it one-shot into a fresh pouchdb-server target, `verify`
+//! of that target (`_revs_diff` only) and `verify --deep` (also `_bulk_get` on both sides),
+//! with each process's CPU, and prints `RESULT verify_docs_per_s_over_replicate = X`.
+//! `BENCH_WORKERS` / `BENCH_BATCH` apply to both (CouchDB's defaults 4 / 500).
+
+#[allow(dead_code)]
+#[path = "replication/data.rs"]
+mod data;
+#[allow(dead_code)]
+#[path = "shared/entry.rs"]
+mod entry;
+#[allow(dead_code)]
+#[path = "replication/load.rs"]
+mod load;
+#[allow(dead_code)]
+#[path = "replication/measure.rs"]
+mod measure;
+#[allow(dead_code)]
+#[path = "replication/servers.rs"]
+mod servers;
+
+use std::future::Future;
+use std::time::Instant;
+
+use couch_replicator::replication::verify::{VerifyOptions, verify};
+use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
+use servers::Server;
+
+/// One measured run: wall seconds and CPU seconds of (this process, source, target).
+struct Row {
+    name: &'static str,
+    wall_s: f64,
+    cpu: [f64; 3],
+    revisions: u64,
+}
+
+fn main() {
+    // On Ctrl-C the run is dropped, which kills the servers it started.
+    entry::run_main("tools", run());
+}
+
+/// Runs `f`, timing it and the CPU each process spent meanwhile.
+async fn measured<T>(
+    name: &'static str,
+    src: &Server,
+    tgt: &Server,
+    f: impl Future<Output = Result<(T, u64), String>>,
+) -> Result<(T, Row), String> {
+    let cpu = || {
+        [
+            measure::self_cpu_seconds(),
+            src.cpu_seconds(),
+            tgt.cpu_seconds(),
+        ]
+    };
+    let (c0, t) = (cpu(), Instant::now());
+    let (v, revisions) = f.await?;
+    let wall_s = t.elapsed().as_secs_f64();
+    let c1 = cpu();
+    let row = Row {
+        name,
+        wall_s,
+        cpu: [c1[0] - c0[0], c1[1] - c0[1], c1[2] - c0[2]],
+        revisions,
+    };
+    Ok((v, row))
+}
+
+async fn run() -> Result<(), String> {
+    let n = entry::env_num("BENCH_DOCS", 100_000) as u64;
+    let workers = entry::env_num("BENCH_WORKERS", 4);
+    let batch = entry::env_num("BENCH_BATCH", 500);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .gzip(false)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let source = Server::start(&http).await?;
+    source.create_db(&http, "source").await?;
+    eprintln!("filling the source with {n} documents...");
+    let fill = load::fill(&http, &source.db("source"), n).await?;
+    eprintln!("source filled in {:.1} s", fill.as_secs_f64());
+    let target = Server::start(&http).await?;
+    target.create_db(&http, "target").await?;
+    let mut spec = ReplicationSpec::new(
+        Endpoint::parse(&source.db("source")).map_err(|e| e.to_string())?,
+        Endpoint::parse(&target.db("target")).map_err(|e| e.to_string())?,
+    );
+    spec.options.worker_processes = workers;
+    spec.options.worker_batch_size = batch;
+
+    let replication = async {
+        let s = replicate(spec.clone(), Context::default())
+            .await
+            .map_err(|e| format!("replication failed: {e}"))?;
+        Ok(((), s.docs_read))
+    };
+    let ((), row) = measured("replicate (ours)", &source, &target, replication).await?;
+    let mut rows = vec![row];
+    for (name, deep) in [("verify", false), ("verify --deep", true)] {
+        let opts = VerifyOptions {
+            deep,
+            progress: None,
+        };
+        let check = async {
+            let r = verify(&spec, &Context::default(), &opts)
+                .await
+                .map_err(|e| format!("{name} failed: {e}"))?;
+            if !r.complete || r.docs_checked != n {
+                return Err(format!(
+                    "{name}: expected a complete target of {n} docs: {r:?}"
+                ));
+            }
+            Ok(((), r.leaves_checked))
+        };
+        rows.push(measured(name, &source, &target, check).await?.1);
+    }
+    print_table(n, workers, batch, &rows);
+    let rate = |i: usize| n as f64 / rows[i].wall_s;
+    println!(
+        "RESULT verify_docs_per_s_over_replicate = {:.2}",
+        rate(1) / rate(0)
+    );
+    println!(
+        "RESULT verify_deep_docs_per_s_over_replicate = {:.2}",
+        rate(2) / rate(0)
+    );
+    Ok(())
+}
+
+fn print_table(n: u64, workers: usize, batch: usize, rows: &[Row]) {
+    println!(
+        "tools benchmark: {n} docs, pouchdb-server --in-memory source and target, \
+         worker_processes={workers} worker_batch_size={batch}, {} cores",
+        std::thread::available_parallelism().map_or(0, |p| p.get())
+    );
+    println!(
+        "{:<18} {:>9} {:>8} {:>10} {:>8} {:>8} {:>8}",
+        "run", "docs/s", "wall s", "revisions", "ours s", "src s", "tgt s"
+    );
+    for r in rows {
+        println!(
+            "{:<18} {:>9.0} {:>8.2} {:>10} {:>8.2} {:>8.2} {:>8.2}",
+            r.name,
+            n as f64 / r.wall_s,
+            r.wall_s,
+            r.revisions,
+            r.cpu[0],
+            r.cpu[1],
+            r.cpu[2]
+        );
+    }
+    println!("(ours / src / tgt s: CPU seconds of this process and of each server)");
+}

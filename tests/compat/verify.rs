@@ -1,0 +1,83 @@
+//! `verify` against a real CouchDB 3.4.3 (both databases on it): a missing leaf, a missing
+//! conflict, a missing deleted leaf and a different attachment (deep) found with a `selector`
+//! that leaves one more missing document out; a replicated copy verified complete, deep
+//! included, until a conflict leaf is purged from it, which `verify` then reports.
+
+use crate::support::couch::Couch;
+use crate::support::couchdb::CouchPeer;
+use crate::support::deadline;
+use crate::support::verify::{self as fixture, different_of, missing_of};
+use couch_replicator::replication::verify::{VerifyOptions, verify};
+use couch_replicator::replication::{Context, Endpoint, Filter, ReplicationSpec, replicate};
+use serde_json::{Value, json};
+
+fn spec(peer: &CouchPeer, src: &str, tgt: &str) -> ReplicationSpec {
+    let url = |db: &str| Endpoint::parse(&format!("{}/{db}", peer.admin_url())).unwrap();
+    ReplicationSpec::new(url(src), url(tgt))
+}
+
+async fn run(s: &ReplicationSpec, deep: bool) -> Value {
+    let opts = VerifyOptions {
+        deep,
+        progress: None,
+    };
+    let r = deadline(60, "verify", verify(s, &Context::default(), &opts))
+        .await
+        .unwrap();
+    serde_json::to_value(r).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_on_couchdb_finds_what_the_target_lacks() {
+    let Some(peer) = CouchPeer::start("verify_on_couchdb_finds_what_the_target_lacks", None) else {
+        return;
+    };
+    peer.warm_up_sessions().await;
+    let c = Couch::new(&peer.admin_url());
+    let want = fixture::incomplete(&c, "src", &c, "tgt").await;
+    let mut s = spec(&peer, "src", "tgt");
+    s.options.filter = Filter::Selector(fixture::selector());
+
+    let r = run(&s, true).await;
+    assert_eq!(r["complete"], false, "{r}");
+    assert_eq!(missing_of(&r), want.missing, "{r}");
+    assert_eq!(different_of(&r), [want.different], "{r}");
+    assert_eq!(r["docs_checked"], want.docs, "{r}");
+    assert_eq!(r["leaves_checked"], want.leaves, "{r}");
+
+    let r = run(&spec(&peer, "src", "tgt"), false).await;
+    assert!(
+        missing_of(&r).contains(&("zz-outside".into(), fixture::rev(1, "o1"))),
+        "without the selector the left-out document is missing too: {r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_on_couchdb_sees_a_purged_leaf() {
+    let Some(peer) = CouchPeer::start("verify_on_couchdb_sees_a_purged_leaf", None) else {
+        return;
+    };
+    peer.warm_up_sessions().await;
+    let c = Couch::new(&peer.admin_url());
+    let want = fixture::incomplete(&c, "src", &c, "tgt").await;
+    let s = spec(&peer, "src", "copy");
+    c.create_db("copy").await;
+    deadline(60, "replicate", replicate(s.clone(), Context::default()))
+        .await
+        .unwrap();
+    let r = run(&s, true).await;
+    assert_eq!(r["complete"], true, "{r}");
+    assert_eq!(r["leaves_compared"], want.leaves + 1, "{r}");
+
+    let purged = fixture::rev(2, "c2b");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/copy/_purge", peer.admin_url()))
+        .json(&json!({"conflict": [purged]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
+    let r = run(&s, false).await;
+    assert_eq!(r["complete"], false, "{r}");
+    assert_eq!(missing_of(&r), [("conflict".to_owned(), purged)], "{r}");
+}
