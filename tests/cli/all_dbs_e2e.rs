@@ -96,3 +96,41 @@ async fn server_job_survives_kill_9_of_its_node() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_replicate_all_dbs_copies_a_server() {
+    let (src, tgt) = tokio::join!(Pouch::start(), Pouch::start());
+    let (cs, ct) = (Couch::new(&src.url("")), Couch::new(&tgt.url("")));
+    for db in ["a1", "a2", "a3", "skip"] {
+        cs.create_db(db).await;
+        cs.bulk_insert(db, &numbered_docs("d", 20)).await;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (s, t) = (src.url(""), tgt.url(""));
+    let args = [
+        "replicate",
+        "--all-dbs",
+        &s,
+        &t,
+        "--create-target",
+        "--exclude",
+        "skip",
+    ];
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
+        .args(args)
+        .env("COUCH_REPLICATOR_HOME", home.path())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = deadline(120, "replicate --all-dbs", out).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("done: 3 databases, 3 completed, 0 failed, 60 docs written"),
+        "{stderr}"
+    );
+    for db in ["a1", "a2", "a3"] {
+        assert_eq!(cs.assert_same(db, &ct, db).await, 20, "{db}");
+    }
+    assert_eq!(ct.db_info("skip").await.0, 404);
+}
