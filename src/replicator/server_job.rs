@@ -375,6 +375,36 @@ impl Replicator {
     ) -> ReplicatorResult<ServerJobView> {
         let spec = ServerSpec::from_body(body)?;
         let id = server_job_id(&spec, user.as_deref());
+        self.put_server_job(&id, spec, user, true).await
+    }
+
+    /// Adds or replaces the server job `id` (a `_replicator` document's: `db|doc_id`). An
+    /// active job with the same spec is left alone, and so is a finished one unless
+    /// `rerun_finished` (a document read again after a restart must not copy again); one with
+    /// another spec is cancelled with its replications first (an edited document asks for
+    /// another copy).
+    pub async fn put_server_job(
+        &self,
+        id: &str,
+        spec: ServerSpec,
+        user: Option<String>,
+        rerun_finished: bool,
+    ) -> ReplicatorResult<ServerJobView> {
+        match self.ctx.jobs().get_job_data(SERVER_JOBS, id).await {
+            Ok(old) => {
+                let old = ServerRecord::from_data(&old)?;
+                let active = matches!(old.state, ServerState::Pending | ServerState::Running);
+                let same = old.spec.as_ref() == Some(&spec) && old.user == user;
+                if same && (active || !rerun_finished) {
+                    return Ok(ServerJobView::from_record(id, &old));
+                }
+                if old.spec.as_ref() != Some(&spec) {
+                    self.cancel_server_job(id).await?;
+                }
+            }
+            Err(JobsError::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
         let now = self.ctx.now_secs();
         let record = ServerRecord {
             spec: Some(spec),
@@ -384,29 +414,20 @@ impl Replicator {
             ..ServerRecord::default()
         };
         let jobs = self.ctx.jobs();
-        let view = jobs
-            .db()
+        jobs.db()
             .run(|tx| {
-                let (record, id) = (record.clone(), id.clone());
+                let record = record.clone();
                 async move {
-                    match jobs.get_job_data_tx(&tx, SERVER_JOBS, &id).await {
-                        Ok(old) => {
-                            let old = ServerRecord::from_data(&old)?;
-                            if matches!(old.state, ServerState::Pending | ServerState::Running) {
-                                return Ok(ServerJobView::from_record(&id, &old));
-                            }
-                            jobs.remove_tx(&tx, SERVER_JOBS, &id).await?;
-                        }
-                        Err(JobsError::NotFound) => {}
+                    match jobs.remove_tx(&tx, SERVER_JOBS, id).await {
+                        Ok(()) | Err(JobsError::NotFound) => {}
                         Err(e) => return Err(e),
                     }
-                    jobs.add_tx(&tx, SERVER_JOBS, &id, record.to_data(), now)
-                        .await?;
-                    Ok(ServerJobView::from_record(&id, &record))
+                    jobs.add_tx(&tx, SERVER_JOBS, id, record.to_data(), now)
+                        .await
                 }
             })
             .await?;
-        Ok(view)
+        Ok(ServerJobView::from_record(id, &record))
     }
 
     /// One server job.

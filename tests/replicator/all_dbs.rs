@@ -4,6 +4,10 @@
 //! `_all_dbs` poll on pouchdb-server), drops deleted ones (deleting the target when asked)
 //! and reports progress over all databases.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
 use couch_replicator::replicator::{Replicator, ServerJobView, ServerState};
 use serde_json::{Value, json};
 
@@ -153,4 +157,50 @@ async fn server_job_on_couchdb_follows_db_updates() {
     assert!(!v.dbs.contains_key("db-000") && v.dbs.contains_key("late"));
     rep.cancel_server_job(&job.id).await.unwrap();
     rep.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replicator_document_starts_and_stops_a_server_job() {
+    let (src, tgt) = tokio::join!(Pouch::start(), Pouch::start());
+    let (cs, ct) = (Couch::new(&src.url("")), Couch::new(&tgt.url("")));
+    let names = fill(&cs, 3, 4).await;
+    // The `_replicator` database lives on the target server, which is not listed.
+    ct.create_db("jobs_replicator").await;
+    let store = Store::open();
+    let rep = Arc::new(node(&store.db, "n1", test_settings()).await);
+    let cfg = DocProcessorConfig {
+        dbs: vec![ReplicatorDb::from_url(&tgt.url("jobs_replicator")).unwrap()],
+        poll_timeout: Duration::from_millis(500),
+        retry_delay: Duration::from_millis(200),
+        ..DocProcessorConfig::default()
+    };
+    let dp = DocProcessor::start(rep.clone(), cfg).unwrap();
+    let doc = body(&src.url(""), &tgt.url(""), json!({"include": ["db-*"]}));
+    let (s, put) = ct.put_doc("jobs_replicator", "everything", &doc).await;
+    assert_eq!(s, 201, "{put}");
+    let id = "jobs_replicator|everything";
+    let done = wait_server(&rep, id, 60, "the document's server job", |v| {
+        v.state == ServerState::Completed
+    })
+    .await;
+    assert_eq!((done.total, done.completed), (3, 3));
+    for db in &names {
+        assert_eq!(cs.assert_same(db, &ct, db).await, 4, "{db}");
+    }
+    let rev = put["rev"].as_str().unwrap();
+    // `delete_db` is a plain DELETE of the path: here the document.
+    let s = ct
+        .delete_db(&format!("jobs_replicator/everything?rev={rev}"))
+        .await;
+    assert_eq!(s, 200);
+    wait_for(30, "the server job and its replications to go", || async {
+        let gone = rep.server_job(id).await.is_err();
+        let jobs = rep.list().await.ok()?;
+        (gone && jobs.is_empty()).then_some(())
+    })
+    .await;
+    dp.stop().await;
+    if let Ok(rep) = Arc::try_unwrap(rep) {
+        rep.shutdown().await;
+    }
 }
