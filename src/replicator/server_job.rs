@@ -283,6 +283,10 @@ pub struct ServerRecord {
     pub last_updated: i64,
     /// The node running it (while running).
     pub node: Option<String>,
+    /// How new and deleted databases are found: `_db_updates`, or `_all_dbs` polls where
+    /// the source has no `_db_updates` (unknown before the first answer).
+    #[serde(default)]
+    pub follows: Option<String>,
 }
 
 impl ServerRecord {
@@ -332,6 +336,8 @@ pub struct ServerJobView {
     pub last_updated: i64,
     /// The node running it.
     pub node: Option<String>,
+    /// `_db_updates` or `_all_dbs` (polled).
+    pub follows: Option<String>,
 }
 
 impl ServerJobView {
@@ -361,6 +367,7 @@ impl ServerJobView {
             start_time: r.start_time,
             last_updated: r.last_updated,
             node: r.node.clone(),
+            follows: r.follows.clone(),
         }
     }
 }

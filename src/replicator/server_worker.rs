@@ -90,7 +90,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
         target: Server::new(&spec.target),
         group: group_of(&job.id),
         since: None,
-        db_updates: true,
+        db_updates: None,
         listed: false,
         rep,
         job,
@@ -161,8 +161,9 @@ struct ServerRun {
     group: String,
     /// The `_db_updates` sequence to follow from (`None`: from now).
     since: Option<Value>,
-    /// False once the source answered `_db_updates` with an error status.
-    db_updates: bool,
+    /// Whether the source answers `_db_updates` (`None` until it answered once; CouchDB
+    /// without its `_global_changes` database answers 404, pouchdb-server has none).
+    db_updates: Option<bool>,
     /// The source has been listed at least once in this run.
     listed: bool,
 }
@@ -183,6 +184,9 @@ impl ServerRun {
             }
         }
         self.refresh_progress().await;
+        self.record.follows = self
+            .db_updates
+            .map(|d| if d { "_db_updates" } else { "_all_dbs" }.to_owned());
         self.record.last_updated = self.rep.ctx.now_secs();
         self.job = self
             .rep
@@ -311,7 +315,7 @@ impl ServerRun {
     /// Waits for a database event on the source (`_db_updates` longpoll) or, without
     /// `_db_updates`, one poll period.
     async fn wait_for_changes(&mut self) {
-        if !self.db_updates {
+        if self.db_updates == Some(false) {
             return tokio::time::sleep(POLL).await;
         }
         let longpoll = MAX_LONGPOLL
@@ -335,13 +339,16 @@ impl ServerRun {
             .await;
         match sent {
             Ok(r) if r.status().is_success() => match r.json::<Value>().await {
-                Ok(v) => self.since = v.get("last_seq").cloned().or(self.since.take()),
+                Ok(v) => {
+                    self.db_updates = Some(true);
+                    self.since = v.get("last_seq").cloned().or(self.since.take());
+                }
                 Err(_) => tokio::time::sleep(POLL).await,
             },
             Ok(r) => {
                 tracing::info!(job = %self.job.id, status = %r.status(),
                     "no _db_updates on the source: polling _all_dbs");
-                self.db_updates = false;
+                self.db_updates = Some(false);
                 tokio::time::sleep(POLL).await;
             }
             Err(_) => tokio::time::sleep(POLL).await,

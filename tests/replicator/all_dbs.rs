@@ -102,6 +102,8 @@ async fn server_job_picks_up_a_new_pouchdb_database() {
     assert_eq!(cs.assert_same("late", &ct, "late").await, 7);
     let v = wait_server(&rep, &job.id, 30, "4 databases", |v| v.total == 4).await;
     assert!(v.continuous && v.state == ServerState::Running);
+    // pouchdb-server has no `_db_updates`: the job polls `_all_dbs`.
+    assert_eq!(v.follows.as_deref(), Some("_all_dbs"));
     rep.cancel_server_job(&job.id).await.unwrap();
     let group = format!("_server/{}", job.id);
     let left = rep.list().await.unwrap();
@@ -121,6 +123,8 @@ async fn server_job_on_couchdb_follows_db_updates() {
     a.warm_up_sessions().await;
     b.warm_up_sessions().await;
     let (cs, ct) = (Couch::new(&a.admin_url()), Couch::new(&b.admin_url()));
+    // CouchDB answers `_db_updates` only once its `_global_changes` database exists.
+    cs.create_db("_global_changes").await;
     let names = fill(&cs, 50, 5).await;
     let store = Store::open();
     let rep = node(&store.db, "n1", test_settings()).await;
@@ -155,6 +159,7 @@ async fn server_job_on_couchdb_follows_db_updates() {
     })
     .await;
     assert!(!v.dbs.contains_key("db-000") && v.dbs.contains_key("late"));
+    assert_eq!(v.follows.as_deref(), Some("_db_updates"));
     rep.cancel_server_job(&job.id).await.unwrap();
     rep.shutdown().await;
 }
