@@ -9,7 +9,8 @@
 //! job is `completed`; CouchDB's: every document reads `_replication_state: completed`). Both
 //! copies are then checked (every target database holds every document), a table is printed,
 //! then `RESULT all_dbs_seconds_ours_over_couchdb = X` (target <= 0.5). Needs
-//! `COUCHDB_PEER_SCRIPT` (the CouchDB 3.4.3 peer script).
+//! `COUCHDB_PEER_SCRIPT` (the CouchDB 3.4.3 peer script). `BENCH_TRACE=1` prints our
+//! progress every poll; `BENCH_ACCEPTORS=N` sets our node's `max_acceptors` (default 2).
 
 #[path = "shared/entry.rs"]
 mod entry;
@@ -20,7 +21,9 @@ mod peers;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use couch_replicator::replicator::{Replicator, ReplicatorConfig, ReplicatorSettings, ServerState};
+use couch_replicator::replicator::{
+    RepState, Replicator, ReplicatorConfig, ReplicatorSettings, ServerState,
+};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use futures::{StreamExt, TryStreamExt, stream};
@@ -114,6 +117,7 @@ async fn ours(src: &Couch, tgt: &Couch) -> Result<f64, String> {
     let config = ReplicatorConfig {
         settings: ReplicatorSettings {
             startup_jitter: Duration::from_millis(100),
+            max_acceptors: entry::env_num("BENCH_ACCEPTORS", 2),
             ..ReplicatorSettings::default()
         },
         ..ReplicatorConfig::new(Db::new(Arc::new(store)))
@@ -129,6 +133,19 @@ async fn ours(src: &Couch, tgt: &Couch) -> Result<f64, String> {
     let out = loop {
         tokio::time::sleep(POLL).await;
         let v = node.server_job(&job.id).await.map_err(|e| e.to_string())?;
+        if std::env::var_os("BENCH_TRACE").is_some() {
+            let running = v
+                .dbs
+                .values()
+                .filter(|d| d.state == RepState::Running)
+                .count();
+            eprintln!(
+                "{:6.2} s: {} listed, {running} running, {} completed",
+                t0.elapsed().as_secs_f64(),
+                v.total,
+                v.completed
+            );
+        }
         if v.state == ServerState::Completed {
             break match v.failed {
                 0 => Ok(t0.elapsed().as_secs_f64()),

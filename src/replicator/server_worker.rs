@@ -12,11 +12,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
 use crate::jobs::{AcceptOpts, Job, JobData, JobsError};
 
+use super::event_bus::{EventReceiver, ReplicatorEvent};
 use super::frontend::ServiceFn;
 use super::handle::{NewJob, Replicator};
 use super::rep_job::{RepState, persistent_job_id};
@@ -34,6 +36,11 @@ const POLL: Duration = Duration::from_secs(1);
 /// The longest `_db_updates` longpoll (shorter with a short activity timeout: each turn
 /// ends with the job's keep-alive update).
 const MAX_LONGPOLL: Duration = Duration::from_secs(10);
+/// Replications added at once (their commits share the store's group commits).
+const ADD_CONCURRENCY: usize = 32;
+/// After one of its replications ended on this node, the run waits this long for others to
+/// end too before its next turn (one turn reads every job).
+const END_DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The worker as a tree service.
 pub(crate) fn service() -> ServiceFn {
@@ -92,6 +99,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
         since: None,
         db_updates: None,
         listed: false,
+        events: None,
         rep,
         job,
         record,
@@ -166,6 +174,9 @@ struct ServerRun {
     db_updates: Option<bool>,
     /// The source has been listed at least once in this run.
     listed: bool,
+    /// This node's replicator events: a replication of ours ending here starts a turn at
+    /// once (ones ending on other nodes are seen at the next turn).
+    events: Option<EventReceiver>,
 }
 
 impl ServerRun {
@@ -229,12 +240,21 @@ impl ServerRun {
         for name in gone {
             self.source_deleted(&name).await;
         }
-        for name in names {
-            if !self.record.dbs.contains_key(name) {
-                let progress = self.add_db(name).await;
-                self.record.dbs.insert(name.clone(), progress);
-            }
-        }
+        let new: Vec<String> = names
+            .iter()
+            .filter(|n| !self.record.dbs.contains_key(*n))
+            .cloned()
+            .collect();
+        let this = &*self;
+        let added: Vec<(String, DbProgress)> = futures::stream::iter(new)
+            .map(|name: String| async move {
+                let p = this.add_db(&name).await;
+                (name, p)
+            })
+            .buffer_unordered(ADD_CONCURRENCY)
+            .collect()
+            .await;
+        self.record.dbs.extend(added);
     }
 
     /// Adds (or finds) database `name`'s replication.
@@ -312,9 +332,30 @@ impl ServerRun {
         }
     }
 
+    /// Waits for a database event on the source, or for one of the run's replications to
+    /// end on this node.
+    async fn wait_for_changes(&mut self) {
+        if self.events.is_none() {
+            self.events = self.rep.subscribe();
+        }
+        let mut events = self.events.take();
+        let ours = format!("{}|", self.group);
+        let ended = tokio::select! {
+            _ = self.wait_for_source() => false,
+            _ = replication_ended(&mut events, &ours) => true,
+        };
+        if ended {
+            tokio::time::sleep(END_DEBOUNCE).await;
+            if let Some(rx) = events.as_mut() {
+                while rx.try_recv().is_ok() {}
+            }
+        }
+        self.events = events;
+    }
+
     /// Waits for a database event on the source (`_db_updates` longpoll) or, without
     /// `_db_updates`, one poll period.
-    async fn wait_for_changes(&mut self) {
+    async fn wait_for_source(&mut self) {
         if self.db_updates == Some(false) {
             return tokio::time::sleep(POLL).await;
         }
@@ -365,6 +406,25 @@ impl ServerRun {
             Ok(()) => tracing::info!(job = %self.job.id, dbs = self.record.dbs.len(),
                 "server job completed"),
             Err(e) => tracing::warn!(job = %self.job.id, error = %e, "cannot finish"),
+        }
+    }
+}
+
+/// Returns once a replication whose job id starts with `prefix` finished or failed; never
+/// while there is no event subscription (the bus restarting drops it).
+async fn replication_ended(events: &mut Option<EventReceiver>, prefix: &str) {
+    loop {
+        let Some(rx) = events.as_mut() else {
+            return std::future::pending().await;
+        };
+        match rx.recv().await {
+            Some(
+                ReplicatorEvent::Finished { job_id, .. } | ReplicatorEvent::Failed { job_id, .. },
+            ) if job_id.starts_with(prefix) => {
+                return;
+            }
+            Some(_) => {}
+            None => *events = None,
         }
     }
 }
