@@ -21,7 +21,7 @@ async fn start(dir: &std::path::Path) -> ServeProcess {
         &cfg,
         format!(
             "[replicator]\ninterval_sec = 1\nstartup_jitter = 100\nstats_update_interval_sec = 1\n\
-             job_timeout_sec = 3\n[admins]\n{} = {}\n",
+             job_timeout_sec = 3\n[admins]\n{} = {}\n[users]\nbob = bob-pw\n",
             ADMIN.0, ADMIN.1
         ),
     )
@@ -30,17 +30,50 @@ async fn start(dir: &std::path::Path) -> ServeProcess {
 }
 
 async fn call(node: &ServeProcess, m: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    let (status, v) = call_as(node, ADMIN, m, path, body).await;
+    assert!(status < 300, "{path}: {status} {v}");
+    v
+}
+
+async fn call_as(
+    node: &ServeProcess,
+    who: (&str, &str),
+    m: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut r = reqwest::Client::new()
         .request(m, format!("{}{path}", node.base))
-        .basic_auth(ADMIN.0, Some(ADMIN.1));
+        .basic_auth(who.0, Some(who.1));
     if let Some(b) = body {
         r = r.json(&b);
     }
     let resp = r.send().await.unwrap();
     let status = resp.status().as_u16();
-    let v: Value = resp.json().await.unwrap_or(Value::Null);
-    assert!(status < 300, "{path}: {status} {v}");
-    v
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Bad requests get CouchDB-style errors: a non-admin 403, a bad option 400, an unknown job
+/// 404.
+async fn refusals(node: &ServeProcess, body: &Value) {
+    let post = reqwest::Method::POST;
+    let (s, v) = call_as(
+        node,
+        ("bob", "bob-pw"),
+        post.clone(),
+        "/_replicate",
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!((s, v["error"].as_str()), (403, Some("forbidden")), "{v}");
+    let mut bad = body.clone();
+    bad["include"] = json!("db-*");
+    let (s, v) = call_as(node, ADMIN, post, "/_replicate", Some(bad)).await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("bad_request")), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("include"), "{v}");
+    let get = reqwest::Method::GET;
+    let (s, v) = call_as(node, ADMIN, get, "/_scheduler/all_dbs/nope", None).await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,6 +92,7 @@ async fn server_job_survives_kill_9_of_its_node() {
         let mut node = start(dir.path()).await;
         let body = json!({"all_dbs": true, "source": src.url(""), "target": tgt.url(""),
             "create_target": true});
+        refusals(&node, &body).await;
         let added = call(&node, reqwest::Method::POST, "/_replicate", Some(body)).await;
         let id = added["id"].as_str().unwrap().to_owned();
         let path = format!("/_scheduler/all_dbs/{id}");
@@ -93,6 +127,7 @@ async fn server_job_survives_kill_9_of_its_node() {
         // The listing shows it too, without credentials.
         let all = call(&node, reqwest::Method::GET, "/_scheduler/all_dbs", None).await;
         assert_eq!(all["total_rows"], 1);
+        assert_eq!(all["jobs"][0]["source"], src.url("").trim_end_matches('/'));
     })
     .await;
 }

@@ -160,6 +160,9 @@ async fn server_job_on_couchdb_follows_db_updates() {
     .await;
     assert!(!v.dbs.contains_key("db-000") && v.dbs.contains_key("late"));
     assert_eq!(v.follows.as_deref(), Some("_db_updates"));
+    // The view holds no credentials, nor does its JSON.
+    assert_eq!(v.source, a.url());
+    assert!(!serde_json::to_string(&v).unwrap().contains("admin:admin"));
     rep.cancel_server_job(&job.id).await.unwrap();
     rep.shutdown().await;
 }
