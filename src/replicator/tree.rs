@@ -4,7 +4,7 @@
 //! every node runs the event bus and clustering, `replication` nodes run the connection
 //! pool, the rate limiter, the job server and job_sup; `api_frontend` nodes then run the
 //! doc processor and the HTTP API (both after the job server: a job-server crash restarts
-//! them too).
+//! them too); `replication` nodes end with the whole-server jobs' worker.
 
 use std::time::Duration;
 
