@@ -471,6 +471,12 @@ impl Replicator {
             Ok(()) | Err(JobsError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
+        self.cancel_server_replications(id).await?;
+        Ok(view)
+    }
+
+    /// Cancels every replication server job `id` added.
+    pub(crate) async fn cancel_server_replications(&self, id: &str) -> ReplicatorResult<()> {
         let group = group_of(id);
         for j in self.list().await? {
             if j.database.as_deref() == Some(group.as_str()) {
@@ -480,7 +486,7 @@ impl Replicator {
                 }
             }
         }
-        Ok(view)
+        Ok(())
     }
 }
 

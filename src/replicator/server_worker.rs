@@ -113,7 +113,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
             Ok(true) => return run.complete().await,
             Err(e) => {
                 tracing::info!(job = %run.job.id, error = %e, "server job stopped");
-                return;
+                return run.stopped().await;
             }
         }
         run.wait_for_changes().await;
@@ -393,6 +393,21 @@ impl ServerRun {
                 tokio::time::sleep(POLL).await;
             }
             Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+
+    /// The run lost its lock. If the server job was removed (cancelled), this run may have
+    /// added replications after the canceller removed the job's replications: remove them
+    /// again. If another worker holds it now, that worker owns them.
+    async fn stopped(self) {
+        if !matches!(
+            self.rep.server_job(&self.job.id).await,
+            Err(super::error::ReplicatorError::NotFound(_))
+        ) {
+            return;
+        }
+        if let Err(e) = self.rep.cancel_server_replications(&self.job.id).await {
+            tracing::warn!(job = %self.job.id, error = %e, "cannot remove replications");
         }
     }
 
