@@ -225,6 +225,12 @@ pub fn group_of(server_job_id: &str) -> String {
     format!("_server/{server_job_id}")
 }
 
+/// Whether a job's `_replicator` database is a server job's pseudo database (such jobs
+/// come from no document: `_scheduler/docs` leaves them out, `_scheduler/jobs` shows them).
+pub fn is_server_group(db: &str) -> bool {
+    db.starts_with("_server/")
+}
+
 /// The job kind of database `db`'s replication in server job `id`.
 pub fn db_job_kind(server_job_id: &str, db: &str) -> JobKind {
     JobKind::Persistent {

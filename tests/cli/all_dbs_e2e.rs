@@ -128,6 +128,9 @@ async fn server_job_survives_kill_9_of_its_node() {
         let all = call(&node, reqwest::Method::GET, "/_scheduler/all_dbs", None).await;
         assert_eq!(all["total_rows"], 1);
         assert_eq!(all["jobs"][0]["source"], src.url("").trim_end_matches('/'));
+        // Its replications come from no `_replicator` document.
+        let docs = call(&node, reqwest::Method::GET, "/_scheduler/docs", None).await;
+        assert_eq!(docs["total_rows"], 0, "{docs}");
     })
     .await;
 }
