@@ -3,6 +3,7 @@
 mod support;
 
 mod cli {
+    mod all_dbs_e2e;
     mod replicate;
     mod serve_auth;
     mod serve_e2e;

@@ -7,12 +7,26 @@ use std::path::PathBuf;
 
 use couch_replicator::replication::{self, Endpoint, Filter, ReplicationSpec};
 
+mod all_dbs;
+
 #[derive(Debug, clap::Args)]
 pub struct ReplicateArgs {
-    /// Source database URL.
+    /// Source database URL (a server URL with `--all-dbs`).
     source: String,
-    /// Target database URL.
+    /// Target database URL (a server URL with `--all-dbs`).
     target: String,
+    /// Copy every database of the source server (see `--include`, `--exclude`).
+    #[arg(long)]
+    all_dbs: bool,
+    /// With `--all-dbs`: database-name patterns to copy (`*`, `?`; comma separated).
+    #[arg(long, value_delimiter = ',', requires = "all_dbs")]
+    include: Option<Vec<String>>,
+    /// With `--all-dbs`: database-name patterns to leave out.
+    #[arg(long, value_delimiter = ',', requires = "all_dbs")]
+    exclude: Option<Vec<String>>,
+    /// With `--all-dbs --continuous`: delete a target database when its source is deleted.
+    #[arg(long, requires = "all_dbs")]
+    delete_target_on_source_delete: bool,
     /// Keep following the source's changes.
     #[arg(long)]
     continuous: bool,
@@ -86,6 +100,10 @@ pub(crate) fn filter_of(
 }
 
 pub async fn run(a: ReplicateArgs) -> Result<(), String> {
+    if a.all_dbs {
+        let uuid = server_uuid(a.uuid.as_deref())?;
+        return all_dbs::run(a, uuid).await;
+    }
     let spec = build_spec(&a)?;
     let ctx = replication::Context {
         server_uuid: server_uuid(a.uuid.as_deref())?,

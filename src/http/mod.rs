@@ -8,6 +8,7 @@
 //! request's log lines carry too (`couch_headers`).
 
 pub(crate) mod active_tasks;
+pub(crate) mod all_dbs;
 pub mod auth;
 pub(crate) mod cookie;
 pub(crate) mod couch_headers;
@@ -143,6 +144,8 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_scheduler/docs", get(scheduler::list_all_docs))
         .route("/_scheduler/docs/{*rest}", get(scheduler::docs_path))
         .route("/_active_tasks", get(active_tasks::active_tasks))
+        .route("/_scheduler/all_dbs", get(all_dbs::list))
+        .route("/_scheduler/all_dbs/{id}", get(all_dbs::get))
         .route(
             "/_session",
             get(session::get_session)

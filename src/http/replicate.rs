@@ -50,6 +50,9 @@ pub async fn post_replicate(
 ) -> HttpResult<Response> {
     let user = caller.require_user()?.clone();
     let mut body = json_body(body, st.config().max_body_bytes)?;
+    if super::all_dbs::is_all_dbs(&body) {
+        return super::all_dbs::post(&st, &caller, body).await;
+    }
     match parse_replicate_body(&body)? {
         ReplicateRequest::CancelById(id) => cancel(&st, &user, &id).await,
         ReplicateRequest::CancelBySpec(spec) => {

@@ -14,6 +14,7 @@ use super::auth::Caller;
 use super::couch_json::{SchedulerDoc, SchedulerJob};
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
+use crate::replicator::server_job::is_server_group;
 use crate::replicator::{JobView, RepState};
 
 /// CouchDB's default page size of `_scheduler/jobs` and `_scheduler/docs`.
@@ -118,6 +119,8 @@ async fn docs_of(st: &AppState, caller: &Caller, db: Option<&str>) -> HttpResult
     Ok(all
         .into_iter()
         .filter(|j| !j.is_transient() && (db.is_none() || j.database.as_deref() == db))
+        // A whole-server job's replications come from no document.
+        .filter(|j| !j.database.as_deref().is_some_and(is_server_group))
         .collect())
 }
 

@@ -30,6 +30,7 @@ pub use super::doc_writeback::{DocStats, Terminal, write_state};
 use super::job_record::RepJobRecord;
 use super::rep_doc::{self, DocAction};
 use super::rep_job::{REP_JOBS, persistent_job_id, rep_fields};
+use super::server_job::{ALL_DBS_FIELD, ServerSpec};
 use super::validate_ddoc;
 use super::{JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent};
 use crate::telemetry::Series;
@@ -263,6 +264,9 @@ impl Follower {
             (Some(d @ Value::Object(_)), _) => d.clone(),
             _ => return true,
         };
+        if let Some(done) = self.server_doc(&doc).await {
+            return done;
+        }
         match rep_doc::classify_change(&doc) {
             DocAction::Skip | DocAction::Terminal { .. } => true,
             DocAction::Remove { doc_id } => self.remove(&doc_id).await,
@@ -316,9 +320,44 @@ impl Follower {
         }
     }
 
+    /// A whole-server document (`"all_dbs": true`) becomes the server job `db|doc_id`
+    /// (`Some(handled)`); `None` for any other document. Its progress is shown by
+    /// `_scheduler/all_dbs`, not written back into the document.
+    async fn server_doc(&self, doc: &Value) -> Option<bool> {
+        if doc.get(ALL_DBS_FIELD) != Some(&Value::Bool(true)) {
+            return None;
+        }
+        let doc_id = doc.get("_id").and_then(Value::as_str)?;
+        let id = persistent_job_id(&self.name, doc_id);
+        let owner = doc.get("owner").and_then(Value::as_str).map(str::to_owned);
+        let added = match ServerSpec::from_body(doc) {
+            Ok(spec) => self.rep.put_server_job(&id, spec, owner, false).await,
+            Err(e) => Err(e),
+        };
+        Some(match added {
+            Ok(_) => true,
+            Err(ReplicatorError::BadRequest(reason)) => {
+                self.write_failed(doc_id, reason).await;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "adding the server job failed; will retry");
+                false
+            }
+        })
+    }
+
     /// Removes a document's job; false when the replicator could not be asked.
     async fn remove(&self, doc_id: &str) -> bool {
         let id = persistent_job_id(&self.name, doc_id);
+        // The document may have asked for a whole-server copy.
+        match self.rep.cancel_server_job(&id).await {
+            Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "removing the server job failed; will retry");
+                return false;
+            }
+        }
         match self.rep.cancel(&id).await {
             Ok(_) | Err(ReplicatorError::NotFound(_)) => true,
             Err(e) => {

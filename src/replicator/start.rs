@@ -10,6 +10,7 @@ use super::error::{ReplicatorError, ReplicatorResult};
 use super::frontend::Frontend;
 use super::handle::{Replicator, ReplicatorConfig};
 use super::rep_job::REP_JOBS;
+use super::server_job::SERVER_JOBS;
 use super::tree;
 
 impl Replicator {
@@ -31,8 +32,10 @@ impl Replicator {
             .map_err(ReplicatorError::Config)?;
         let prefix = config.jobs.prefix.clone();
         let jobs = Jobs::new(config.db, config.jobs);
-        jobs.set_type_timeout(REP_JOBS, config.settings.job_timeout.as_secs() as i64)
-            .await?;
+        let timeout = config.settings.job_timeout.as_secs() as i64;
+        jobs.set_type_timeout(REP_JOBS, timeout).await?;
+        // Whole-server jobs keep alive the same way (their worker updates every turn).
+        jobs.set_type_timeout(SERVER_JOBS, timeout).await?;
         let background = jobs.start_background().await?;
         let (handle_tx, handle_rx) = tokio::sync::watch::channel(None);
         let tree::StartedTree {

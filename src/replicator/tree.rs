@@ -4,7 +4,7 @@
 //! every node runs the event bus and clustering, `replication` nodes run the connection
 //! pool, the rate limiter, the job server and job_sup; `api_frontend` nodes then run the
 //! doc processor and the HTTP API (both after the job server: a job-server crash restarts
-//! them too).
+//! them too); `replication` nodes end with the whole-server jobs' worker.
 
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use super::job::{JobArgs, JobMsg};
 use super::job_server::{JobServer, JobServerMsg};
 use super::job_sup::{self, JOB_SHUTDOWN, JobSupRef};
 use super::rate_limiter::RateLimiterServer;
+use super::server_worker;
 use super::settings::{NodeType, ReplicatorSettings};
 
 /// Restart intensity of `replicator_sup` (CouchDB 3.x: 10 restarts per second).
@@ -80,6 +81,15 @@ pub async fn start(
     }
     if s.runs(NodeType::ApiFrontend) {
         sup = frontend_children(sup, &frontend, &handle);
+    }
+    if s.runs(NodeType::Replication) {
+        // 9. Whole-server jobs: it adds replications through the handle, so it comes last.
+        let svc = FrontendService {
+            name: server_worker::SERVER_WORKER,
+            run: server_worker::service(),
+            handle: handle.clone(),
+        };
+        sup = sup.child(ChildSpec::server(server_worker::SERVER_WORKER, svc, |_| ()));
     }
 
     let tree = sup
