@@ -124,6 +124,8 @@ async fn server_job_survives_kill_9_of_its_node() {
         for db in &names {
             assert_eq!(cs.assert_same(db, &ct, db).await, 200, "{db}");
         }
+        // And the operator's own check agrees: `verify --all-dbs` exits 0.
+        verify_all_dbs(&src.url(""), &tgt.url(""), names.len()).await;
         // The listing shows it too, without credentials.
         let all = call(&node, reqwest::Method::GET, "/_scheduler/all_dbs", None).await;
         assert_eq!(all["total_rows"], 1);
@@ -133,6 +135,29 @@ async fn server_job_survives_kill_9_of_its_node() {
         assert_eq!(docs["total_rows"], 0, "{docs}");
     })
     .await;
+}
+
+/// `couch-replicator verify --all-dbs SRC TGT --json` reports all `dbs` databases complete.
+async fn verify_all_dbs(src: &str, tgt: &str, dbs: usize) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_couch-replicator"))
+        .args(["verify", "--all-dbs", "--json", src, tgt])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = deadline(120, "verify --all-dbs", out).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "verify --all-dbs: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["complete"], true, "{stdout}");
+    assert_eq!(
+        report["databases"].as_array().map(Vec::len),
+        Some(dbs),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
