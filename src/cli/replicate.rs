@@ -33,18 +33,9 @@ pub struct ReplicateArgs {
     /// Create the target database first.
     #[arg(long)]
     create_target: bool,
-    /// Only these document ids (comma separated).
-    #[arg(long, value_delimiter = ',')]
-    doc_ids: Option<Vec<String>>,
-    /// A filter function `ddoc/name`.
-    #[arg(long)]
-    filter: Option<String>,
-    /// Filter query parameters as a JSON object.
-    #[arg(long)]
-    query_params: Option<String>,
-    /// A Mango selector as JSON.
-    #[arg(long)]
-    selector: Option<String>,
+    /// Which documents.
+    #[command(flatten)]
+    filters: FilterArgs,
     /// This replicator's server uuid (part of the replication id, so checkpoints are found
     /// again); by default generated once and kept in `$COUCH_REPLICATOR_HOME/uuid`.
     #[arg(long, env = "COUCH_REPLICATOR_UUID")]
@@ -58,13 +49,41 @@ fn build_spec(a: &ReplicateArgs) -> Result<ReplicationSpec, String> {
     );
     spec.options.continuous = a.continuous;
     spec.options.create_target = a.create_target;
-    spec.options.filter = filter_of(&a.doc_ids, &a.filter, &a.query_params, &a.selector)?;
+    spec.options.filter = a.filters.filter()?;
     Ok(spec)
 }
 
-/// The filter the `--doc-ids`, `--filter` (+ `--query-params`) and `--selector` options name
-/// (also used by `verify`).
-pub(crate) fn filter_of(
+/// The document filter options `replicate` and `verify` share.
+#[derive(Debug, clap::Args)]
+pub struct FilterArgs {
+    /// Only these document ids (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) doc_ids: Option<Vec<String>>,
+    /// A filter function `ddoc/name`.
+    #[arg(long)]
+    pub(crate) filter: Option<String>,
+    /// Filter query parameters as a JSON object.
+    #[arg(long)]
+    pub(crate) query_params: Option<String>,
+    /// A Mango selector as JSON.
+    #[arg(long)]
+    pub(crate) selector: Option<String>,
+}
+
+impl FilterArgs {
+    /// The filter the options name.
+    pub(crate) fn filter(&self) -> Result<Filter, String> {
+        filter_of(
+            &self.doc_ids,
+            &self.filter,
+            &self.query_params,
+            &self.selector,
+        )
+    }
+}
+
+/// The filter the `--doc-ids`, `--filter` (+ `--query-params`) and `--selector` options name.
+fn filter_of(
     doc_ids: &Option<Vec<String>>,
     filter: &Option<String>,
     query_params: &Option<String>,

@@ -12,7 +12,7 @@ use couch_replicator::replication::verify::{self, Progress, VerifyOptions, Verif
 use couch_replicator::replication::{self, Endpoint, ReplicationSpec};
 use serde_json::{Value, json};
 
-use super::replicate::filter_of;
+use super::replicate::FilterArgs;
 
 /// Exit code of a target found incomplete.
 const INCOMPLETE: u8 = 1;
@@ -38,18 +38,9 @@ pub struct VerifyArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Only these document ids (comma separated).
-    #[arg(long, value_delimiter = ',')]
-    doc_ids: Option<Vec<String>>,
-    /// A filter function `ddoc/name`.
-    #[arg(long)]
-    filter: Option<String>,
-    /// Filter query parameters as a JSON object.
-    #[arg(long)]
-    query_params: Option<String>,
-    /// A Mango selector as JSON.
-    #[arg(long)]
-    selector: Option<String>,
+    /// Which documents.
+    #[command(flatten)]
+    filters: FilterArgs,
     /// Only the winning revision of each document (as `winning_revs_only` replicates).
     #[arg(long)]
     winning_revs_only: bool,
@@ -83,7 +74,7 @@ fn spec_for(a: &VerifyArgs, source: &str, target: &str) -> Result<ReplicationSpe
         Endpoint::parse(source).map_err(|e| e.to_string())?,
         Endpoint::parse(target).map_err(|e| e.to_string())?,
     );
-    spec.options.filter = filter_of(&a.doc_ids, &a.filter, &a.query_params, &a.selector)?;
+    spec.options.filter = a.filters.filter()?;
     spec.options.winning_revs_only = a.winning_revs_only;
     spec.options.worker_processes = a.workers.max(1);
     spec.options.worker_batch_size = a.batch_size.max(1);

@@ -137,6 +137,25 @@ impl ChangesReader {
         Ok(())
     }
 
+    /// One page of the normal feed from `since`, at most `limit` rows: the rows and the
+    /// page's `last_seq` (a gone database and a refusal are errors).
+    async fn read_normal_page(&self, since: &Value, limit: usize) -> Result<(Vec<Row>, Value)> {
+        let r = self
+            .client
+            .send(&self.request("normal", since, Some(limit)))
+            .await?;
+        if r.status == reqwest::StatusCode::NOT_FOUND {
+            return Err(gone(&self.client));
+        }
+        if !r.status.is_success() {
+            return Err(refused(self.client.endpoint(), r.status));
+        }
+        let mut feed = NormalFeed::default();
+        let rows = feed.push::<Row>(&r.body)?;
+        let last = feed.finish()?;
+        Ok((rows, last))
+    }
+
     fn request(&self, feed: &str, since: &Value, limit: Option<usize>) -> Req {
         let style = if self.opts.winning_revs_only {
             "main_only"

@@ -33,14 +33,14 @@ fn body(a: &ReplicateArgs) -> Result<Value, String> {
         "exclude": a.exclude.clone().unwrap_or_default(),
         "delete_target_on_source_delete": a.delete_target_on_source_delete,
     });
-    if let Some(sel) = &a.selector {
+    if let Some(sel) = &a.filters.selector {
         b["selector"] = serde_json::from_str(sel).map_err(|e| format!("--selector: {e}"))?;
     }
     Ok(b)
 }
 
 pub(super) async fn run(a: ReplicateArgs, server_uuid: String) -> Result<(), String> {
-    if a.doc_ids.is_some() || a.filter.is_some() {
+    if a.filters.doc_ids.is_some() || a.filters.filter.is_some() {
         return Err("--doc-ids and --filter cannot be used with --all-dbs".into());
     }
     let settings = ReplicatorSettings {

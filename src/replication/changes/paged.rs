@@ -8,9 +8,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::super::error::Result;
-use super::super::feed_line::refused;
-use super::super::normal_feed::NormalFeed;
-use super::{Batch, Change, ChangesReader, Row, gone};
+use super::{Batch, Change, ChangesReader};
 
 impl ChangesReader {
     /// Reads the feed from `since` to its end, `page` rows per request, emitting batches of
@@ -24,19 +22,7 @@ impl ChangesReader {
         let page = page.max(1);
         let max = self.opts.worker_batch_size.max(1);
         loop {
-            let r = self
-                .client
-                .send(&self.request("normal", &since, Some(page)))
-                .await?;
-            if r.status == reqwest::StatusCode::NOT_FOUND {
-                return Err(gone(&self.client));
-            }
-            if !r.status.is_success() {
-                return Err(refused(self.client.endpoint(), r.status));
-            }
-            let mut feed = NormalFeed::default();
-            let rows = feed.push::<Row>(&r.body)?;
-            let last = feed.finish()?;
+            let (rows, last) = self.read_normal_page(&since, page).await?;
             let full = rows.len() >= page;
             let mut changes: Vec<Change> =
                 rows.into_iter().filter_map(|r| self.to_change(r)).collect();

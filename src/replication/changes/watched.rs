@@ -10,11 +10,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::super::db_watch::{Tick, Watch, Watches};
 use super::super::error::{ReplicationError, Result};
-use super::super::feed_line::refused;
-use super::super::normal_feed::NormalFeed;
 use super::super::options::Filter;
 use super::super::watch_feed;
-use super::{Batch, Change, ChangesReader, Row, gone, reconnect_backoff};
+use super::{Batch, Change, ChangesReader, reconnect_backoff};
 
 /// What a tick of the change watch asks of a waiting job.
 enum Wake {
@@ -150,19 +148,7 @@ impl ChangesReader {
     /// batch; true when it was full (more may follow).
     async fn read_page(&mut self, since: &mut Value, tx: &mpsc::Sender<Batch>) -> Result<bool> {
         let max = self.opts.worker_batch_size.max(1);
-        let r = self
-            .client
-            .send(&self.request("normal", since, Some(max)))
-            .await?;
-        if r.status == reqwest::StatusCode::NOT_FOUND {
-            return Err(gone(&self.client));
-        }
-        if !r.status.is_success() {
-            return Err(refused(self.client.endpoint(), r.status));
-        }
-        let mut feed = NormalFeed::default();
-        let rows = feed.push::<Row>(&r.body)?;
-        let last = feed.finish()?;
+        let (rows, last) = self.read_normal_page(since, max).await?;
         let full = rows.len() >= max;
         let changes: Vec<Change> = rows.into_iter().filter_map(|r| self.to_change(r)).collect();
         // A page with nothing for this job moves its sequence only once a heartbeat period
