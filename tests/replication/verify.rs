@@ -6,24 +6,11 @@
 use crate::support::couch::Couch;
 use crate::support::deadline;
 use crate::support::server::PouchServer;
-use crate::support::verify::{self as fixture, different_of, missing_of};
-use couch_replicator::replication::verify::{VerifyOptions, verify};
+use crate::support::verify::{self as fixture, different_of, missing_of, run};
 use couch_replicator::replication::{Context, Endpoint, Filter, ReplicationSpec, replicate};
-use serde_json::Value;
 
 fn spec(src: &str, tgt: &str) -> ReplicationSpec {
     ReplicationSpec::new(Endpoint::parse(src).unwrap(), Endpoint::parse(tgt).unwrap())
-}
-
-async fn run(s: &ReplicationSpec, deep: bool) -> Value {
-    let opts = VerifyOptions {
-        deep,
-        progress: None,
-    };
-    let r = deadline(60, "verify", verify(s, &Context::default(), &opts))
-        .await
-        .unwrap();
-    serde_json::to_value(r).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

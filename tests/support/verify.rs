@@ -7,7 +7,11 @@
 use base64::Engine as _;
 use serde_json::{Value, json};
 
+use couch_replicator::replication::verify::{VerifyOptions, verify};
+use couch_replicator::replication::{Context, ReplicationSpec};
+
 use super::couch::Couch;
+use super::deadline;
 
 /// A revision id `N-<32 hex>` from a short tag (CouchDB keeps 32-hex ids as binary).
 pub fn rev(n: u32, tag: &str) -> String {
@@ -148,4 +152,16 @@ pub fn different_of(report: &Value) -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// Verifies `s` (deeply when asked) and gives the report as JSON.
+pub async fn run(s: &ReplicationSpec, deep: bool) -> Value {
+    let opts = VerifyOptions {
+        deep,
+        progress: None,
+    };
+    let r = deadline(60, "verify", verify(s, &Context::default(), &opts))
+        .await
+        .unwrap();
+    serde_json::to_value(r).unwrap()
 }
