@@ -1,10 +1,15 @@
 //! Tools benchmark (issue 28): `verify` against replicating, same run, same servers. Fills a
-//! pouchdb-server source with the replication bench's data set (`BENCH_DOCS` documents, 100,000
-//! by default: ~1 KB each, some with several revisions, conflicts and attachments), then
-//! measures our engine replicating it one-shot into a fresh pouchdb-server target, `verify`
-//! of that target (`_revs_diff` only) and `verify --deep` (also `_bulk_get` on both sides),
-//! with each process's CPU, and prints `RESULT verify_docs_per_s_over_replicate = X`.
-//! `BENCH_WORKERS` / `BENCH_BATCH` apply to both (CouchDB's defaults 4 / 500).
+//! source with the replication bench's data set (`BENCH_DOCS` documents, 100,000 by default:
+//! ~1 KB each, some with several revisions, conflicts and attachments), then measures our
+//! engine replicating it one-shot into a fresh target, `verify` of that target (`_revs_diff`
+//! only) and `verify --deep` (also `_bulk_get` on both sides), with each process's CPU.
+//!
+//! It runs on two kinds of server, each pair in the same run: a real CouchDB 3.4.3 source and
+//! target (what operators verify; needs `COUCHDB_PEER_SCRIPT`, else skipped with a message)
+//! and pouchdb-server `--in-memory` ones, and prints `RESULT verify_docs_per_s_over_replicate`
+//! (CouchDB) and `RESULT verify_docs_per_s_over_replicate_pouchdb`. `BENCH_SERVERS=couchdb` or
+//! `pouchdb` runs one kind. `BENCH_WORKERS` / `BENCH_BATCH` apply to both (CouchDB's defaults
+//! 4 / 500).
 
 #[allow(dead_code)]
 #[path = "replication/data.rs"]
@@ -19,6 +24,9 @@ mod load;
 #[path = "replication/measure.rs"]
 mod measure;
 #[allow(dead_code)]
+#[path = "scheduler/peers.rs"]
+mod peers;
+#[allow(dead_code)]
 #[path = "replication/servers.rs"]
 mod servers;
 
@@ -27,7 +35,56 @@ use std::time::Instant;
 
 use couch_replicator::replication::verify::{VerifyOptions, verify};
 use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
+use peers::Couch;
 use servers::Server;
+
+/// A source or target server of either kind.
+enum Peer {
+    Pouch(Server),
+    Couch(Couch),
+}
+
+impl Peer {
+    async fn start(kind: &str, http: &reqwest::Client) -> Result<Self, String> {
+        if kind == "couchdb" {
+            Ok(Self::Couch(Couch::start()?))
+        } else {
+            Ok(Self::Pouch(Server::start(http).await?))
+        }
+    }
+
+    fn db(&self, db: &str) -> String {
+        match self {
+            Self::Pouch(s) => s.db(db),
+            Self::Couch(c) => c.url(db),
+        }
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Self::Pouch(s) => s.cpu_seconds(),
+            Self::Couch(c) => measure::proc_cpu_seconds(c.beam).unwrap_or(0.0),
+        }
+    }
+
+    async fn create_db(&self, http: &reqwest::Client, db: &str) -> Result<(), String> {
+        match self {
+            Self::Pouch(s) => s.create_db(http, db).await,
+            Self::Couch(c) => {
+                let r = http
+                    .put(c.url(db))
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if r.status().is_success() {
+                    Ok(())
+                } else {
+                    Err(format!("PUT {db} answered {}", r.status()))
+                }
+            }
+        }
+    }
+}
 
 /// One measured run: wall seconds and CPU seconds of (this process, source, target).
 struct Row {
@@ -45,8 +102,8 @@ fn main() {
 /// Runs `f`, timing it and the CPU each process spent meanwhile.
 async fn measured<T>(
     name: &'static str,
-    src: &Server,
-    tgt: &Server,
+    src: &Peer,
+    tgt: &Peer,
     f: impl Future<Output = Result<(T, u64), String>>,
 ) -> Result<(T, Row), String> {
     let cpu = || {
@@ -70,6 +127,18 @@ async fn measured<T>(
 }
 
 async fn run() -> Result<(), String> {
+    let kinds = std::env::var("BENCH_SERVERS").unwrap_or_else(|_| "couchdb,pouchdb".into());
+    for kind in kinds.split(',') {
+        if kind == "couchdb" && std::env::var_os("COUCHDB_PEER_SCRIPT").is_none() {
+            println!("couchdb: skipped (set COUCHDB_PEER_SCRIPT to the CouchDB 3.4.3 peer script)");
+            continue;
+        }
+        run_on(kind).await?;
+    }
+    Ok(())
+}
+
+async fn run_on(kind: &str) -> Result<(), String> {
     let n = entry::env_num("BENCH_DOCS", 100_000) as u64;
     let workers = entry::env_num("BENCH_WORKERS", 4);
     let batch = entry::env_num("BENCH_BATCH", 500);
@@ -78,12 +147,12 @@ async fn run() -> Result<(), String> {
         .gzip(false)
         .build()
         .map_err(|e| e.to_string())?;
-    let source = Server::start(&http).await?;
+    let source = Peer::start(kind, &http).await?;
     source.create_db(&http, "source").await?;
     eprintln!("filling the source with {n} documents...");
     let fill = load::fill(&http, &source.db("source"), n).await?;
     eprintln!("source filled in {:.1} s", fill.as_secs_f64());
-    let target = Server::start(&http).await?;
+    let target = Peer::start(kind, &http).await?;
     target.create_db(&http, "target").await?;
     let mut spec = ReplicationSpec::new(
         Endpoint::parse(&source.db("source")).map_err(|e| e.to_string())?,
@@ -118,22 +187,28 @@ async fn run() -> Result<(), String> {
         };
         rows.push(measured(name, &source, &target, check).await?.1);
     }
-    print_table(n, workers, batch, &rows);
+    let servers = if kind == "couchdb" {
+        "CouchDB 3.4.3"
+    } else {
+        "pouchdb-server --in-memory"
+    };
+    print_table(n, servers, workers, batch, &rows);
     let rate = |i: usize| n as f64 / rows[i].wall_s;
+    let suffix = if kind == "couchdb" { "" } else { "_pouchdb" };
     println!(
-        "RESULT verify_docs_per_s_over_replicate = {:.2}",
+        "RESULT verify_docs_per_s_over_replicate{suffix} = {:.2}",
         rate(1) / rate(0)
     );
     println!(
-        "RESULT verify_deep_docs_per_s_over_replicate = {:.2}",
+        "RESULT verify_deep_docs_per_s_over_replicate{suffix} = {:.2}",
         rate(2) / rate(0)
     );
     Ok(())
 }
 
-fn print_table(n: u64, workers: usize, batch: usize, rows: &[Row]) {
+fn print_table(n: u64, servers: &str, workers: usize, batch: usize, rows: &[Row]) {
     println!(
-        "tools benchmark: {n} docs, pouchdb-server --in-memory source and target, \
+        "tools benchmark: {n} docs, {servers} source and target, \
          worker_processes={workers} worker_batch_size={batch}, {} cores",
         std::thread::available_parallelism().map_or(0, |p| p.get())
     );

@@ -415,14 +415,7 @@ fn ctx_of(name: &str, acct: &Account) -> UserCtx {
 
 /// Compares two secrets in time independent of where they differ.
 pub(crate) fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
+    same_bytes(a.as_bytes(), b.as_bytes())
 }
 
 /// `(name, password)` of a `Basic` `Authorization` header value.

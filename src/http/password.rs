@@ -255,15 +255,10 @@ impl StoredPassword {
     }
 }
 
-/// Byte strings compared in time independent of where they differ.
+/// Secrets compared in time independent of where they differ (`subtle`; only a length
+/// difference returns early, which reveals nothing a fixed-size digest does not).
 pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 #[cfg(test)]

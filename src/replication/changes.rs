@@ -23,8 +23,8 @@ use super::checkpoint::instance_start_of;
 use super::client::{HttpClient, Req, describe};
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
+use super::feed_line::{FeedLines, refused, seq_arg};
 pub use super::feed_line::{Row, parse_feed_line};
-use super::feed_line::{refused, seq_arg};
 
 mod paged;
 mod watched;
@@ -417,18 +417,17 @@ impl ChangesReader {
             return Err(refused(self.client.endpoint(), resp.status()));
         }
         let mut body = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut lines = FeedLines::new();
         let mut progressed = false;
         let max = self.opts.worker_batch_size;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-            buf.extend_from_slice(&chunk);
+            lines.push(&chunk);
             let mut pending: Vec<Change> = Vec::new();
             let mut pending_seq: Option<Value> = None;
             let mut ended = false;
-            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                let Some(row) = parse_feed_line(&line)? else {
+            while let Some(line) = lines.next_line()? {
+                let Some(row) = parse_feed_line(line.as_bytes())? else {
                     continue; // heartbeat
                 };
                 if let Some(ls) = row.last_seq.clone() {

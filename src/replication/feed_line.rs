@@ -1,8 +1,10 @@
 //! The `_changes` row format both readers of a feed share: the changes reader, which turns
 //! rows into work for a job, and the change watch's feed, which only needs their sequences.
 
+use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::Value;
+use tokio_util::codec::{Decoder, LinesCodec};
 
 use super::endpoint::encode_query;
 use super::error::{ReplicationError, Result};
@@ -39,6 +41,38 @@ pub fn parse_feed_line(line: &[u8]) -> Result<Option<Row>> {
     serde_json::from_slice(line)
         .map(Some)
         .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))
+}
+
+/// The longest feed line accepted: a row lists one document's leaves, so anything near this is
+/// not a change row, and holding more would let a broken server fill our memory.
+const MAX_LINE: usize = 16 << 20;
+
+/// Cuts a continuous feed's body into lines in time linear in its length: `LinesCodec`
+/// remembers how far it has searched, and taking a line off the front moves no bytes.
+pub(crate) struct FeedLines {
+    codec: LinesCodec,
+    buf: BytesMut,
+}
+
+impl FeedLines {
+    pub(crate) fn new() -> Self {
+        Self {
+            codec: LinesCodec::new_with_max_length(MAX_LINE),
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Appends a chunk of the body.
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The next whole line, if one has arrived (without its `\n` / `\r\n`).
+    pub(crate) fn next_line(&mut self) -> Result<Option<String>> {
+        self.codec
+            .decode(&mut self.buf)
+            .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))
+    }
 }
 
 /// Encodes a sequence for the `since` query argument: strings raw, others as JSON.

@@ -22,7 +22,7 @@ use crate::backoff::Backoff;
 use super::client::{HttpClient, Req, describe};
 use super::db_watch::FeedSink;
 use super::error::{ReplicationError, Result};
-use super::feed_line::{parse_feed_line, refused, seq_arg};
+use super::feed_line::{FeedLines, parse_feed_line, refused, seq_arg};
 
 /// Spawns the feed task of a watch on `client`'s endpoint, asking for a heartbeat every
 /// `heartbeat` (so the client's inactivity timeout never fires on a quiet database).
@@ -72,14 +72,13 @@ async fn follow_once(
         sink.blind();
     }
     let mut body = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
+    let mut lines = FeedLines::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-        buf.extend_from_slice(&chunk);
+        lines.push(&chunk);
         let (mut ids, mut ended) = (Vec::new(), false);
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            let Some(row) = parse_feed_line(&line)? else {
+        while let Some(line) = lines.next_line()? {
+            let Some(row) = parse_feed_line(line.as_bytes())? else {
                 continue; // heartbeat
             };
             if let Some(last) = row.last_seq {
