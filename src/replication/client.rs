@@ -243,7 +243,7 @@ impl HttpClient {
     }
 
     async fn run(&self, req: &Req, buffer: bool) -> Result<Outcome> {
-        let key: RateKey = (self.ep.url().to_owned(), req.method.as_str().to_owned());
+        let key = RateKey::new(self.ep.url(), req.method.as_str());
         let mut attempt: u32 = 0;
         let mut wait = Backoff::new(FIRST_WAIT, Duration::from_secs(300));
         let mut first_failure: Option<Instant> = None;
@@ -319,7 +319,7 @@ impl HttpClient {
     /// Sends `req` once with a streamed body (which cannot be replayed, hence no retries):
     /// the caller falls back to a buffered, retried path when this fails.
     pub(crate) async fn send_once(&self, req: &Req, body: reqwest::Body) -> Result<Resp> {
-        let key: RateKey = (self.ep.url().to_owned(), req.method.as_str().to_owned());
+        let key = RateKey::new(self.ep.url(), req.method.as_str());
         let pause = self.limiter.interval(&key);
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;

@@ -4,6 +4,7 @@
 //! replication. Entry points: [`replicate`] (one-shot) and [`start`] (a handle with stats,
 //! progress stream and checkpoint-then-stop, for continuous replications and job actors).
 
+mod aimd;
 pub mod auth;
 pub(crate) mod bulk_related;
 pub mod changes;
@@ -39,6 +40,6 @@ pub use endpoint::Endpoint;
 pub use error::{ErrorClass, ReplicationError};
 pub use options::{Filter, ReplicationOptions, ReplicationSpec};
 pub use pipeline::{Context, ReplicationHandle, compute_id, replicate, start};
-pub use rate_limit::{Aimd, RateLimiter};
+pub use rate_limit::{Aimd, RateInterval, RateKey, RateLimiter};
 pub use rep_id::RepId;
 pub use stats::ReplicationStats;

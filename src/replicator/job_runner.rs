@@ -18,7 +18,8 @@ use crate::replication::{self, Context, ReplicationError, ReplicationSpec, Repli
 
 use super::connection_pool::{PoolMsg, endpoint_key};
 use super::context::{NodeCtx, ids};
-use super::rate_limiter::{RateLimiterMsg, SharedAimd};
+use super::rate_limiter::RateLimiterMsg;
+use crate::replication::Aimd;
 
 /// How a replication that ended on its own (not stopped) is reported to the job.
 pub(super) type OnEnd = Box<dyn FnOnce(Result<ReplicationStats, ReplicationError>) + Send>;
@@ -43,7 +44,7 @@ pub(super) async fn engine_context(
     spec.options.http_connections = lease(ctx, owner, spec).await;
     Ok(Context {
         server_uuid: ctx.server_uuid().to_owned(),
-        limiter: Arc::new(limiter) as Arc<SharedAimd>,
+        limiter: Arc::new(limiter) as Arc<Aimd>,
         transports: shared_clients(ctx).await,
         metrics: ctx.metrics().clone(),
     })

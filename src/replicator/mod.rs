@@ -2,7 +2,6 @@
 //! intervals, job backoff, job-server rotation) are kept apart from the actors that apply
 //! them.
 
-pub mod aimd;
 pub mod backoff;
 pub mod churn;
 pub mod clustering;

@@ -13,8 +13,9 @@ use crate::support::proxy::{Fault, FaultProxy, Rule};
 use crate::support::replicator::{Pouch, Store, node, test_settings};
 use crate::support::{deadline, wait_for};
 use axum::http::Method;
+use couch_replicator::replication::Aimd;
 use couch_replicator::replicator::HistoryKind;
-use couch_replicator::replicator::rate_limiter::{RateLimiterMsg, SharedAimd};
+use couch_replicator::replicator::rate_limiter::RateLimiterMsg;
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };
@@ -83,7 +84,7 @@ impl Rig {
         r.unwrap_or_else(|e| panic!("job {id} did not complete in {secs} s: {e}"))
     }
 
-    async fn limiter(&self) -> SharedAimd {
+    async fn limiter(&self) -> Aimd {
         let rl = self
             .node
             .tree()

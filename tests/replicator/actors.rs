@@ -7,6 +7,7 @@ use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
 use crate::support::replicator::*;
+use couch_replicator::replication::RateInterval;
 use couch_replicator::replication::RateLimiter;
 use couch_replicator::replicator::clustering::ClusterMsg;
 use couch_replicator::replicator::connection_pool::{ConnectionPool, Lease, PoolMsg};
@@ -14,7 +15,7 @@ use couch_replicator::replicator::event_bus::{
     ClusterStatus, EventBus, EventBusMsg, ReplicatorEvent, subscribe,
 };
 use couch_replicator::replicator::job_server::JobServerMsg;
-use couch_replicator::replicator::rate_limiter::{RateInterval, RateLimiterMsg, RateLimiterServer};
+use couch_replicator::replicator::rate_limiter::{RateLimiterMsg, RateLimiterServer};
 use couch_replicator::replicator::{NewJob, NodeType, ReplicatorSettings};
 use ractor::{ActorRef, call};
 use supervisors::{BoxError, Server, observe};
@@ -60,7 +61,7 @@ async fn rate_limiter_follows_the_aimd_table_step_by_step() {
         .await
         .unwrap();
     let t = call!(rl, RateLimiterMsg::Table).unwrap();
-    let k = ("http://127.0.0.1:5984/db".to_owned(), "GET".to_owned());
+    let k = couch_replicator::replication::RateKey::new("http://127.0.0.1:5984/db", "GET");
     let ms = |d: Duration| d.as_millis() as u64;
     assert_eq!(ms(t.interval(&k)), 0);
     assert_eq!(ms(t.failure(&k)), 24);
@@ -92,8 +93,8 @@ async fn rate_limiter_follows_the_aimd_table_step_by_step() {
     let seen = observe(&rl).await.unwrap();
     assert_eq!(seen.max_interval, Duration::from_secs(25));
     let interval = RateInterval {
-        endpoint: k.0.clone(),
-        method: k.1.clone(),
+        endpoint: k.endpoint.clone(),
+        method: k.method.clone(),
         interval: Duration::from_millis(18_000),
     };
     assert_eq!((seen.intervals, seen.cleaned), (vec![interval], 0));

@@ -1,10 +1,10 @@
-//! The AIMD interval table behind the 429 rate limiter (CouchDB 3.x constants, CouchDB's couch_replicator_rate_limiter.erl).
+//! The AIMD interval table behind the 429 rate limiter (CouchDB 3.x constants, CouchDB's
+//! couch_replicator_rate_limiter.erl): the one implementation of the algorithm.
 //!
 //! Owns, per `(endpoint, method)` key, the current wait interval in milliseconds and when it
 //! was last updated. Pure arithmetic on caller-supplied millisecond timestamps, so it is tested
-//! step by step without clocks; the `rate_limiter` actor owns one table (shared with the HTTP
-//! clients through a handle, like CouchDB's ETS tables owned by the limiter process) and runs
-//! the periodic cleanup. Multiplicative increase on failure (429), additive decrease on
+//! step by step without clocks; [`super::rate_limit::Aimd`] puts a clock and a lock around it
+//! (the node's `rate_limiter` actor owns one and runs its periodic cleanup). Multiplicative increase on failure (429), additive decrease on
 //! success, optimistic decay after idle periods, and an 80 ms window that ignores too-frequent
 //! updates (a crude low-pass filter).
 
@@ -55,11 +55,6 @@ pub struct AimdTable {
 }
 
 impl AimdTable {
-    /// An empty table: every key waits 0 ms.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// The current wait before a request to `key`.
     pub fn interval(&self, key: &RateKey) -> u64 {
         self.entries.get(key).map_or(0, |e| e.interval_ms)
@@ -134,11 +129,6 @@ impl AimdTable {
         self.entries.len()
     }
 
-    /// Whether no key has a non-zero interval.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     fn current(&self, key: &RateKey) -> (u64, u64) {
         self.entries
             .get(key)
@@ -178,18 +168,18 @@ mod tests {
 
     #[test]
     fn an_entry_idle_past_the_staleness_bound_reads_as_zero_and_is_forgotten() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         let i = t.failure(&k, 1_000);
         assert_eq!(t.interval_at(&k, 1_300, 300), i); // exactly at the bound: kept
         assert_eq!(t.interval_at(&k, 1_301, 300), 0);
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
         assert_eq!(t.interval_at(&k, 1_302, 300), 0);
     }
 
     #[test]
     fn failures_grow_by_1_2_from_the_base_and_respect_the_window() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         assert_eq!(t.failure(&k, 1_000), 24); // max(0, 20) * 1.2
         assert_eq!(t.failure(&k, 1_050), 24); // inside the 80 ms window: ignored
@@ -201,7 +191,7 @@ mod tests {
 
     #[test]
     fn failures_are_capped_at_the_maximum() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         let mut now = 0;
         let mut last = 0;
@@ -214,10 +204,10 @@ mod tests {
 
     #[test]
     fn success_steps_down_additively_by_band() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         assert_eq!(t.success(&k, 500), 0, "no entry stays empty");
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
         t.insert(&k, 12_000, 0);
         assert_eq!(t.success(&k, 500), 11_000); // > 10 000: step 1000
         t.insert(&k, 5_000, 0);
@@ -229,12 +219,12 @@ mod tests {
         t.insert(&k, 30, 0);
         assert_eq!(t.success(&k, 500), BASE_INTERVAL_MS); // 10 is floored to the base
         assert_eq!(t.success(&k, 1_000), 0); // 20 - 20 = 0: entry removed
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
     fn idle_time_decays_the_interval_before_the_step() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         t.insert(&k, 10_000, 0);
         // dt = 2000 > 1000: 10 000 - 2 * 2000 = 6000, then the >1000 band step of 100.
@@ -243,12 +233,12 @@ mod tests {
         assert_eq!(t.success(&k, 3_000), 5_800);
         // A long idle period decays everything away.
         assert_eq!(t.success(&k, 60_000), 0);
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
     fn success_inside_the_window_is_ignored() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         t.insert(&k, 400, 1_000);
         assert_eq!(t.success(&k, 1_080), 400);
@@ -257,7 +247,7 @@ mod tests {
 
     #[test]
     fn keys_are_independent_and_cleanup_drops_stale_entries() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let a = key();
         let b = RateKey::new("http://127.0.0.1:5984/db/", "GET");
         t.failure(&a, 1_000);
@@ -271,7 +261,7 @@ mod tests {
 
     #[test]
     fn a_429_storm_converges_back_to_zero_when_it_ends() {
-        let mut t = AimdTable::new();
+        let mut t = AimdTable::default();
         let k = key();
         let mut now = 0;
         for _ in 0..30 {
