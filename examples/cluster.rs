@@ -52,7 +52,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 users: Users::new([("admin".to_string(), "admin".to_string())], []),
                 ..HttpConfig::default()
             },
-            http::prometheus(),
         );
         let server = tokio::spawn(async move {
             let _ = http::serve(listener, state, std::future::pending()).await;

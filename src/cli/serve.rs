@@ -420,7 +420,7 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
             };
             let local = listener.local_addr().map_err(|e| e.to_string())?;
             let steps = steps.steps(rep.jobs().clone())?;
-            let state = AppState::new(rep, config, http::prometheus());
+            let state = AppState::new(rep, config);
             let router = http::router_with_steps(state, Some(steps));
             bound.send_replace(Some(Ok(Bound {
                 http: local,

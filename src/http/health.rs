@@ -1,6 +1,6 @@
 //! `GET /` (welcome), `GET /_up` (is this node's replicator tree alive), and the middleware
 //! counting requests by method and status (`couch_replicator_http_requests_total`, in the
-//! process-wide recorder `/metrics` appends; see [`super::node_stats`]).
+//! node's metrics that `/metrics` renders; see [`super::node_stats`]).
 
 use axum::Json;
 use axum::extract::State;
@@ -35,15 +35,16 @@ pub async fn up(State(st): State<AppState>) -> Response {
     }
 }
 
-/// Counts every request by method and status code.
-pub async fn count_requests(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// Counts every request by method and status code, in the node's metrics.
+pub async fn count_requests(
+    State(st): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     let method = req.method().as_str().to_owned();
     let resp = next.run(req).await;
-    metrics::counter!(
-        "couch_replicator_http_requests_total",
-        "method" => method,
-        "status" => resp.status().as_u16().to_string()
-    )
-    .increment(1);
+    st.replicator()
+        .metrics()
+        .count_request(&method, resp.status().as_u16());
     resp
 }

@@ -34,7 +34,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::replicator::Replicator;
 use auth::{HasUsers, Users};
@@ -68,7 +67,7 @@ impl Default for HttpConfig {
     }
 }
 
-/// What every handler shares: the replicator handle, the users, the metrics recorder.
+/// What every handler shares: the replicator handle and the API settings (users among them).
 #[derive(Clone)]
 pub struct AppState {
     inner: Arc<Inner>,
@@ -77,22 +76,16 @@ pub struct AppState {
 struct Inner {
     replicator: Arc<Replicator>,
     config: HttpConfig,
-    metrics: Option<PrometheusHandle>,
     status_jobs: status_page::job_cache::JobCache,
 }
 
 impl AppState {
     /// State for a node's API.
-    pub fn new(
-        replicator: Arc<Replicator>,
-        config: HttpConfig,
-        metrics: Option<PrometheusHandle>,
-    ) -> Self {
+    pub fn new(replicator: Arc<Replicator>, config: HttpConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
                 replicator,
                 config,
-                metrics,
                 status_jobs: Default::default(),
             }),
         }
@@ -111,11 +104,6 @@ impl AppState {
     /// The job listing the status page's viewers share.
     pub(crate) fn status_jobs(&self) -> &status_page::job_cache::JobCache {
         &self.inner.status_jobs
-    }
-
-    /// The Prometheus recorder, if one is installed.
-    pub fn metrics(&self) -> Option<&PrometheusHandle> {
-        self.inner.metrics.as_ref()
     }
 }
 
@@ -136,6 +124,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
     let limit = state.config().max_body_bytes;
     let admin = admin_check(state.config().users.clone());
     let refresh = axum::middleware::from_fn_with_state(state.clone(), session::refresh_cookie);
+    let count = axum::middleware::from_fn_with_state(state.clone(), health::count_requests);
     let mut app = Router::new()
         .route("/_replicate", post(replicate::post_replicate))
         .route("/_verify", post(verify::post_verify))
@@ -176,7 +165,7 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         })
         .layer(DefaultBodyLimit::max(limit))
         .layer(refresh)
-        .layer(axum::middleware::from_fn(health::count_requests))
+        .layer(count)
         .layer(axum::middleware::from_fn(couch_headers::couch_headers))
 }
 
@@ -233,17 +222,4 @@ pub async fn serve(
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// Installs the process-wide Prometheus recorder once and returns its handle (later calls
-/// return the same handle; `None` if another recorder was installed by the host).
-pub fn prometheus() -> Option<PrometheusHandle> {
-    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .ok()
-        })
-        .clone()
 }

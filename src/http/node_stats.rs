@@ -48,11 +48,11 @@ fn sample(j: &JobView) -> JobSample {
     }
 }
 
-/// Sets the scheduler gauges from the job list; returns this node's running jobs' samples.
-async fn refresh(st: &AppState) -> Vec<JobSample> {
+/// Sets CouchDB's scheduler gauges from the job list; returns what it counted.
+async fn refresh(st: &AppState) -> Refreshed {
     let rep = st.replicator();
     let Ok(jobs) = rep.list().await else {
-        return Vec::new();
+        return Refreshed::default();
     };
     let m = rep.metrics();
     let count = |s: RepState| jobs.iter().filter(|j| j.state == s).count() as u64;
@@ -64,19 +64,43 @@ async fn refresh(st: &AppState) -> Vec<JobSample> {
     m.couch.set(Series::JobsPending, count(RepState::Pending));
     m.couch.set(Series::JobsCrashed, count(RepState::Crashing));
     m.couch.set(Series::JobsTotal, jobs.len() as u64);
-    // The process-wide gauges `/metrics` has always had (kept for existing dashboards).
-    for state in [
+    let states = [
         RepState::Pending,
         RepState::Running,
         RepState::Crashing,
         RepState::Completed,
         RepState::Failed,
-    ] {
-        metrics::gauge!("couch_replicator_jobs", "state" => state.as_str())
-            .set(count(state) as f64);
+    ];
+    Refreshed {
+        samples: mine.into_iter().map(sample).collect(),
+        by_state: states.map(|s| (s, count(s))),
+        total: jobs.len() as u64,
     }
-    metrics::gauge!("couch_replicator_jobs_total").set(jobs.len() as f64);
-    mine.into_iter().map(sample).collect()
+}
+
+/// What one pass over the job list found.
+#[derive(Default)]
+struct Refreshed {
+    /// This node's running jobs.
+    samples: Vec<JobSample>,
+    /// The cluster's jobs per state.
+    by_state: [(RepState, u64); 5],
+    total: u64,
+}
+
+/// The job counts per state `/metrics` has always had (kept for existing dashboards).
+fn render_job_states(e: &mut Exposition, r: &Refreshed) {
+    let name = "couch_replicator_jobs";
+    e.family(name, "gauge", "replication jobs of the cluster per state");
+    for (state, n) in &r.by_state {
+        e.sample(name, &[("state", state.as_str())], *n as f64);
+    }
+    e.single(
+        "couch_replicator_jobs_total",
+        "gauge",
+        "replication jobs of the cluster",
+        r.total as f64,
+    );
 }
 
 /// couch_jobs queue depth per job type: all pending jobs, and those due now.
@@ -104,17 +128,14 @@ async fn render_queues(st: &AppState, e: &mut Exposition) {
 
 /// The whole Prometheus document of this node.
 pub async fn render(st: &AppState) -> String {
-    let samples = refresh(st).await;
+    let refreshed = refresh(st).await;
     let mut e = Exposition::default();
     st.replicator().metrics().render(&mut e);
-    job_gauges::render(&mut e, &samples);
+    render_job_states(&mut e, &refreshed);
+    job_gauges::render(&mut e, &refreshed.samples);
     render_queues(st, &mut e).await;
     st.replicator().jobs().db().stats().render(&mut e);
-    let mut text = e.finish();
-    if let Some(handle) = st.metrics() {
-        text.push_str(&handle.render());
-    }
-    text
+    e.finish()
 }
 
 fn text_response(text: String) -> Response {

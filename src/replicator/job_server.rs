@@ -28,6 +28,7 @@
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
@@ -260,9 +261,12 @@ impl JobServer {
             }
         }
         // 4. gauges
-        metrics::gauge!("couch_replicator_jobs_accepting").set(st.acceptors.len() as f64);
-        metrics::gauge!("couch_replicator_jobs_running").set(st.rot.workers.len() as f64);
-        metrics::counter!("couch_replicator_jobs_reschedules").increment(1);
+        let m = self.ctx.metrics();
+        m.jobs_accepting
+            .store(st.acceptors.len() as u64, Ordering::Relaxed);
+        m.jobs_running
+            .store(st.rot.workers.len() as u64, Ordering::Relaxed);
+        m.reschedules.fetch_add(1, Ordering::Relaxed);
         self.refill(myself, st);
     }
 

@@ -14,6 +14,8 @@ pub mod logging;
 pub(crate) mod stats_json;
 pub(crate) mod store_stats;
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub use couch_series::{CouchStats, Series};
@@ -36,6 +38,14 @@ pub struct NodeMetrics {
     pub doc_write_failures: AtomicU64,
     /// HTTP requests sent again after a retryable failure.
     pub request_retries: AtomicU64,
+    /// Job acceptors the job server keeps waiting for work (a gauge).
+    pub jobs_accepting: AtomicU64,
+    /// Jobs the job server runs (a gauge).
+    pub jobs_running: AtomicU64,
+    /// Scheduling passes the job server made.
+    pub reschedules: AtomicU64,
+    /// Requests this node's API answered, by method and status.
+    http_requests: Mutex<BTreeMap<(String, u16), u64>>,
 }
 
 impl NodeMetrics {
@@ -47,6 +57,13 @@ impl NodeMetrics {
     /// Adds `n` to one of the node-wide counters.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
+    }
+
+    /// Counts one answered API request.
+    pub fn count_request(&self, method: &str, status: u16) {
+        // Only counters live under the lock, so a poisoned map is still consistent.
+        let mut m = self.http_requests.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((method.to_owned(), status)).or_default() += 1;
     }
 
     /// Writes CouchDB's series, then ours.
@@ -84,6 +101,40 @@ impl NodeMetrics {
         ];
         for (name, help, v) in ours {
             e.single(name, "counter", help, v.load(Relaxed) as f64);
+        }
+        let scheduler: [(&str, &str, &str, &AtomicU64); 3] = [
+            (
+                "couch_replicator_jobs_accepting",
+                "gauge",
+                "job acceptors this node's job server keeps waiting for work",
+                &self.jobs_accepting,
+            ),
+            (
+                "couch_replicator_jobs_running",
+                "gauge",
+                "jobs this node's job server runs",
+                &self.jobs_running,
+            ),
+            (
+                "couch_replicator_jobs_reschedules",
+                "counter",
+                "scheduling passes of this node's job server",
+                &self.reschedules,
+            ),
+        ];
+        for (name, kind, help, v) in scheduler {
+            e.single(name, kind, help, v.load(Relaxed) as f64);
+        }
+        self.render_requests(e);
+    }
+
+    fn render_requests(&self, e: &mut Exposition) {
+        let name = "couch_replicator_http_requests_total";
+        e.family(name, "counter", "requests this node's API answered");
+        let m = self.http_requests.lock().unwrap_or_else(|p| p.into_inner());
+        for ((method, status), n) in m.iter() {
+            let status = status.to_string();
+            e.sample(name, &[("method", method), ("status", &status)], *n as f64);
         }
     }
 }

@@ -37,7 +37,7 @@ fn http_at(addr: SocketAddr) -> ServiceFn {
                 replicator_dbs: vec!["jobs_replicator".into()],
                 ..HttpConfig::default()
             };
-            let state = AppState::new(rep, cfg, None);
+            let state = AppState::new(rep, cfg);
             http::serve(listener, state, std::future::pending())
                 .await
                 .map_err(|e| e.to_string())

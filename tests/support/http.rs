@@ -129,7 +129,7 @@ impl Node {
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
-        let state = AppState::new(replicator.clone(), cfg, http::prometheus());
+        let state = AppState::new(replicator.clone(), cfg);
         let steps = with_steps.then(|| {
             couch_replicator::steps::Steps::new(
                 replicator.jobs().clone(),
