@@ -1,8 +1,10 @@
 //! A real Apache CouchDB 3.4.3 for tests that need CouchDB's own behaviour (replication ids,
 //! checkpoints, JSON shapes), the oracle we compare against. It is started by the script named in
 //! `COUCHDB_PEER_SCRIPT` (`.ci/run` sets it; a user points it at their own copy of the peer
-//! script). Without the variable, [`CouchPeer::start`] prints why and returns `None` so the test
-//! can skip; with it, a CouchDB that does not start fails the test.
+//! script). Tests that need it carry `#[cfg_attr(not(couchdb_peer), ignore = ...)]`: `build.rs`
+//! sets `couchdb_peer` when the variable is set at build time, so without it they are reported
+//! as ignored, not passed. Run anyway (`--run-ignored`) without the variable, [`CouchPeer::start`]
+//! prints why and returns `None`; with it, a CouchDB that does not start fails the test.
 
 use std::path::PathBuf;
 use std::process::Command;
