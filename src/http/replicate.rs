@@ -5,7 +5,7 @@
 //! `cancel: true`: by `id`/`_local_id`/`replication_id`, or by the same source/target/options;
 //! answered once the job has stopped. A replication that another (persistent or transient)
 //! job already runs is a 409. `"verify": true` (or `{"deep": true}`) on a one-shot run adds
-//! the target's verification report as the reply's `verify` field (see [`super::verify`]).
+//! the target's verification report as the reply's `verify` field (see `http::verify`).
 
 use axum::Json;
 use axum::body::Bytes;

@@ -291,7 +291,7 @@ fn set_ciphers(
 
 type Accepted = (SslStream<TcpStream>, SocketAddr);
 
-/// A TCP listener whose connections come out TLS-terminated, for [`axum::serve`]. The accept
+/// A TCP listener whose connections come out TLS-terminated, for [`axum::serve()`]. The accept
 /// loop runs in a task of its own, stopped when this value is dropped.
 pub struct TlsListener {
     ready: mpsc::Receiver<Accepted>,

@@ -38,7 +38,7 @@ pub struct AcceptOpts {
     /// How long to wait for a job: `None` = forever, `Some(ZERO)` = do not wait.
     pub timeout: Option<Duration>,
     /// How many of the earliest eligible jobs the random pick chooses among (default
-    /// [`ACCEPT_RANGE_LIMIT`], as couch_jobs). Fewer makes the queue nearly first-in
+    /// `ACCEPT_RANGE_LIMIT`, as couch_jobs). Fewer makes the queue nearly first-in
     /// first-out by scheduled time, while concurrent acceptors still rarely pick the same job.
     pub candidates: Option<usize>,
 }
