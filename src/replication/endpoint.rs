@@ -213,9 +213,14 @@ impl Endpoint {
         &self.url
     }
 
-    /// The URL of a path under the database (`path` is already encoded).
+    /// The URL of a path under the database (`path` is already encoded); an empty path or
+    /// a bare query (`?...`) addresses the database itself.
     pub fn join(&self, path: &str) -> String {
-        format!("{}/{}", self.url.as_str(), path)
+        if path.is_empty() || path.starts_with('?') {
+            format!("{}{path}", self.url.as_str())
+        } else {
+            format!("{}/{path}", self.url.as_str())
+        }
     }
 
     /// The server root (scheme://host:port/), for `_session`.

@@ -27,6 +27,7 @@ pub mod rep_id;
 pub mod response;
 pub(crate) mod revs_diff;
 pub(crate) mod selector;
+pub mod server;
 pub mod session_cache;
 pub mod stats;
 pub mod tls;

@@ -362,10 +362,8 @@ impl Replicator {
             return;
         };
         let _ = actor.send_message(super::job::JobMsg::CheckLock);
-        let deadline = tokio::time::Instant::now() + 2 * super::job_sup::JOB_SHUTDOWN;
-        while sup.which_child(job_id).is_some() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Waits on this actor's own exit: a new actor for the same job id may start meanwhile.
+        let _ = actor.wait(Some(2 * super::job_sup::JOB_SHUTDOWN)).await;
     }
 
     /// One job by job id or replication id.

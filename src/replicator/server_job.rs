@@ -135,8 +135,14 @@ impl ServerSpec {
     /// The replication body of database `name`.
     pub fn db_body(&self, name: &str) -> Value {
         let mut body = self.options.clone();
-        body.insert("source".into(), db_url(&self.source, name).into());
-        body.insert("target".into(), db_url(&self.target, name).into());
+        body.insert(
+            "source".into(),
+            crate::replication::server::db_url(&self.source, name).into(),
+        );
+        body.insert(
+            "target".into(),
+            crate::replication::server::db_url(&self.target, name).into(),
+        );
         Value::Object(body)
     }
 }
@@ -164,18 +170,6 @@ pub fn strip_credentials(s: &str) -> String {
         }
         Err(_) => s.to_owned(),
     }
-}
-
-/// The URL of database `name` on server `server` (the name percent-encoded, `/` included,
-/// as CouchDB wants a database name in a path).
-pub fn db_url(server: &str, name: &str) -> String {
-    const SET: &percent_encoding::AsciiSet =
-        &percent_encoding::NON_ALPHANUMERIC.remove(b'_').remove(b'-');
-    format!(
-        "{}/{}",
-        server.trim_end_matches('/'),
-        percent_encoding::utf8_percent_encode(name, SET)
-    )
 }
 
 /// `*` matches any run of characters, `?` any one; everything else itself.

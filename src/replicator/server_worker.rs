@@ -17,14 +17,15 @@ use serde_json::Value;
 use tokio::task::JoinSet;
 
 use crate::jobs::{AcceptOpts, Job, JobData, JobsError};
+use crate::replication::server::{self, DbUpdates};
+use crate::replication::{Context, ReplicationOptions};
 
 use super::event_bus::{EventReceiver, ReplicatorEvent};
 use super::frontend::ServiceFn;
 use super::handle::{NewJob, Replicator};
-use super::rep_job::{RepState, persistent_job_id};
+use super::rep_job::{RepState, parse_rep, persistent_job_id};
 use super::server_job::{
-    DbProgress, SERVER_JOBS, ServerRecord, ServerSpec, ServerState, db_job_kind, db_url, group_of,
-    strip_credentials,
+    DbProgress, SERVER_JOBS, ServerRecord, ServerSpec, ServerState, db_job_kind, group_of,
 };
 
 /// Child id of the worker service.
@@ -91,10 +92,14 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
     let Some(spec) = record.spec.clone() else {
         return;
     };
+    let (source_options, target_options) = endpoint_options(&rep, &spec);
     let mut run = ServerRun {
-        http: reqwest::Client::new(),
-        source: Server::new(&spec.source),
-        target: Server::new(&spec.target),
+        engine: Context {
+            metrics: rep.ctx.metrics().clone(),
+            ..Context::default()
+        },
+        source_options,
+        target_options,
         group: group_of(&job.id),
         since: None,
         db_updates: None,
@@ -120,39 +125,17 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
     }
 }
 
-/// A server URL split into its base (no credentials) and its Basic credentials.
-struct Server {
-    base: String,
-    auth: Option<(String, String)>,
-}
-
-impl Server {
-    fn new(url: &str) -> Self {
-        let auth = url::Url::parse(url).ok().and_then(|u| {
-            let dec = |s: &str| {
-                percent_encoding::percent_decode_str(s)
-                    .decode_utf8_lossy()
-                    .into_owned()
-            };
-            (!u.username().is_empty()).then(|| (dec(u.username()), dec(u.password().unwrap_or(""))))
-        });
-        Self {
-            base: strip_credentials(url),
-            auth,
-        }
-    }
-
-    fn request(
-        &self,
-        http: &reqwest::Client,
-        method: reqwest::Method,
-        path: &str,
-    ) -> reqwest::RequestBuilder {
-        let r = http.request(method, format!("{}/{path}", self.base));
-        match &self.auth {
-            Some((u, p)) => r.basic_auth(u, Some(p)),
-            None => r,
-        }
+/// The connection options of the source and target servers: those the job's replications
+/// get (its per-database options over the node's defaults); CouchDB's defaults where the
+/// options do not parse (each replication then fails with the reason).
+fn endpoint_options(
+    rep: &Replicator,
+    spec: &ServerSpec,
+) -> (ReplicationOptions, ReplicationOptions) {
+    let defaults = &rep.settings().job_defaults;
+    match parse_rep(&spec.db_body("_all_dbs"), defaults) {
+        Ok(r) => (r.options.clone(), r.options),
+        Err(_) => (defaults.clone(), defaults.clone()),
     }
 }
 
@@ -162,9 +145,12 @@ struct ServerRun {
     job: Job,
     record: ServerRecord,
     spec: ServerSpec,
-    http: reqwest::Client,
-    source: Server,
-    target: Server,
+    /// The node's metrics, for the server-level requests.
+    engine: Context,
+    /// The connection options (auth, TLS, proxy, timeouts) of the source and target servers:
+    /// those of the job's replications.
+    source_options: ReplicationOptions,
+    target_options: ReplicationOptions,
     /// The fair-share group (pseudo `_replicator` database) of its replications.
     group: String,
     /// The `_db_updates` sequence to follow from (`None`: from now).
@@ -211,20 +197,9 @@ impl ServerRun {
 
     /// The source's database names that match the job.
     async fn list_source(&self) -> Result<BTreeSet<String>, String> {
-        let resp = self
-            .source
-            .request(&self.http, reqwest::Method::GET, "_all_dbs")
-            .timeout(Duration::from_secs(60))
-            .send()
+        let names = server::all_dbs(&self.spec.source, &self.engine, &self.source_options)
             .await
-            .map_err(|e| format!("GET _all_dbs: {}", e.without_url()))?;
-        if !resp.status().is_success() {
-            return Err(format!("GET _all_dbs: status {}", resp.status()));
-        }
-        let names: Vec<String> = resp
-            .json()
-            .await
-            .map_err(|e| format!("GET _all_dbs: {}", e.without_url()))?;
+            .map_err(|e| format!("GET _all_dbs: {e}"))?;
         Ok(names.into_iter().filter(|n| self.spec.matches(n)).collect())
     }
 
@@ -285,15 +260,9 @@ impl ServerRun {
             tracing::debug!(db = %name, error = %e, "replication already gone");
         }
         if self.spec.delete_target_on_source_delete {
-            let path = db_url("", name);
-            let path = path.trim_start_matches('/');
-            let r = self
-                .target
-                .request(&self.http, reqwest::Method::DELETE, path)
-                .send()
-                .await;
-            if let Err(e) = r {
-                tracing::warn!(db = %name, error = %e.without_url(), "cannot delete target");
+            let (target, opts) = (&self.spec.target, &self.target_options);
+            if let Err(e) = server::delete_db(target, name, &self.engine, opts).await {
+                tracing::warn!(db = %name, error = %e, "cannot delete target");
             }
         }
     }
@@ -362,37 +331,24 @@ impl ServerRun {
         let longpoll = MAX_LONGPOLL
             .min(self.rep.settings().job_timeout / 3)
             .max(POLL);
-        let since = match &self.since {
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
-            None => "now".to_owned(),
-        };
-        let path = format!(
-            "_db_updates?feed=longpoll&timeout={}&since={}",
-            longpoll.as_millis(),
-            percent_encoding::utf8_percent_encode(&since, percent_encoding::NON_ALPHANUMERIC)
-        );
-        let sent = self
-            .source
-            .request(&self.http, reqwest::Method::GET, &path)
-            .timeout(longpoll + Duration::from_secs(10))
-            .send()
-            .await;
-        match sent {
-            Ok(r) if r.status().is_success() => match r.json::<Value>().await {
-                Ok(v) => {
-                    self.db_updates = Some(true);
-                    self.since = v.get("last_seq").cloned().or(self.since.take());
+        let (source, opts) = (&self.spec.source, &self.source_options);
+        let since = self.since.as_ref();
+        match server::db_updates(source, since, longpoll, &self.engine, opts).await {
+            Ok(DbUpdates::Since(seq)) => {
+                self.db_updates = Some(true);
+                if !seq.is_null() {
+                    self.since = Some(seq);
                 }
-                Err(_) => tokio::time::sleep(POLL).await,
-            },
-            Ok(r) => {
-                tracing::info!(job = %self.job.id, status = %r.status(),
-                    "no _db_updates on the source: polling _all_dbs");
+            }
+            Ok(DbUpdates::Missing) => {
+                tracing::info!(job = %self.job.id, "no _db_updates on the source: polling _all_dbs");
                 self.db_updates = Some(false);
                 tokio::time::sleep(POLL).await;
             }
-            Err(_) => tokio::time::sleep(POLL).await,
+            Err(e) => {
+                tracing::debug!(job = %self.job.id, error = %e, "_db_updates failed");
+                tokio::time::sleep(POLL).await;
+            }
         }
     }
 

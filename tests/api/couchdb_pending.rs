@@ -123,7 +123,10 @@ fn rep(couch: &Couch, target: &str) -> Value {
         "create_target": true})
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_jobs_and_documents_match_couchdb() {
     let Some(peer) = CouchPeer::start("couchdb pending shapes", None) else {

@@ -173,7 +173,10 @@ async fn views(mut get: impl AsyncFnMut(&str) -> Value) -> Views {
     (docs, jobs, tasks)
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduler_task_and_document_shapes_match_couchdb() {
     let Some(peer) = CouchPeer::start("couchdb shapes", None) else {

@@ -34,7 +34,10 @@ async fn get(
     )
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_lets_couchdb_users_in_and_logs_no_credentials() {
     let Some(peer) = CouchPeer::start("serve --auth-couchdb", None) else {

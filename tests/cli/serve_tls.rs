@@ -102,7 +102,10 @@ impl Pair {
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_and_client_certificates_like_couchdb() {
     let Some(peer) = CouchPeer::start("https_and_client_certificates_like_couchdb", None) else {

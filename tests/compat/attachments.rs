@@ -277,7 +277,10 @@ fn assert_wire(proxy: &FaultProxy, tgt: &str) {
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachments_keep_encoding_digest_and_lengths_like_couchdb() {
     let test = "attachments_keep_encoding_digest_and_lengths_like_couchdb";
@@ -336,7 +339,10 @@ async fn attachments_keep_encoding_digest_and_lengths_like_couchdb() {
 /// A CouchDB source into a pouchdb-server target: pouchdb-server would keep gzip bytes sent
 /// as an encoded attachment as the attachment's content, so for it attachments travel decoded
 /// and read back the same as from the source.
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pouchdb_target_gets_attachments_decoded() {
     let test = "a_pouchdb_target_gets_attachments_decoded";

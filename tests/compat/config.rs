@@ -175,7 +175,10 @@ async fn couchdb_default_and_local_ini_from_fixtures() {
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_couchdb_local_ini_and_its_session_cookie() {
     let Some(peer) = CouchPeer::start("a_live_couchdb_local_ini_and_its_session_cookie", None)

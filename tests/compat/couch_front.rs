@@ -58,7 +58,10 @@ fn assert_couch_headers(side: &str, what: &str, h: &[Option<String>; 4]) {
     );
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_reply_carries_couchdbs_headers() {
     let Some(b) = Both::start("couch_front_headers").await else {
@@ -110,7 +113,10 @@ async fn every_reply_carries_couchdbs_headers() {
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_replications_with_nothing_to_copy_answer_no_changes() {
     let Some(b) = Both::start("couch_front_no_changes").await else {
@@ -171,7 +177,10 @@ async fn first_replications_with_nothing_to_copy_answer_no_changes() {
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_refusing_the_replicators_user_keep_their_status() {
     let Some(b) = Both::start("couch_front_permissions").await else {
@@ -267,7 +276,10 @@ async fn task_when(
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_job_is_an_active_task_at_once_and_its_counters_follow_progress() {
     // CouchDB's default intervals on our side: nothing here may wait for a 10 s stats timer.

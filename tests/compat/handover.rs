@@ -140,7 +140,10 @@ async fn setup(node: &Node, docs: usize) {
     node.c.bulk_insert("src", &numbered_docs("a", docs)).await;
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ours_resumes_from_couchdb_and_couchdb_from_ours() {
     let Some(node) = Node::start("couchdb_handover_plain").await else {
@@ -200,7 +203,10 @@ async fn ours_resumes_from_couchdb_and_couchdb_from_ours() {
     assert_eq!(node.c.db_info("tgt").await.1["doc_count"], 28);
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filtered_replications_hand_over_both_ways() {
     let Some(node) = Node::start("couchdb_handover_filtered").await else {
@@ -238,7 +244,10 @@ async fn filtered_replications_hand_over_both_ways() {
     assert_eq!(node.c.db_info("tgt").await.1["doc_count"], 12);
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuous_replications_hand_over_both_ways() {
     let Some(node) = Node::start("couchdb_handover_continuous").await else {
@@ -287,7 +296,10 @@ async fn continuous_replications_hand_over_both_ways() {
     assert_eq!(again["no_changes"], true, "{again}");
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_under_older_id_versions_are_found_and_migrated_by_both() {
     let Some(node) = Node::start("couchdb_handover_versions").await else {

@@ -85,7 +85,10 @@ impl Both {
     }
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shot_replies_have_couchdbs_shape() {
     let Some(b) = Both::start("replicate_api_one_shot").await else {
@@ -134,7 +137,10 @@ async fn one_shot_replies_have_couchdbs_shape() {
     assert_eq!(shape(&ro), shape(&rc), "ours {ro}\nCouchDB {rc}");
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_filter_design_doc_is_not_found() {
     let Some(b) = Both::start("replicate_api_filter").await else {
@@ -153,7 +159,10 @@ async fn a_missing_filter_design_doc_is_not_found() {
     );
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuous_answers_at_once_and_cancel_returns_once_stopped() {
     let Some(b) = Both::start("replicate_api_continuous").await else {

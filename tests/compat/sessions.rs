@@ -14,7 +14,10 @@ use crate::support::replicator::{Store, node, test_settings};
 use couch_replicator::replicator::{NewJob, WaitFor};
 use reqwest::Method;
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_against_one_server_share_one_session_login() {
     let Some(peer) = CouchPeer::start("shared sessions", None) else {

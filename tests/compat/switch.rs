@@ -260,7 +260,10 @@ impl Ours {
 
 /// Without a setup CouchDB runs a `_replicator` document, and `watch` sees it; moved to
 /// `ours_replicator` as the README says, the same document is run by ours alone.
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moved_documents_run_on_ours_alone() {
     let Some(p) = Peer::start("couchdb_switch_move").await else {
@@ -375,7 +378,10 @@ async fn assert_untouched(p: &Peer, couch_id: &str, t: &Traces) {
 
 /// `[replicator] max_jobs = 0` on CouchDB, both following `_replicator`: CouchDB lists the
 /// document's job but never starts it; ours runs it.
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_jobs_zero_leaves_a_shared_replicator_db_to_ours() {
     let Some(p) = Peer::start("couchdb_switch_max_jobs").await else {
@@ -401,7 +407,10 @@ async fn max_jobs_zero_leaves_a_shared_replicator_db_to_ours() {
 /// `[replicator] cluster_start_period = 1000000000` on CouchDB (then restarted), both following
 /// `_replicator`: CouchDB's doc processor never attaches to the database, so it does not even
 /// list the document; ours runs it; CouchDB's `_replicate` still works.
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_period_of_decades_leaves_a_shared_replicator_db_to_ours() {
     let Some(p) = Peer::start("couchdb_switch_start_period").await else {

@@ -122,7 +122,10 @@ async fn visible(node: &Node, who: &Who) -> (Vec<String>, Vec<String>) {
     (ids(&jobs["jobs"], "id"), ids(&tasks, "replication_id"))
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn couchdb_users_start_see_and_cancel_their_own_replications() {
     let Some(peer) = CouchPeer::start("couchdb users", None) else {
@@ -373,7 +376,10 @@ async fn passwords_are_checked_every_time_they_fail(
     assert_eq!(s, 401);
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn couchdb_users_get_couchdbs_status_codes() {
     let Some(peer) = CouchPeer::start("couchdb users' status codes", None) else {

@@ -15,7 +15,10 @@ fn spec(peer: &CouchPeer, src: &str, tgt: &str) -> ReplicationSpec {
     ReplicationSpec::new(url(src), url(tgt))
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_on_couchdb_finds_what_the_target_lacks() {
     let Some(peer) = CouchPeer::start("verify_on_couchdb_finds_what_the_target_lacks", None) else {
@@ -41,7 +44,10 @@ async fn verify_on_couchdb_finds_what_the_target_lacks() {
     );
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_on_couchdb_sees_a_purged_leaf() {
     let Some(peer) = CouchPeer::start("verify_on_couchdb_sees_a_purged_leaf", None) else {

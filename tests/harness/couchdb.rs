@@ -2,7 +2,10 @@
 
 use crate::support::couchdb::CouchPeer;
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_started_couchdb_answers_with_the_uuid_it_was_given() {
     let uuid = "0123456789abcdef0123456789abcdef";

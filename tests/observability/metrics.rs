@@ -148,7 +148,10 @@ fn shape(v: &Value) -> BTreeMap<String, (String, String)> {
     out
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_json_has_couchdbs_shape() {
     crate::support::deadline(180, "the stats JSON checks", async {

@@ -116,7 +116,10 @@ async fn server_job_picks_up_a_new_pouchdb_database() {
     rep.shutdown().await;
 }
 
-#[cfg_attr(not(couchdb_peer), ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT")]
+#[cfg_attr(
+    not(couchdb_peer),
+    ignore = "needs a real CouchDB: set COUCHDB_PEER_SCRIPT"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_job_on_couchdb_follows_db_updates() {
     let test = "server_job_on_couchdb_follows_db_updates";
