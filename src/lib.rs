@@ -2,15 +2,68 @@
 //! couch-replicator: Apache CouchDB's replicator and its `couch_jobs` background-jobs
 //! framework, re-implemented in Rust on OTP-style supervised actors.
 //!
-//! Layers (dependencies point downwards only, see docs/architecture.md, "Layers and the one-way rule"):
-//! - [`store`]: the transactional ordered key-value contract (FoundationDB semantics) and its
-//!   engines.
+//! # Layout
+//!
+//! Dependencies point downwards only (docs/architecture.md, "Layers and the one-way rule";
+//! every file is listed in its "Map of `src/`"):
+//!
+//! - [`store`]: the transactional ordered key-value contract (FoundationDB's semantics) and
+//!   its engines: embedded on `redb` (the default), in-memory, FoundationDB (feature `fdb`).
 //! - [`jobs`]: couch_jobs, the background-jobs framework on the store.
-//! - [`replication`]: the CouchDB replication protocol engine (one replication, no scheduling).
-//! - [`replicator`]: the replicator application: policies, settings, the supervision tree.
-//! - [`steps`]: the thesis' multi-step, node-targeted job type on couch_jobs.
-//! - [`http`]: the HTTP API.
+//! - [`replication`]: the CouchDB replication protocol engine (one replication, no actors, no
+//!   scheduling), and `verify`.
+//! - [`replicator`]: the replicator application: the supervision tree of one node, its
+//!   scheduling policies and settings, the `_replicator` document processor, and
+//!   [`Replicator`], the handle a host embeds.
+//! - [`steps`]: a second job type on couch_jobs (ordered steps, each for a named node), after
+//!   the job-distribution thesis in docs/architecture.md's "Sources".
+//! - [`http`]: the CouchDB-compatible HTTP API (axum).
 //! - [`telemetry`]: metrics, their renderings and log setup (a leaf every layer reports to).
+//! - [`backoff`]: exponential backoff, the one helper behind the crate's retry loops.
+//!
+//! Outside this crate: the `couch-replicator` binary (`src/main.rs`, `src/cli/`), the
+//! `supervisors` crate (OTP behaviours on ractor), `tests/` (one binary per layer),
+//! `benches/` and `examples/`.
+//!
+//! # Embedding the replicator
+//!
+//! A host owns the store, starts a node on it, adds jobs and reads them through the
+//! [`Replicator`] handle, and shuts the node down (running jobs checkpoint and go back to
+//! `pending`). Every node sharing one store is one cluster. Here the node is
+//! `api_frontend` only, so it adds the job but nothing runs it (a `replication` node on
+//! the same store would): `examples/embedded.rs` runs a replication to the end.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use couch_replicator::replicator::NodeType;
+//! use couch_replicator::store::{Db, memory::MemoryStore};
+//! use couch_replicator::{NewJob, RepState, Replicator, ReplicatorConfig};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), couch_replicator::ReplicatorError> {
+//! // The store: in memory here; `store::embedded::EmbeddedStore` on disk, or FoundationDB.
+//! let mut config = ReplicatorConfig::new(Db::new(Arc::new(MemoryStore::new())));
+//! config.settings.node_types = vec![NodeType::ApiFrontend];
+//! let node = Replicator::start(config).await?;
+//!
+//! // A transient job, as `POST /_replicate` makes one (options keep CouchDB's names).
+//! let new = NewJob::transient("http://127.0.0.1:5984/a", "http://127.0.0.1:5984/b")
+//!     .continuous()
+//!     .create_target()
+//!     .user("alice");
+//! let job = node.add(new).await?;
+//! assert_eq!(job.user.as_deref(), Some("alice"));
+//!
+//! // Read it back: pending until a `replication` node accepts it.
+//! let view = node.get(&job.job_id).await?;
+//! assert_eq!(view.state, RepState::Pending);
+//! assert_eq!(node.list().await?.len(), 1);
+//!
+//! node.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod backoff;
 pub mod http;
