@@ -79,9 +79,8 @@ pub fn extra_acceptor_budget(
 /// When a job trimmed now is due to run again, with `pending` jobs waiting and `max_churn`
 /// started per cycle of `cycle` (the measured time between ticks): `pending / max_churn`
 /// cycles on, at least one and at most `max_cycles`. Not rounded to whole cycles: the
-/// number waiting moves by a few jobs from tick to tick, and rounded up it made the jobs of
-/// one cycle due a whole cycle later than those of the next (9,500 waiting: 19 cycles;
-/// 9,501: 20), which left a tick with almost nothing to start (measured at 10,000 jobs).
+/// number waiting moves by a few jobs from tick to tick, and rounding would leave some
+/// ticks with almost nothing to start (docs/decisions/2026-11-26-rotation-turn-timing.md).
 pub fn turn_due(pending: usize, max_churn: usize, cycle: Duration, max_cycles: usize) -> Duration {
     let cycles = pending as f64 / max_churn.max(1) as f64;
     cycle.mul_f64(cycles.clamp(1.0, max_cycles.max(1) as f64))
@@ -97,9 +96,9 @@ pub const EARLY_PART: f64 = 0.125;
 /// jobs ahead of it: it is only there in time. The margin is the same for every job (the
 /// order of the turns is kept) and covers how far the rotation's real length strays from
 /// the estimate (`due` counts cycles of the measured average, and the real ones vary by
-/// the interval's jitter): one cycle, or an eighth of the delay when that is longer (2.4
-/// cycles in a rotation of 19). A job eligible too late leaves its tick short of jobs to
-/// start, and the running jobs that then stay on run a double turn.
+/// the interval's jitter): one cycle, or an eighth of the delay when that is longer. A job
+/// eligible too late leaves its tick short of jobs to start, and the running jobs that then
+/// stay on run a double turn (docs/decisions/2026-11-26-rotation-turn-timing.md).
 pub fn eligible_after(due: Duration, cycle: Duration, factor: f64) -> Duration {
     let factor = if factor.is_finite() {
         factor.max(0.0)

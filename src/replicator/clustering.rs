@@ -9,7 +9,7 @@
 //! neighbour in sorted order and removes it when its heartbeat is older than `dead_after`, so
 //! each dead node is removed by exactly one live neighbour; the remover re-enqueues the dead
 //! node's running jobs in the same transaction, and a node that finds itself removed stops
-//! the jobs it still runs (the 000 draft's neighbour rules). Heartbeats never conflict with
+//! the jobs it still runs (the couch_workers RFC draft's neighbour rules; docs/architecture.md, "Sources"). Heartbeats never conflict with
 //! each other (see [`Membership::beat_tx`]).
 //!
 //! Messages: `Changed`, `Heartbeat`, `Quiet(generation)` (own timers), `Observe`.

@@ -103,7 +103,7 @@ pub struct JobArgs {
     pub record: RepJobRecord,
 }
 
-/// The job server (stateless; everything is in [`JobActorState`]).
+/// One replication's actor (stateless; everything is in [`JobActorState`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct JobActor;
 
@@ -337,8 +337,8 @@ async fn claim(
             st.record = record;
             return Ok(true);
         }
-        // The issue asks for `crashing` here (the archived 4.x code fails it): a
-        // `_replicate` call may retry once the document's job is gone.
+        // `crashing`, not failed as the archived 4.x code does: a `_replicate` call may retry
+        // once the document's job is gone (docs/decisions/2026-11-22-transient-duplicate-crashing.md).
         Ok(Err(Claim::DuplicatePersistent { job_id: other, .. })) if st.record.is_transient() => {
             JobError::DuplicateJob { other }
         }

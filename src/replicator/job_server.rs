@@ -51,13 +51,10 @@ use super::share::{FairShare, ShareKey};
 
 /// How long one accept call waits before the acceptor sleeps its jitter.
 const ACCEPT_WAIT: Duration = Duration::from_secs(5);
-/// The earliest eligible jobs an acceptor picks among. A trimmed job becomes eligible a
-/// cycle before its turn (see [`super::churn::eligible_after`]), so at a tick the queue holds it beside
-/// jobs scheduled before it; picking among couch_jobs' 1,024 would let it jump them. Among
-/// 8, jobs scheduled in the same second (couch_jobs' unit) started in job id order, so one
-/// database's jobs (`a/_replicator|…` sorts first) kept starting together; 64 is about a
-/// second of trims at 10,000 jobs, mixes them, and spreads concurrent acceptors over more
-/// keys (10,000 jobs, 400 s: cpu per start 1.69 ms against 1.98 with 8, one run each).
+/// The earliest eligible jobs an acceptor picks among: few enough that a job eligible early
+/// does not jump the jobs scheduled before it, enough (about a second of trims at 10,000
+/// jobs) that one database's jobs do not start in id order together
+/// (docs/decisions/2026-11-26-accept-candidates.md).
 const ACCEPT_CANDIDATES: usize = 64;
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;

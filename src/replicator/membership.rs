@@ -1,4 +1,4 @@
-//! Node membership in the store (the 000 draft's model), as transactions the clustering actor
+//! Node membership in the store (the couch_workers RFC draft's model; docs/architecture.md, "Sources"), as transactions the clustering actor
 //! runs: heartbeats, the dead right-hand neighbour check and the neighbour rules.
 //!
 //! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)` and bumps

@@ -136,10 +136,10 @@ impl Rotation {
         }
         // Ranked and delayed by how the database is served, not by the job's own priority:
         // two jobs of one database that ran alike must come back alike, and a job's
-        // priority also carries the timing of its last turns, so ranking by it stopped some
-        // jobs just after their start and others a cycle late (uneven turns, measured at
-        // 10,000 jobs). Only a database far over its share ranks first (`stop_rank`);
-        // otherwise the oldest turn ends first.
+        // priority also carries the timing of its last turns, so ranking by it stops some
+        // jobs just after their start and others a cycle late (uneven turns; see
+        // docs/decisions/2026-11-23-trim-order.md). Only a database far over its share ranks
+        // first (`stop_rank`); otherwise the oldest turn ends first.
         let running: Vec<RunningJob<ActorId>> = self
             .workers
             .iter()

@@ -264,11 +264,9 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
 /// either way, before it changes a delay at all. The plan already sets each group's delay
 /// from its shares, so the feedback is left only what the plan cannot see (turns cut short,
 /// jobs never trimmed). Usage decays by half each cycle, so the ratio follows the mix of the
-/// last cycle or two, and a database whose jobs sit together in the rotation swings from
-/// 0.4 to 1.5 of its part while getting exactly its share (measured at 2,000 jobs). A
-/// trimmed job's turn comes many cycles later, so acting on that swing fed it back (with a
-/// band of 1.25 at 10,000 jobs the small database's jobs got 1 to 6 turns in a window that
-/// gives 3 or 4); only a real imbalance passes this band.
+/// last cycle or two and swings widely while a database gets exactly its share; a trimmed
+/// job's turn comes many cycles later, so acting on that swing feeds it back. Only a real
+/// imbalance passes this band (docs/decisions/2026-11-26-fair-share-feedback.md).
 pub const DELAY_DEAD_BAND: f64 = 2.0;
 
 /// The most weight a tick's service ratio gets in the smoothed ratio the delay factor is
@@ -282,10 +280,9 @@ pub const RATIO_SMOOTHING: f64 = 0.25;
 /// [`RATIO_SMOOTHING`]. Usage decays within a cycle or two, so a database whose jobs sit
 /// together in the rotation swings from far under its part to far over it and back once
 /// per rotation while getting exactly its share; averaged over less than a rotation that
-/// swing passed the dead band at 10,000 jobs (a 20-cycle rotation) and the feedback's
-/// delays made the clustering worse (the small database's jobs waited from a quarter to
-/// twice a rotation). A real imbalance lasts longer than a rotation, and a trimmed job's
-/// delay acts only a rotation later anyway.
+/// swing passes the dead band. A real imbalance lasts longer than a rotation, and a trimmed
+/// job's delay acts only a rotation later anyway
+/// (docs/decisions/2026-11-26-fair-share-feedback.md).
 pub fn ratio_weight(rotation_cycles: f64) -> f64 {
     if rotation_cycles.is_finite() && rotation_cycles > 1.0 {
         (1.0 / rotation_cycles).min(RATIO_SMOOTHING)
@@ -326,8 +323,8 @@ pub fn delay_factor(service_ratio: f64) -> f64 {
 /// The delay factor from which a group's running jobs are stopped before any other's: its
 /// service ratio is then at least 4 (twice the band past its edge), a real imbalance. Below it
 /// every group ranks alike and the oldest turn ends first; ranking by smaller differences
-/// stopped a whole database's jobs in one burst whenever its ratio crossed the band, and
-/// measured at 10,000 jobs its jobs' turns became uneven (one to four turns in a window).
+/// stops a whole database's jobs in one burst whenever its ratio crosses the band
+/// (docs/decisions/2026-11-23-trim-order.md).
 pub const STOP_FIRST_FACTOR: f64 = 2.0;
 
 /// Where a running job of a group with delay `factor` ([`delay_factor`]) stands in the

@@ -15,9 +15,8 @@
 //! smooths and passes through a dead band ([`super::share::delay_factor`]).
 //!
 //! Why not the feedback alone: a trimmed job's turn comes tens of cycles later, so a delay
-//! driven only by the measured usage acts on a loop with a long lag. At 10,000 jobs with
-//! shares 100:900 that loop kept the smaller database near the dead band's edge (served at
-//! about 0.8 of its share) and its jobs' turns uneven (fairness 2.2).
+//! driven only by the measured usage acts on a loop with a long lag
+//! (docs/decisions/2026-11-26-fair-share-plan.md).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -66,14 +65,11 @@ impl SharePlan {
     /// Splits `slots` among the groups of `jobs` (jobs known per group) by their shares,
     /// when nearly all of the node's `all_jobs` (running and waiting) are known: a job's
     /// group is learnt when it first runs, so until the waiting jobs have run once the
-    /// counts are those of the jobs that happened to start first, and a plan from them was
-    /// wrong by up to 2.6 times for a whole rotation (10,000 jobs: the database whose ids
-    /// sort first looked over-subscribed, its jobs were sent a rotation and a half away
-    /// together, and they stayed together). Until then: no opinion, the plain rotation.
-    /// Up to a sixteenth may be unknown (at least one job): a job that waits for hours (a
-    /// failing one in back-off) is forgotten once its priority decays, and must not turn
-    /// the plan off for good; with a sixteenth of 10,000 jobs unseen the plan is off by
-    /// 7 % at most.
+    /// counts are those of the jobs that happened to start first, and a plan from them can
+    /// be wrong by several times for a whole rotation. Until then: no opinion, the plain
+    /// rotation. Up to a sixteenth may be unknown (at least one job): a job that waits for
+    /// hours (a failing one in back-off) is forgotten once its priority decays, and must not
+    /// turn the plan off for good (docs/decisions/2026-11-26-fair-share-plan.md).
     pub fn new(
         params: &ShareParams,
         jobs: &HashMap<ShareKey, usize>,

@@ -1,4 +1,5 @@
-//! Steps jobs: the thesis' multi-step, node-targeted job distributor (the job-distribution thesis built on CouchDB replication) rebuilt as
+//! Steps jobs: the multi-step, node-targeted job distributor of the job-distribution thesis
+//! (Unge, 2011; docs/architecture.md, "Sources") rebuilt as
 //! job types on couch_jobs (docs/architecture.md, "Steps jobs").
 //!
 //! A job is an ordered list of steps, each for a named node or `any`, run strictly in order
