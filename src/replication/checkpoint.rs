@@ -160,13 +160,21 @@ async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value
 impl Checkpointer {
     /// Reads both checkpoint documents and decides the start point. `ids` are the base ids
     /// of every id version, the current one first (see [`super::rep_id::checkpoint_ids`]).
+    /// With a `new_target` (created by this start) there is nothing to match: only the
+    /// source's current document is read, for the revision the first checkpoint replaces
+    /// (one request instead of one per id version on each side).
     pub async fn load(
         src: Arc<HttpClient>,
         tgt: Arc<HttpClient>,
         ids: &[String],
+        new_target: bool,
     ) -> Result<(Self, StartPoint)> {
         let path = format!("_local/{}", ids.first().map_or("", String::as_str));
-        let (s, t) = tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?;
+        let (s, t) = if new_target {
+            (read_local(&src, &path).await?, None)
+        } else {
+            tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?
+        };
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
         // Until a checkpoint is written: the source's document, marked as no change.
         let mut record = serde_json::Map::new();

@@ -218,7 +218,8 @@ pub(crate) async fn open_db(c: &HttpClient) -> Result<Value> {
     }
 }
 
-async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
+/// Creates the target; true when this request created it (201), so it holds nothing yet.
+async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<bool> {
     let mut q = String::new();
     for (k, v) in &spec.options.create_target_params {
         let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
@@ -234,7 +235,8 @@ async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<()> {
     match r.status {
         StatusCode::UNAUTHORIZED => Err(tgt.unauthorized()),
         StatusCode::FORBIDDEN => Err(tgt.forbidden()),
-        _ => Ok(()), // 201 created, 412 exists, anything else shows up at GET db
+        StatusCode::CREATED => Ok(true),
+        _ => Ok(false), // 412 exists, anything else shows up at GET db
     }
 }
 
@@ -322,9 +324,7 @@ struct Opened {
 /// created when asked, both databases opened, the ids computed, the start point found.
 async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
     let (src, tgt) = clients(spec, ctx)?;
-    if spec.options.create_target {
-        create_target(&tgt, spec).await?;
-    }
+    let created = spec.options.create_target && create_target(&tgt, spec).await?;
     let (src_info, tgt_info) = tokio::try_join!(open_db(&src), open_db(&tgt))?;
     let (rep_id, checkpoint_ids) = compute_ids_with(&src, spec, ctx).await?;
     let (checkpointer, start_point) = find_start(
@@ -333,6 +333,7 @@ async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
         &spec.options,
         [&src_info, &tgt_info],
         &checkpoint_ids,
+        created,
     )
     .await?;
     // CouchDB (its database info names its storage's `disk_format_version`) sends
@@ -354,13 +355,15 @@ async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
 
 /// Where the replication starts: the checkpoint found on both sides (under the current id
 /// or an older one) and its sequence, unless checkpoints are off. `since_seq` overrides the
-/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4).
+/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4). A target created
+/// just now holds no checkpoint, so the replication starts from scratch without looking.
 async fn find_start(
     src: &Arc<HttpClient>,
     tgt: &Arc<HttpClient>,
     o: &ReplicationOptions,
     [src_info, tgt_info]: [&Value; 2],
     checkpoint_ids: &[String],
+    new_target: bool,
 ) -> Result<(Option<Checkpointer>, StartPoint)> {
     let mut checkpointer = None;
     let mut start_point = StartPoint {
@@ -368,7 +371,8 @@ async fn find_start(
         seed: None,
     };
     if o.use_checkpoints {
-        let (mut cp, sp) = Checkpointer::load(src.clone(), tgt.clone(), checkpoint_ids).await?;
+        let (mut cp, sp) =
+            Checkpointer::load(src.clone(), tgt.clone(), checkpoint_ids, new_target).await?;
         cp.expect_instance_start(instance_start_of(src_info), instance_start_of(tgt_info));
         cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
         checkpointer = Some(cp);

@@ -200,3 +200,34 @@ async fn since_seq_overrides_the_checkpoint_and_keeps_its_counters() {
     assert_eq!(second.replication_id, first.replication_id);
     assert_eq!(second.revisions_checked, 60, "{second:?}");
 }
+
+/// A target the replication creates holds no checkpoint: the start reads only the source's
+/// current checkpoint document (for the revision the first checkpoint replaces), none on the
+/// target. A re-created target is filled from scratch, and the source's checkpoint left by
+/// the first run is replaced, not refused as a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_target_is_filled_from_scratch_without_looking_for_checkpoints() {
+    let a = PouchServer::start().await;
+    let c = Couch::new(&a.root());
+    c.create_db("src").await;
+    c.bulk_insert("src", &numbered_docs("a", 50)).await;
+    let proxy = FaultProxy::start(&a.root()).await;
+    let mut s = spec(&proxy.db_url("src"), &proxy.db_url("tgt"));
+    s.options.create_target = true;
+    for round in 0..2 {
+        let before = proxy.requests_to("_local/").len();
+        let done = deadline(30, "run", replicate(s.clone(), Context::default()))
+            .await
+            .unwrap();
+        assert_eq!(done.docs_written, 50, "round {round}: {done:?}");
+        let reads: Vec<String> = proxy.requests_to("_local/")[before..]
+            .iter()
+            .filter(|r| r.method == reqwest::Method::GET)
+            .map(|r| r.path.clone())
+            .collect();
+        assert_eq!(reads.len(), 1, "round {round}: checkpoint reads {reads:?}");
+        assert!(reads[0].starts_with("/src/"), "{reads:?}");
+        c.assert_same("src", &c, "tgt").await;
+        assert_eq!(c.delete_db("tgt").await, 200);
+    }
+}
