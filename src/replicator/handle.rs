@@ -474,9 +474,15 @@ impl Replicator {
 
     /// Graceful shutdown: the tree stops in reverse order; running jobs write a final
     /// checkpoint and go back to `pending` (another node, or this one after a restart, picks
-    /// them up); then couch_jobs' background processes stop.
+    /// them up), as do the whole-server jobs this node ran; then couch_jobs' background
+    /// processes stop.
     pub async fn shutdown(mut self) {
         self.tree.stop().await;
+        match self.release_server_jobs().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(server_jobs = n, "server jobs handed back"),
+            Err(e) => tracing::warn!(error = %e, "cannot hand back server jobs"),
+        }
         if let Some(bg) = self.background.take() {
             bg.stop().await;
         }

@@ -475,6 +475,29 @@ impl Replicator {
         Ok(view)
     }
 
+    /// Hands the server jobs this node was running back to the queue (after a graceful
+    /// stop of the tree, so this node cannot accept them again): another replication node
+    /// takes them at once instead of after the activity timeout. Returns how many.
+    pub(crate) async fn release_server_jobs(&self) -> ReplicatorResult<usize> {
+        let mine: Vec<String> = self
+            .server_jobs()
+            .await?
+            .into_iter()
+            .filter(|v| v.state == ServerState::Running && v.node.as_deref() == Some(self.node()))
+            .map(|v| v.id)
+            .collect();
+        let jobs = self.ctx.jobs();
+        let mut released = 0;
+        for id in &mine {
+            let requeued = jobs
+                .db()
+                .run(|tx| async move { jobs.requeue_running_tx(&tx, SERVER_JOBS, id).await })
+                .await?;
+            released += usize::from(requeued);
+        }
+        Ok(released)
+    }
+
     /// Cancels every replication server job `id` added.
     pub(crate) async fn cancel_server_replications(&self, id: &str) -> ReplicatorResult<()> {
         let group = group_of(id);

@@ -221,3 +221,37 @@ async fn a_replicator_document_starts_and_stops_a_server_job() {
         rep.shutdown().await;
     }
 }
+
+/// A node that stops gracefully hands its server job back at once: the other node runs it
+/// long before the activity timeout (60 s here) could, and the copy goes on there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_stop_hands_the_server_job_to_another_node_at_once() {
+    let (src, tgt) = tokio::join!(Pouch::start(), Pouch::start());
+    let (cs, ct) = (Couch::new(&src.url("")), Couch::new(&tgt.url("")));
+    fill(&cs, 2, 5).await;
+    let store = Store::open();
+    let settings = couch_replicator::replicator::ReplicatorSettings {
+        job_timeout: Duration::from_secs(60),
+        ..test_settings()
+    };
+    let n1 = node(&store.db, "n1", settings.clone()).await;
+    let b = body(&src.url(""), &tgt.url(""), json!({"continuous": true}));
+    let job = n1.add_server_job(&b, None).await.unwrap();
+    wait_server(&n1, &job.id, 60, "the job running on n1", |v| {
+        v.total == 2 && v.node.as_deref() == Some("n1")
+    })
+    .await;
+    let n2 = node(&store.db, "n2", settings).await;
+    let t0 = std::time::Instant::now();
+    n1.shutdown().await;
+    wait_server(&n2, &job.id, 20, "the job running on n2", |v| {
+        v.node.as_deref() == Some("n2") && v.state == ServerState::Running
+    })
+    .await;
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    cs.create_db("late").await;
+    cs.bulk_insert("late", &numbered_docs("late-", 3)).await;
+    wait_doc_count(&ct, "late", 3, 60).await;
+    n2.cancel_server_job(&job.id).await.unwrap();
+    n2.shutdown().await;
+}
