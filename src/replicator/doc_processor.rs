@@ -25,8 +25,8 @@ use crate::replication::client::{ClientConfig, HttpClient, Req};
 use crate::replication::endpoint::encode_query;
 use crate::replication::{Aimd, Endpoint, ReplicationError, ReplicationSpec, verify};
 
-use super::doc_writeback::write_state_if;
 pub use super::doc_writeback::{DocStats, Terminal, write_state};
+use super::doc_writeback::{write_server_state, write_state_if};
 use super::job_record::RepJobRecord;
 use super::rep_doc::{self, DocAction};
 use super::rep_job::{REP_JOBS, persistent_job_id, rep_fields};
@@ -322,7 +322,7 @@ impl Follower {
 
     /// A whole-server document (`"all_dbs": true`) becomes the server job `db|doc_id`
     /// (`Some(handled)`); `None` for any other document. Its progress is shown by
-    /// `_scheduler/all_dbs`, not written back into the document.
+    /// `_scheduler/all_dbs`; its outcome is written back by the writer's rescan.
     async fn server_doc(&self, doc: &Value) -> Option<bool> {
         if doc.get(ALL_DBS_FIELD) != Some(&Value::Bool(true)) {
             return None;
@@ -433,11 +433,34 @@ impl Writer {
     }
 
     async fn scan(&mut self) {
-        let Ok(jobs) = self.rep.list().await else {
+        if let Ok(jobs) = self.rep.list().await {
+            for j in jobs {
+                self.write_if_ours(j).await;
+            }
+        }
+        let Ok(servers) = self.rep.server_jobs().await else {
             return;
         };
-        for j in jobs {
-            self.write_if_ours(j).await;
+        for v in servers.iter().filter(|v| v.state.is_terminal()) {
+            let key = (v.id.clone(), v.last_updated);
+            let doc = self.dbs.iter().find_map(|(db, client)| {
+                let doc_id = v.id.strip_prefix(db.as_str())?.strip_prefix('|')?;
+                Some((client.clone(), doc_id.to_owned()))
+            });
+            let Some((client, doc_id)) = doc else {
+                continue;
+            };
+            if self.written.contains(&key) {
+                continue;
+            }
+            match write_server_state(&client, &doc_id, v).await {
+                Ok(_) => {
+                    self.written.insert(key);
+                }
+                Err(e) => {
+                    tracing::warn!(job = %v.id, error = %e, "writing the server job's state failed")
+                }
+            }
         }
     }
 

@@ -17,6 +17,7 @@ use crate::replication::stats::CouchStats;
 use crate::replication::{ReplicationError, ReplicationStats};
 
 use super::rep_job::iso8601;
+use super::server_job::{ALL_DBS_FIELD, ServerJobView, ServerState};
 
 /// The `_replication_stats` CouchDB writes into a completed document: its counters and the
 /// job's start.
@@ -126,6 +127,35 @@ pub(super) async fn write_state_if(
         "{}: `{doc_id}` kept conflicting while writing its state",
         client.endpoint()
     )))
+}
+
+/// Writes a finished whole-server job's state into the `_replicator` document that asked for
+/// it: `completed` with the documents counted over every database (its per-database
+/// progress stays in `_scheduler/all_dbs`), or `failed` with the reason. True when done
+/// (written, or nothing to write: the document is gone, already terminal, or no longer asks
+/// for a whole-server copy).
+pub(super) async fn write_server_state(
+    client: &HttpClient,
+    doc_id: &str,
+    v: &ServerJobView,
+) -> Result<bool, ReplicationError> {
+    let state = match v.state {
+        ServerState::Completed => {
+            let totals = ReplicationStats {
+                docs_read: v.dbs.values().map(|d| d.docs_read).sum(),
+                docs_written: v.docs_written,
+                doc_write_failures: v.dbs.values().map(|d| d.doc_write_failures).sum(),
+                ..ReplicationStats::default()
+            };
+            Terminal::Completed(DocStats::new(&totals, v.start_time))
+        }
+        ServerState::Failed => Terminal::Failed(v.error.clone().unwrap_or_default()),
+        _ => return Ok(true),
+    };
+    let still_server = |doc: &Map<String, Value>| doc.get(ALL_DBS_FIELD) == Some(&json!(true));
+    write_state_if(client, doc_id, state, still_server)
+        .await
+        .map(|_| true)
 }
 
 /// CouchDB stamps `owner` (the writer's name) on every `_replicator` document; we cannot

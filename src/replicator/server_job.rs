@@ -248,6 +248,13 @@ pub enum ServerState {
     Failed,
 }
 
+impl ServerState {
+    /// Completed or failed: the job will not run again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed)
+    }
+}
+
 /// Progress of one database's replication.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DbProgress {

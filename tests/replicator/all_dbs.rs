@@ -189,6 +189,7 @@ async fn a_replicator_document_starts_and_stops_a_server_job() {
         dbs: vec![ReplicatorDb::from_url(&tgt.url("jobs_replicator")).unwrap()],
         poll_timeout: Duration::from_millis(500),
         retry_delay: Duration::from_millis(200),
+        rescan_interval: Duration::from_millis(500),
         ..DocProcessorConfig::default()
     };
     let dp = DocProcessor::start(rep.clone(), cfg).unwrap();
@@ -204,7 +205,19 @@ async fn a_replicator_document_starts_and_stops_a_server_job() {
     for db in &names {
         assert_eq!(cs.assert_same(db, &ct, db).await, 4, "{db}");
     }
-    let rev = put["rev"].as_str().unwrap();
+    // The document gets the job's outcome, as a replication's document does.
+    let written = wait_for(30, "the document's state", || async {
+        let (_, d) = ct.get_doc("jobs_replicator", "everything").await;
+        (d["_replication_state"] == "completed").then_some(d)
+    })
+    .await;
+    assert_eq!(
+        written["_replication_stats"]["docs_written"], 12,
+        "{written}"
+    );
+    assert_eq!(written["_replication_stats"]["docs_read"], 12, "{written}");
+    assert_ne!(written["_rev"], put["rev"]);
+    let rev = written["_rev"].as_str().unwrap();
     // `delete_db` is a plain DELETE of the path: here the document.
     let s = ct
         .delete_db(&format!("jobs_replicator/everything?rev={rev}"))
