@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     println!("event: {ev:?}");
                     match ev {
                         ReplicatorEvent::Finished { .. } => break Ok(()),
-                        ReplicatorEvent::Failed { reason, .. } => break Err(reason),
+                        ReplicatorEvent::Failed { error, .. } => break Err(error.to_string()),
                         _ => {}
                     }
                 }

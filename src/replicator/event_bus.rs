@@ -10,9 +10,11 @@
 //! subscribe again.
 
 use ractor::{ActorRef, RpcReplyPort};
-use serde_json::Value;
 use supervisors::{BoxError, Observable, Server};
 use tokio::sync::mpsc;
+
+use super::job_record::JobError;
+use crate::replication::ReplicationStats;
 
 /// Cluster stability (docs/architecture.md, "The supervision tree", clustering).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,21 +44,21 @@ pub enum ReplicatorEvent {
         /// The replication id.
         rep_id: String,
         /// Final stats.
-        stats: Value,
+        stats: Box<ReplicationStats>,
     },
     /// `{error, RepId, Reason}`: the job crashed and was rescheduled with backoff.
     Crashed {
         /// The couch_jobs id.
         job_id: String,
-        /// Why.
-        reason: String,
+        /// Why (its text is CouchDB's reason).
+        error: JobError,
     },
     /// The job failed permanently.
     Failed {
         /// The couch_jobs id.
         job_id: String,
-        /// Why.
-        reason: String,
+        /// Why (its text is CouchDB's reason).
+        error: JobError,
     },
     /// `{stopped, RepId}`: the job was stopped (rotation, shutdown, cancel).
     Stopped {

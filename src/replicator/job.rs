@@ -494,7 +494,7 @@ async fn complete(
     st.ctx.publish(ReplicatorEvent::Finished {
         job_id: st.job.id.clone(),
         rep_id: st.rep_id.clone().unwrap_or_default(),
-        stats: serde_json::to_value(&stats)?,
+        stats: Box::new(stats.clone()),
     });
     myself.stop(None);
     Ok(())
@@ -523,16 +523,16 @@ async fn fail(st: &mut JobActorState, err: JobError) -> Result<(), BoxError> {
     // Only `start` fails a job this way (invalid document, duplicate of another document).
     st.ctx.metrics().inc(Series::FailedStarts);
     let now = st.ctx.now_secs();
-    let reason = err.to_string();
     st.record.error_count = 1;
-    st.record.set_state(RepState::Failed, Some(err), now);
+    st.record
+        .set_state(RepState::Failed, Some(err.clone()), now);
     match finish(st).await {
         Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
     st.ctx.publish(ReplicatorEvent::Failed {
         job_id: st.job.id.clone(),
-        reason,
+        error: err,
     });
     st.runner = None;
     Ok(())
@@ -552,11 +552,12 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     }
     if st.record.is_transient() && !err.transient_job_retries() {
         st.record.error_count = 1;
-        st.record.set_state(RepState::Failed, Some(err), now);
+        st.record
+            .set_state(RepState::Failed, Some(err.clone()), now);
         finish(st).await?;
         st.ctx.publish(ReplicatorEvent::Failed {
             job_id: st.job.id.clone(),
-            reason,
+            error: err,
         });
         return Ok(());
     }
@@ -573,7 +574,7 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     r.last_error = Some(err.clone());
     r.pid = None;
     r.retry_at = Some(stime);
-    r.set_state(RepState::Crashing, Some(err), now);
+    r.set_state(RepState::Crashing, Some(err.clone()), now);
     // CouchDB shows no event for going back to pending: tools read the crash's reason
     // from `history[0]`.
     r.push_history(HistoryKind::Crashed, now, Some(reason.clone()), max_history);
@@ -581,7 +582,7 @@ async fn reschedule_on_error(st: &mut JobActorState, err: JobError) -> Result<()
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Crashed {
         job_id: st.job.id.clone(),
-        reason,
+        error: err,
     });
     Ok(())
 }
