@@ -22,7 +22,7 @@ mod relay;
 
 use std::time::{Duration, Instant};
 
-use couch_replicator::replication::{Context, ReplicationSpec, replicate, start};
+use couch_replicator::replication::{Context, ReplicationSpec, start};
 use serde_json::{Value, json};
 
 use couch::Couch;
@@ -157,12 +157,20 @@ async fn ours_once(source: &str, target: &str) -> Result<(), String> {
         &json!({"source": source, "target": target, "create_target": true}),
     )
     .map_err(|e| format!("spec: {e}"))?;
-    let stats = replicate(spec, Context::default())
+    let job = start(spec, Context::default());
+    let window = job.window();
+    let stats = job
+        .wait()
         .await
         .map_err(|e| format!("our replication: {e}"))?;
     if stats.doc_write_failures != 0 {
         return Err(format!("{} write failures", stats.doc_write_failures));
     }
+    let w = *window.lock().map_err(|_| "window probe poisoned")?;
+    eprintln!(
+        "ours: window now {}, peak {} ({} grows, {} shrinks), peak {} batches and {} bytes in flight",
+        w.limit, w.peak_limit, w.grows, w.shrinks, w.peak_in_flight, w.peak_bytes
+    );
     Ok(())
 }
 

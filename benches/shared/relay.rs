@@ -268,7 +268,10 @@ impl Pipe {
                 if self.drop_after.is_some_and(|limit| total >= limit) {
                     return true;
                 }
-                if tx.send((self.arrival(n, open_at), buf[..n].to_vec())).is_err() {
+                if tx
+                    .send((self.arrival(n, open_at), buf[..n].to_vec()))
+                    .is_err()
+                {
                     break;
                 }
             }

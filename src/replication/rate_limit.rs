@@ -1,6 +1,10 @@
 //! The 429 hook: every request asks a [`RateLimiter`] how long to wait first and reports
 //! success or 429 back. The actor tree plugs in its node-wide AIMD limiter (CouchDB's couch_replicator_rate_limiter.erl);
 //! [`Aimd`] is a self-contained default with the same constants for standalone use.
+//! [`Window`] sizes the pipeline's work in flight from the same kind of signals.
+
+mod window;
+pub use window::{Load, Window, WindowLimits, WindowStats};
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -46,6 +46,7 @@ pub(super) async fn engine_context(
         limiter: Arc::new(limiter) as Arc<SharedAimd>,
         transports: shared_clients(ctx).await,
         metrics: ctx.metrics().clone(),
+        ..Context::default()
     })
 }
 
