@@ -25,16 +25,18 @@ impl Latencies {
     }
 }
 
-/// Writes `count` documents to `source` one per `period`, and returns when each reached
-/// `target` (watched from sequence `now`).
+/// Writes `count` documents to `source` one per `period`, and returns how long they took to
+/// reach `target` (watched from sequence `now`): all of them, and those after the first
+/// `warm_up`.
 pub async fn measure(
     http: &reqwest::Client,
     couch: &Couch,
     source: &str,
     target: &str,
     count: usize,
+    warm_up: usize,
     period: Duration,
-) -> Result<Latencies, String> {
+) -> Result<(Latencies, Latencies), String> {
     let feed = http
         .get(couch.url(&format!(
             "{target}/_changes?feed=continuous&since=now&heartbeat=1000"
@@ -84,7 +86,7 @@ pub async fn measure(
             break;
         };
         if let Some(w) = written.get(&id) {
-            out.push(at.saturating_duration_since(*w).as_secs_f64());
+            out.push((id, at.saturating_duration_since(*w).as_secs_f64()));
         }
     }
     watcher.abort();
@@ -94,6 +96,14 @@ pub async fn measure(
             out.len()
         ));
     }
-    out.sort_by(f64::total_cmp);
-    Ok(Latencies(out))
+    let warm = |id: &str| id[4..].parse::<usize>().is_ok_and(|i| i < warm_up);
+    let mut all: Vec<f64> = out.iter().map(|(_, l)| *l).collect();
+    let mut steady: Vec<f64> = out
+        .into_iter()
+        .filter(|(id, _)| !warm(id))
+        .map(|(_, l)| l)
+        .collect();
+    all.sort_by(f64::total_cmp);
+    steady.sort_by(f64::total_cmp);
+    Ok((Latencies(all), Latencies(steady)))
 }

@@ -19,8 +19,8 @@ use super::changes::Batch;
 use super::client::HttpClient;
 use super::error::{ReplicationError, Result};
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
-use super::options::ReplicationSpec;
-use super::rate_limit::{Load, Window, WindowStats};
+use super::options::{ReplicationOptions, ReplicationSpec};
+use super::rate_limit::{Load, Window, WindowLimits, WindowStats};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::Counters;
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
@@ -90,6 +90,34 @@ pub(super) struct Shared {
     pub(super) window_stats: Arc<Mutex<WindowStats>>,
 }
 
+/// A replication's window (see [`Window`]) for options `o`, `bytes` in flight at most, and
+/// the source's database info `src_info`.
+pub(super) fn new_window(o: &ReplicationOptions, bytes: u64, src_info: &Value) -> Window {
+    Window::new(window_limits(o, bytes), doc_size_hint(src_info))
+}
+
+/// The window's bounds: it starts at `worker_processes` batches in flight and may grow to
+/// `http_connections` (each batch holds one request at a time), within `bytes`.
+fn window_limits(o: &ReplicationOptions, bytes: u64) -> WindowLimits {
+    WindowLimits {
+        initial: o.worker_processes.max(1),
+        min: 1,
+        max: o.worker_processes.max(o.http_connections).max(1),
+        max_bytes: bytes,
+    }
+}
+
+/// The source's average document size from its database info (`sizes.external` over the
+/// documents), the window's first byte estimate, if it says.
+fn doc_size_hint(info: &Value) -> Option<u64> {
+    let external = info.pointer("/sizes/external").and_then(Value::as_u64);
+    let docs = info.get("doc_count").and_then(Value::as_u64);
+    match (external, docs) {
+        (Some(bytes), Some(n)) if n > 0 && bytes > 0 => Some((bytes / n).max(64)),
+        _ => None,
+    }
+}
+
 /// A poisoned lock only means a worker panicked mid-update; the data is still usable.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -111,6 +139,11 @@ impl Shared {
     /// The sequence every batch up to which is written (where a checkpoint may point).
     pub(super) fn through_seq(&self) -> Value {
         lock(&self.tracker).through.clone()
+    }
+
+    /// The most batches the window may ever allow (one worker each).
+    pub(super) fn window_max(&self) -> usize {
+        lock(&self.window).max()
     }
 
     /// The highest source sequence seen (the source's `update_seq` until a batch arrives).

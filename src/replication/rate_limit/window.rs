@@ -4,9 +4,9 @@
 //! sizes is the work in flight, not a pause. It starts at `worker_processes` and adapts once
 //! per epoch (an epoch ends when a batch taken in it ends, so each one sees the window as it
 //! is): it doubles while throughput (documents written per second) grows by a tenth (slow
-//! start: a long round trip needs many batches in flight to fill the link), then grows by
-//! one while throughput still grows or while work waits for room and batches take about
-//! their best time; it gives one back when throughput stopped growing and batches take twice
+//! start: a long round trip needs many batches in flight to fill the link) or while work
+//! waits for room and batches take about their best time, then grows by one while either
+//! still holds; it gives one back when throughput stopped growing and batches take twice
 //! their best (they queue at a saturated server), and halves on a 429 or a timeout, 408/5xx
 //! or connection failure at either endpoint. A batch is admitted only while the estimated
 //! bytes in flight stay under the cap (one batch is always admitted, so a single huge batch
@@ -243,7 +243,6 @@ impl Window {
             // Work waited for room while batches take about their best: the window, not
             // the endpoints, holds it back (a continuous feed runs at the writers' rate, so
             // its throughput does not grow, but its changes wait).
-            self.slow_start = false;
             self.grow();
         } else {
             // Throughput flat: the knee is found (or the feed, not the window, limits).
