@@ -12,7 +12,7 @@
 mod couch;
 #[path = "shared/entry.rs"]
 mod entry;
-#[path = "attachments/relay.rs"]
+#[path = "shared/relay.rs"]
 mod relay;
 
 use std::time::Instant;

@@ -8,6 +8,7 @@ mod replication {
     mod fetch;
     mod filters;
     mod multipart;
+    mod pipeline;
     mod resume;
     mod tls;
     mod verify;

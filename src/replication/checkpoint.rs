@@ -129,14 +129,18 @@ fn compare_rep_history(s: &[Value], t: &[Value]) -> (Value, Vec<Value>) {
 }
 
 /// Reads the checkpoint of one side under the first of `ids` (newest id version first) that
-/// has one. One found under an older id is copied to `ids[0]`, as CouchDB migrates it; the
+/// has one (all are read at once). One found under an older id is copied to `ids[0]`, as CouchDB migrates it; the
 /// returned document then carries the revision of that copy.
 async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value>> {
     let Some(current) = ids.first() else {
         return Ok(None);
     };
-    for (i, id) in ids.iter().enumerate() {
-        let Some(mut doc) = read_local(c, &format!("_local/{id}")).await? else {
+    // Every id version is read at once (a round trip each would add up on a slow link);
+    // the newest found wins.
+    let paths: Vec<String> = ids.iter().map(|id| format!("_local/{id}")).collect();
+    let found = futures::future::try_join_all(paths.iter().map(|p| read_local(c, p))).await?;
+    for (i, (id, doc)) in ids.iter().zip(found).enumerate() {
+        let Some(mut doc) = doc else {
             continue;
         };
         if i == 0 {

@@ -5,6 +5,7 @@
 //! through the [`RateLimiter`] hook without consuming retries.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -117,6 +118,9 @@ pub struct HttpClient {
     limiter: Arc<dyn RateLimiter>,
     cfg: ClientConfig,
     slots: Semaphore,
+    /// 429s, timeouts, 408/5xx and connection failures so far: the pipeline's window
+    /// shrinks when this moves.
+    congestion: AtomicU64,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -176,7 +180,13 @@ impl HttpClient {
             limiter,
             cfg,
             slots,
+            congestion: AtomicU64::new(0),
         }
+    }
+
+    /// How many 429s, timeouts, 408/5xx answers and connection failures this client met.
+    pub(crate) fn congestion(&self) -> u64 {
+        self.congestion.load(Ordering::Relaxed)
     }
 
     /// The endpoint this client talks to.
@@ -278,6 +288,7 @@ impl HttpClient {
                 Ok(out) => {
                     let status = out.status();
                     if status == StatusCode::TOO_MANY_REQUESTS {
+                        self.congestion.fetch_add(1, Ordering::Relaxed);
                         let next = self.limiter.failure(&key);
                         if next >= self.limiter.max_interval() {
                             return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
@@ -302,6 +313,7 @@ impl HttpClient {
                 }
                 Err(e) => e,
             };
+            self.congestion.fetch_add(1, Ordering::Relaxed);
             let first = *first_failure.get_or_insert_with(Instant::now);
             if attempt >= self.cfg.retries_per_request || first.elapsed() > RETRY_WINDOW {
                 return Err(ReplicationError::HttpRequestFailed(format!(
@@ -343,6 +355,7 @@ impl HttpClient {
         let resp = resp.map_err(|e| failed(describe(&e)))?;
         let status = resp.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
+            self.congestion.fetch_add(1, Ordering::Relaxed);
             self.limiter.failure(&key);
         } else {
             self.limiter.success(&key);

@@ -40,7 +40,9 @@ pub mod write;
 pub use endpoint::Endpoint;
 pub use error::{ErrorClass, ReplicationError};
 pub use options::{Filter, ReplicationOptions, ReplicationSpec};
-pub use pipeline::{Context, ReplicationHandle, compute_id, replicate, start};
-pub use rate_limit::{Aimd, RateInterval, RateKey, RateLimiter};
+pub use pipeline::{
+    Context, DEFAULT_IN_FLIGHT_BYTES, ReplicationHandle, compute_id, replicate, start,
+};
+pub use rate_limit::{Aimd, RateInterval, RateKey, RateLimiter, WindowLimits, WindowStats};
 pub use rep_id::RepId;
 pub use stats::ReplicationStats;

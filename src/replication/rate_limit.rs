@@ -1,7 +1,11 @@
 //! The 429 hook: every request asks a [`RateLimiter`] how long to wait first and reports
 //! success or 429 back. [`Aimd`] is the one implementation: CouchDB's AIMD algorithm
 //! ([`super::aimd`]) on a shared table; a node shares one among all its jobs, a standalone
-//! replication gets its own.
+//! replication gets its own. [`Window`] sizes the pipeline's work in flight from the same
+//! kind of signals.
+
+mod window;
+pub use window::{Load, Window, WindowLimits, WindowStats};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

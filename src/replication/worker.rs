@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -18,7 +19,8 @@ use super::changes::Batch;
 use super::client::HttpClient;
 use super::error::{ReplicationError, Result};
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
-use super::options::ReplicationSpec;
+use super::options::{ReplicationOptions, ReplicationSpec};
+use super::rate_limit::{Load, Window, WindowLimits, WindowStats};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::Counters;
 use super::write::{WriteResult, put_json, put_multipart, write_docs};
@@ -81,6 +83,39 @@ pub(super) struct Shared {
     /// Told of every batch registered or completed, so the run loop publishes stats after
     /// progress instead of polling: an idle job then wakes nobody.
     pub(super) moved: tokio::sync::Notify,
+    /// How many batches and bytes may be in flight (see [`Window`]), and who waits for it.
+    pub(super) window: Mutex<Window>,
+    pub(super) window_moved: tokio::sync::Notify,
+    /// The window's statistics as of the last batch done (what the handle shows).
+    pub(super) window_stats: Arc<Mutex<WindowStats>>,
+}
+
+/// A replication's window (see [`Window`]) for options `o`, `bytes` in flight at most, and
+/// the source's database info `src_info`.
+pub(super) fn new_window(o: &ReplicationOptions, bytes: u64, src_info: &Value) -> Window {
+    Window::new(window_limits(o, bytes), doc_size_hint(src_info))
+}
+
+/// The window's bounds: it starts at `worker_processes` batches in flight and may grow to
+/// `http_connections` (each batch holds one request at a time), within `bytes`.
+fn window_limits(o: &ReplicationOptions, bytes: u64) -> WindowLimits {
+    WindowLimits {
+        initial: o.worker_processes.max(1),
+        min: 1,
+        max: o.worker_processes.max(o.http_connections).max(1),
+        max_bytes: bytes,
+    }
+}
+
+/// The source's average document size from its database info (`sizes.external` over the
+/// documents), the window's first byte estimate, if it says.
+fn doc_size_hint(info: &Value) -> Option<u64> {
+    let external = info.pointer("/sizes/external").and_then(Value::as_u64);
+    let docs = info.get("doc_count").and_then(Value::as_u64);
+    match (external, docs) {
+        (Some(bytes), Some(n)) if n > 0 && bytes > 0 => Some((bytes / n).max(64)),
+        _ => None,
+    }
 }
 
 /// A poisoned lock only means a worker panicked mid-update; the data is still usable.
@@ -106,36 +141,129 @@ impl Shared {
         lock(&self.tracker).through.clone()
     }
 
+    /// The most batches the window may ever allow (one worker each).
+    pub(super) fn window_max(&self) -> usize {
+        lock(&self.window).max()
+    }
+
     /// The highest source sequence seen (the source's `update_seq` until a batch arrives).
     pub(super) fn source_seq(&self) -> Value {
         lock(&self.source_seq).clone()
     }
 }
 
-/// One worker: takes batches off the shared queue until the reader closes it.
+/// One worker: waits for room in the window, takes the next batch off the shared queue
+/// (with the small ones queued behind it, up to `worker_batch_size` changes: a busy
+/// continuous feed hands out a batch per chunk), copies it and gives the room back, until the
+/// reader closes the queue.
 pub(super) async fn worker(
     sh: Arc<Shared>,
     rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Batch>>>,
 ) -> Result<()> {
+    let size = sh.spec.options.worker_batch_size.max(1);
     loop {
-        let next = { rx.lock().await.recv().await };
-        let Some(batch) = next else { return Ok(()) };
-        process(&sh, &batch).await?;
-        lock(&sh.tracker).complete(batch.index);
+        let mut booked = admit(&sh, size).await;
+        let (taken, backlog) = take(&rx, size).await;
+        let Some(batch) = merge(&taken) else {
+            lock(&sh.window).release(booked);
+            sh.window_moved.notify_waiters();
+            return Ok(());
+        };
+        let started = Instant::now();
+        let exact = lock(&sh.window).estimate(batch.changes.len());
+        lock(&sh.window).fetched(booked, 0, exact);
+        booked = exact;
+        let written = process(&sh, &batch, &mut booked).await?;
+        {
+            let mut tracker = lock(&sh.tracker);
+            for b in &taken {
+                tracker.complete(b.index);
+            }
+        }
+        let load = Load {
+            congestion: sh.src.congestion() + sh.tgt.congestion(),
+            backlog,
+        };
+        let stats = {
+            let mut w = lock(&sh.window);
+            w.done(booked, written, (started, Instant::now()), load);
+            w.stats()
+        };
+        *lock(&sh.window_stats) = stats;
+        sh.window_moved.notify_waiters();
         sh.moved.notify_one();
     }
 }
 
+/// Waits until the window admits a batch of `size` changes; returns the bytes booked.
+async fn admit(sh: &Shared, size: usize) -> u64 {
+    loop {
+        let moved = sh.window_moved.notified();
+        tokio::pin!(moved);
+        moved.as_mut().enable();
+        {
+            let mut w = lock(&sh.window);
+            let bytes = w.estimate(size);
+            if w.try_admit(bytes) {
+                return bytes;
+            }
+        }
+        moved.await;
+    }
+}
+
+/// The next batch and the ones queued right behind it, up to `size` changes in all, and
+/// whether work was waiting (more than one batch queued: the window held it back).
+async fn take(rx: &tokio::sync::Mutex<mpsc::Receiver<Batch>>, size: usize) -> (Vec<Batch>, bool) {
+    let mut rx = rx.lock().await;
+    let Some(first) = rx.recv().await else {
+        return (Vec::new(), false);
+    };
+    let mut n = first.changes.len();
+    let mut taken = vec![first];
+    while n < size {
+        match rx.try_recv() {
+            Ok(b) if n + b.changes.len() <= size => {
+                n += b.changes.len();
+                taken.push(b);
+            }
+            Ok(b) => {
+                // A batch cannot go back on the queue, so this one joins anyway: a merged
+                // batch stays under twice `size`.
+                taken.push(b);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    let backlog = taken.len() > 1 || !rx.is_empty();
+    (taken, backlog)
+}
+
+/// One batch of the changes of `taken`, ending at the last one's sequence.
+fn merge(taken: &[Batch]) -> Option<Batch> {
+    let last = taken.last()?;
+    if taken.len() == 1 {
+        return Some(last.clone());
+    }
+    Some(Batch {
+        index: last.index,
+        changes: taken.iter().flat_map(|b| b.changes.clone()).collect(),
+        last_seq: last.last_seq.clone(),
+    })
+}
+
 /// Copies one batch: finds what the target lacks, fetches it (in bulk where the source
-/// allows, else one by one) and writes it.
-async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
+/// allows, else one by one) and writes it. `booked` follows the bytes the batch holds (the
+/// window's byte cap); returns the documents written.
+async fn process(sh: &Shared, batch: &Batch, booked: &mut u64) -> Result<u64> {
     if batch.changes.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let c = &sh.counters;
     let wanted = missing_revisions(sh, batch).await?;
     if wanted.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     // Design documents are always fetched and written one by one (CouchDB's couch_replicator_worker.erl).
     let (design, wanted): (Vec<Wanted>, Vec<Wanted>) = wanted
@@ -148,6 +276,9 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
         (Vec::new(), Vec::new(), wanted)
     };
     let mut read = (docs.len() + related.len()) as u64;
+    let held = held_bytes(&docs, &related);
+    lock(&sh.window).fetched(*booked, read as usize, held);
+    *booked = held;
     let mut result = write_related(sh, related, &mut refetch).await?;
     refetch.extend(design);
     result += fetch_one_by_one(sh, refetch, &mut docs, &mut read).await?;
@@ -157,7 +288,23 @@ async fn process(sh: &Shared, batch: &Batch) -> Result<()> {
     Counters::add(&c.doc_write_failures, result.failures);
     NodeMetrics::add(&sh.metrics.docs_written, result.written);
     NodeMetrics::add(&sh.metrics.doc_write_failures, result.failures);
-    Ok(())
+    Ok(result.written)
+}
+
+/// The bytes of documents fetched in bulk, as held until written.
+fn held_bytes(docs: &[Bytes], related: &[(Wanted, Fetched)]) -> u64 {
+    let json: usize = docs.iter().map(Bytes::len).sum();
+    let with_atts: usize = related
+        .iter()
+        .map(|(_, f)| match f {
+            Fetched::Json(b) => b.len(),
+            Fetched::Multipart { json, parts, .. } => {
+                json.len() + parts.iter().map(|(_, p)| p.len()).sum::<usize>()
+            }
+            Fetched::Written(_) => 0,
+        })
+        .sum();
+    (json + with_atts) as u64
 }
 
 /// The revisions of the batch the target lacks (`_revs_diff`, unless the skipper has seen

@@ -47,6 +47,7 @@ pub(super) async fn engine_context(
         limiter: Arc::new(limiter) as Arc<Aimd>,
         transports: shared_clients(ctx).await,
         metrics: ctx.metrics().clone(),
+        ..Context::default()
     })
 }
 

@@ -4,7 +4,8 @@
 //! headless Chromium over WebDriver ([`browser`]), a real CouchDB 3.4.3 where CouchDB's
 //! own behaviour is the oracle ([`couchdb`]), small client helpers to fill and compare databases
 //! ([`couch`]), and an in-process fault-injecting proxy for faults a real server cannot produce
-//! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]). Nodes: replicator nodes on one real store ([`replicator`]), a node with
+//! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]), a byte-counting relay that
+//! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), a node with
 //! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]), steps clusters ([`steps`]),
 //! store harnesses for every engine ([`store`]). Time: one [`deadline`] and one [`wait_for`].
 //! Each test binary uses only part of this, hence the dead-code allowance.
@@ -15,6 +16,8 @@ pub mod couch;
 pub mod couchdb;
 pub mod http;
 pub mod proxy;
+#[path = "../../benches/shared/relay.rs"]
+pub mod relay;
 pub mod replicator;
 pub mod serve;
 pub mod server;
