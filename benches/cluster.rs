@@ -29,7 +29,9 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// `WORKERS` tasks each sending `Txn`s on its own key; returns (txns, elapsed).
 async fn raw_txns(endpoints: &[String]) -> BenchResult<(u64, Duration)> {
-    let client = etcd_client::Client::connect(endpoints, None).await?;
+    // The store's own connection (TCP_NODELAY), so both sides use the same transport.
+    let config = EtcdConfig::new(endpoints.to_vec());
+    let client = config.client().await?;
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -107,6 +109,34 @@ async fn cycles(jobs: &Jobs) -> BenchResult<(u64, Duration)> {
     Ok((done.load(Ordering::Relaxed), start.elapsed()))
 }
 
+/// One client's sequential begin → get → set → commit, with where the time goes.
+async fn sequential(store: &EtcdStore) -> BenchResult<()> {
+    use couch_replicator::store::Store;
+    let (mut begin, mut get, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let n = 100;
+    for i in 0..n {
+        let t0 = Instant::now();
+        let tx = store.begin().await?;
+        let t1 = Instant::now();
+        tx.get(b"seq", false).await?;
+        let t2 = Instant::now();
+        tx.set(b"seq", format!("{i}").as_bytes());
+        tx.commit().await?;
+        let t3 = Instant::now();
+        begin += t1 - t0;
+        get += t2 - t1;
+        commit += t3 - t2;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0 / n as f64;
+    println!(
+        "sequential store transaction: begin {:.1} ms, get {:.1} ms, commit {:.1} ms",
+        ms(begin),
+        ms(get),
+        ms(commit)
+    );
+    Ok(())
+}
+
 async fn part1() -> BenchResult<()> {
     let Some(cluster) = etcd_cluster::EtcdCluster::start(3).await else {
         return Ok(());
@@ -114,6 +144,7 @@ async fn part1() -> BenchResult<()> {
     let endpoints = cluster.endpoints();
     let (raw_n, raw_t) = raw_txns(&endpoints).await?;
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
+    sequential(&store).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
     println!("etcd engine: {}", store.stats().summary());

@@ -177,19 +177,22 @@ impl EtcdCluster {
         self.spawn(&bin, i);
     }
 
-    /// `etcdctl endpoint hashkv` of each running member (at its latest revision), via the API.
+    /// `etcdctl endpoint hashkv` of each running member that answers (at its latest
+    /// revision), via the API: (name, hash, revision).
     pub async fn hashkv(&self) -> Vec<(String, u32, i64)> {
         let mut out = Vec::new();
         for (i, m) in self.members.iter().enumerate() {
             if m.child.is_none() {
                 continue;
             }
-            let mut client = etcd_client::Client::connect([self.endpoint(i)], None)
-                .await
-                .expect("connect member");
-            let resp = client.hash_kv(0).await.expect("hashkv");
-            let rev = resp.header().map_or(0, |h| h.revision());
-            out.push((m.name.clone(), resp.hash(), rev));
+            let Ok(mut client) = etcd_client::Client::connect([self.endpoint(i)], None).await
+            else {
+                continue;
+            };
+            if let Ok(resp) = client.hash_kv(0).await {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                out.push((m.name.clone(), resp.hash(), rev));
+            }
         }
         out
     }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, OpenSslClientConfig};
+use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions, OpenSslClientConfig};
 
 use super::errors::read_error;
 use crate::store::StoreError;
@@ -95,7 +95,8 @@ impl EtcdConfig {
         Ok(Some(tls))
     }
 
-    pub(crate) async fn connect(&self) -> Result<Client, StoreError> {
+    /// An etcd client with these settings (what the store itself uses).
+    pub async fn client(&self) -> Result<Client, StoreError> {
         if self.endpoints.is_empty() {
             return Err(StoreError::Invalid("no etcd endpoints".into()));
         }
@@ -110,7 +111,9 @@ impl EtcdConfig {
         if let Some((name, password)) = &self.user {
             options = options.with_user(name.clone(), password.clone());
         }
-        if let Some(tls) = self.tls()? {
+        let tls = self.tls()?;
+        let secure = tls.is_some();
+        if let Some(tls) = tls {
             options = options.with_openssl_tls(tls);
         }
         let endpoints: Vec<String> = self
@@ -118,8 +121,35 @@ impl EtcdConfig {
             .iter()
             .map(|e| e.trim_end_matches('/').to_string())
             .collect();
-        Client::connect(endpoints, Some(options))
+        if secure {
+            return Client::connect(endpoints, Some(options))
+                .await
+                .map_err(read_error);
+        }
+        Client::connect_with_balanced_channel(endpoints, Some(options), PlainChannel)
             .await
             .map_err(read_error)
+    }
+}
+
+/// tonic's own balanced channel for `http://` endpoints. etcd-client's OpenSSL transport
+/// (which it uses for every endpoint once its `tls-openssl` feature is on) leaves Nagle's
+/// algorithm on, and each small request then waits ~40 ms for a delayed ACK on loopback;
+/// tonic's connector sets `TCP_NODELAY`.
+struct PlainChannel;
+
+type EndpointUpdater = tokio::sync::mpsc::Sender<
+    tonic::transport::channel::Change<tonic::codegen::http::Uri, tonic::transport::Endpoint>,
+>;
+
+impl BalancedChannelBuilder for PlainChannel {
+    type Error = tonic::transport::Error;
+
+    fn balanced_channel(
+        self,
+        buffer_size: usize,
+    ) -> Result<(Channel, EndpointUpdater), Self::Error> {
+        let (channel, updates) = tonic::transport::Channel::balance_channel(buffer_size);
+        Ok((Channel::Tonic(channel), updates))
     }
 }

@@ -202,7 +202,7 @@ impl std::fmt::Debug for EtcdStore {
 impl EtcdStore {
     /// Connects to the cluster and checks it answers (one read of the clock key).
     pub async fn connect(config: &EtcdConfig) -> Result<Self, StoreError> {
-        let client = config.connect().await?;
+        let client = config.client().await?;
         let shared = Arc::new(Shared {
             stats: EtcdStats::default(),
             client,
