@@ -59,14 +59,21 @@ async fn member_loss(mut h: Etcd) {
         h.cluster.kill(0);
     };
     let ((), ()) = tokio::join!(bumps, killer);
-    let tx = h.db().begin().await.expect("begin");
-    let n = tx.get(&key, true).await.expect("read");
+    // Through `Db::run`: a request the client sends to the dead member fails `Unavailable`
+    // and is retried.
+    let n = h
+        .db()
+        .run(|tx: Tx| {
+            let key = key.clone();
+            async move { tx.get(&key, true).await }
+        })
+        .await
+        .expect("read");
     assert_eq!(
         n.as_deref(),
         Some((TASKS * EACH).to_string().as_bytes()),
         "every increment exactly once"
     );
-    drop(tx);
     h.cluster.restart(0);
     crate::support::wait_for(30, "the members agree on hashkv", || async {
         let hashes = h.cluster.hashkv().await;

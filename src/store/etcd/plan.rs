@@ -40,6 +40,9 @@ pub(crate) struct WritePlan {
     stamped_keys: Vec<(Vec<u8>, Vec<u8>, u16)>,
 }
 
+/// A key and a value, or a begin and an end.
+type Span = (Vec<u8>, Vec<u8>);
+
 /// The current value of a key an atomic add applies to.
 pub(crate) type Bases = HashMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -166,7 +169,7 @@ impl WritePlan {
     }
 
     /// The final puts (etcd key → value) for this stamp and these add bases.
-    fn puts(&self, counter: u64, bases: &Bases) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn puts(&self, counter: u64, bases: &Bases) -> Result<Vec<Span>, StoreError> {
         let mut puts = BTreeMap::new();
         for (k, f) in &self.keys {
             let value = match f {
@@ -226,6 +229,27 @@ impl WritePlan {
     }
 }
 
+/// The spans a mutation log writes (etcd keys): keys and cleared ranges, for the
+/// committer's check that no transaction of a batch read what another one writes. A
+/// versionstamped key counts as the range under the bytes before its stamp.
+pub(crate) fn write_spans(keys: &Keys, ops: &[Mutation]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Mutation::Set(k, _)
+            | Mutation::Clear(k)
+            | Mutation::Add(k, _)
+            | Mutation::VersionstampedValue(k, _) => Some(super::conflicts::point(&keys.data(k))),
+            Mutation::ClearRange(b, e) => Some((keys.data(b), keys.data(e))),
+            Mutation::VersionstampedKey(operand, _) => {
+                let (bytes, offset) = split_versionstamp_operand(operand).ok()?;
+                let head = keys.data(&bytes[..offset]);
+                let end = strinc(&head).unwrap_or_else(|| vec![0xFF; head.len() + 1]);
+                Some((head, end))
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,25 +291,4 @@ mod tests {
             ]
         );
     }
-}
-
-/// The spans a mutation log writes (etcd keys): keys and cleared ranges, for the
-/// committer's check that no transaction of a batch read what another one writes. A
-/// versionstamped key counts as the range under the bytes before its stamp.
-pub(crate) fn write_spans(keys: &Keys, ops: &[Mutation]) -> Vec<(Vec<u8>, Vec<u8>)> {
-    ops.iter()
-        .filter_map(|op| match op {
-            Mutation::Set(k, _)
-            | Mutation::Clear(k)
-            | Mutation::Add(k, _)
-            | Mutation::VersionstampedValue(k, _) => Some(super::conflicts::point(&keys.data(k))),
-            Mutation::ClearRange(b, e) => Some((keys.data(b), keys.data(e))),
-            Mutation::VersionstampedKey(operand, _) => {
-                let (bytes, offset) = split_versionstamp_operand(operand).ok()?;
-                let head = keys.data(&bytes[..offset]);
-                let end = strinc(&head).unwrap_or_else(|| vec![0xFF; head.len() + 1]);
-                Some((head, end))
-            }
-        })
-        .collect()
 }
