@@ -1,7 +1,8 @@
 //! The etcd engine on a real 3-member cluster: members killed with SIGKILL while
 //! transactions run. Commits cut short by a lost member end as `CommitUnknown` or
 //! `Unavailable` and `Db::run` resolves them with its transaction ids, so every increment
-//! lands exactly once; the members agree (`hashkv`) once the killed one is back.
+//! lands exactly once; the members agree (`hashkv`) once the killed one is back. Also: key
+//! prefixes keep two clusters apart in one etcd, and etcd users and passwords are used.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,4 +100,64 @@ async fn increments_survive_a_killed_member() {
         member_loss(h),
     )
     .await;
+}
+
+/// Two clusters' stores under different prefixes in one etcd see nothing of each other;
+/// with etcd's authentication on, the store connects with a user and password and is
+/// refused without (and the refusal does not show the password).
+async fn prefixes_and_auth(h: Etcd) {
+    use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
+    let endpoints = h.cluster.endpoints();
+    let other = EtcdStore::connect(&EtcdConfig::new(endpoints.clone()).with_prefix("other/"))
+        .await
+        .expect("second prefix");
+    let put = |db: Db, v: &'static str| async move {
+        db.run(|tx: Tx| async move {
+            tx.set(b"k", v.as_bytes());
+            Ok::<_, StoreError>(())
+        })
+        .await
+        .expect("put")
+    };
+    put(h.db(), "mine").await;
+    put(Db::new(Arc::new(other.clone())), "theirs").await;
+    let get = |db: Db| async move {
+        db.run(|tx: Tx| async move { tx.get(b"k", false).await })
+            .await
+            .expect("get")
+    };
+    assert_eq!(get(h.db()).await.as_deref(), Some(&b"mine"[..]));
+    assert_eq!(
+        get(Db::new(Arc::new(other))).await.as_deref(),
+        Some(&b"theirs"[..])
+    );
+
+    let mut admin = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .expect("admin client");
+    admin.user_add("root", "r00t-pw", None).await.expect("user");
+    admin.user_grant_role("root", "root").await.expect("grant");
+    admin.auth_enable().await.expect("auth enable");
+    let mut config = EtcdConfig::new(endpoints.clone());
+    config.user = Some(("root".into(), "r00t-pw".into()));
+    let authed = EtcdStore::connect(&config).await.expect("connect as root");
+    assert_eq!(
+        get(Db::new(Arc::new(authed))).await.as_deref(),
+        Some(&b"mine"[..])
+    );
+    config.user = Some(("root".into(), "wrong-pw".into()));
+    let refused = EtcdStore::connect(&config)
+        .await
+        .expect_err("a wrong password");
+    assert!(!refused.to_string().contains("wrong-pw"), "{refused}");
+    let anonymous = EtcdStore::connect(&EtcdConfig::new(endpoints)).await;
+    assert!(anonymous.is_err(), "no user while auth is on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_separate_clusters_and_auth_is_used() {
+    let Some(h) = Etcd::new().await else {
+        return;
+    };
+    deadline(60, "prefixes and auth", prefixes_and_auth(h)).await;
 }
