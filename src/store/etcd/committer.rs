@@ -223,19 +223,50 @@ fn moving_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Moving {
     moving
 }
 
-/// The clock and added keys now: from the cache when there are no adds, else read.
+/// The values this process last wrote to (or read back from) keys of atomic adds, with
+/// their mod revisions: used as the adds' bases without reading them first; the commit's
+/// compares catch a stale one, and its failure branch brings the current value.
+#[derive(Default)]
+pub(crate) struct AddCache(std::sync::Mutex<HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>>);
+
+/// Entries kept at most (the hot keys are a few per job type).
+const ADD_CACHE: usize = 1024;
+
+impl AddCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, keys: &[Vec<u8>]) -> Option<HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>> {
+        let cache = self.lock();
+        keys.iter()
+            .map(|k| cache.get(k).map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    fn put(&self, entries: impl IntoIterator<Item = (Vec<u8>, (Option<Vec<u8>>, i64))>) {
+        let mut cache = self.lock();
+        if cache.len() > ADD_CACHE {
+            cache.clear();
+        }
+        cache.extend(entries);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+/// The clock and added keys now: from the caches when they know them all, else read.
 async fn read_moving(shared: &Shared, adds: &[Vec<u8>]) -> Result<Moving, StoreError> {
-    if adds.is_empty()
-        && let Some(clock) = shared.cached_clock()
-    {
-        return Ok(Moving {
-            clock,
-            adds: HashMap::new(),
-        });
+    if let (Some(clock), Some(adds)) = (shared.cached_clock(), shared.adds.get(adds)) {
+        return Ok(Moving { clock, adds });
     }
     let txn = Txn::new().and_then(get_ops(shared, adds));
     let resp = shared.kv().txn(txn).await.map_err(read_error)?;
-    Ok(moving_from(resp.op_responses(), adds))
+    let moving = moving_from(resp.op_responses(), adds);
+    shared.adds.put(moving.adds.clone());
+    Ok(moving)
 }
 
 /// What one `Txn` of a batch did.
@@ -265,11 +296,17 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
             Err(e) => {
                 // The clock may have moved under an unknown outcome: read it next time.
                 shared.saw_clock(None);
+                shared.adds.clear();
                 return Err(commit_error(e));
             }
         };
         if resp.succeeded() {
             let revision = resp.header().map_or(0, |h| h.revision());
+            let bases = bases_of(&moving);
+            shared.adds.put(
+                adds.iter()
+                    .map(|k| (k.clone(), (plan.added_value(k, &bases), revision))),
+            );
             shared.saw_clock(Some(Clock {
                 counter,
                 mod_revision: revision,
@@ -291,6 +328,7 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
         let probes = responses.split_off((1 + adds.len()).min(responses.len()));
         let now = moving_from(responses, &adds);
         shared.saw_clock(Some(now.clock));
+        shared.adds.put(now.adds.clone());
         let failed = failed_members(members, &probes);
         if !failed.is_empty() {
             shared
@@ -322,6 +360,14 @@ fn failed_members(members: &[Member], probes: &[TxnOpResponse]) -> Vec<usize> {
     failed
 }
 
+fn bases_of(moving: &Moving) -> Bases {
+    moving
+        .adds
+        .iter()
+        .map(|(k, (v, _))| (k.clone(), v.clone()))
+        .collect()
+}
+
 fn too_many(what: &str, n: usize) -> Result<(), StoreError> {
     if n > MAX_TXN_OPS {
         return Err(StoreError::TooLarge(format!(
@@ -342,11 +388,7 @@ fn build(
     moving: &Moving,
     counter: u64,
 ) -> Result<Txn, StoreError> {
-    let bases: Bases = moving
-        .adds
-        .iter()
-        .map(|(k, (v, _))| (k.clone(), v.clone()))
-        .collect();
+    let bases = bases_of(moving);
     let mut compares: Vec<Compare> = checks.iter().map(|c| c.compare()).collect();
     compares.extend(adds.iter().map(|key| {
         let seen = moving.adds.get(key).map_or(0, |(_, m)| *m);

@@ -142,6 +142,8 @@ pub(crate) struct Shared {
     pub(crate) keys: Keys,
     /// The last clock this process saw, so commits need not read it first.
     pub(crate) clock: Mutex<Option<Clock>>,
+    /// The same for the keys of atomic adds.
+    pub(crate) adds: committer::AddCache,
 }
 
 impl Shared {
@@ -208,6 +210,7 @@ impl EtcdStore {
             client,
             keys: Keys::new(config.prefix.as_bytes()),
             clock: Mutex::new(None),
+            adds: committer::AddCache::default(),
         });
         read_version::read_version(&shared).await?;
         Ok(Self {

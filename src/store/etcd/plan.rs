@@ -140,6 +140,17 @@ impl WritePlan {
             .collect()
     }
 
+    /// The value an atomically added key gets from `bases`.
+    pub(crate) fn added_value(&self, key: &[u8], bases: &Bases) -> Option<Vec<u8>> {
+        match self.keys.get(key) {
+            Some(Final::Add(delta)) => {
+                let base = bases.get(key).cloned().flatten();
+                Some(apply_atomic_add(base.as_deref(), *delta))
+            }
+            _ => None,
+        }
+    }
+
     /// An upper bound of the operations [`WritePlan::ops`] makes.
     pub(crate) fn op_estimate(&self) -> usize {
         self.keys.len() + self.stamped_keys.len() * 2 + self.cleared.len() * 2
