@@ -13,7 +13,7 @@
 //! (checked at start against the uuid recorded in the store).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +21,6 @@ use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::replicator::doc_processor::{DocProcessorConfig, ReplicatorDb};
 use couch_replicator::replicator::{Frontend, NodeType, Replicator, ReplicatorConfig, ServiceFn};
 use couch_replicator::store::Db;
-use couch_replicator::store::embedded::EmbeddedStore;
 
 use couch_replicator::http::auth::AuthSettings;
 use couch_replicator::http::couchdb_auth::CouchDbAuth;
@@ -274,55 +273,13 @@ fn is_used(section: &str, key: &str) -> bool {
     }
 }
 
-/// The server uuid kept in the data directory, so replication ids survive restarts.
-fn server_uuid(dir: &Path) -> Result<String, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let p = dir.join("server_uuid");
-    match std::fs::read_to_string(&p) {
-        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
-        _ => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            std::fs::write(&p, &id).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-            Ok(id)
-        }
-    }
-}
-
-fn open_store(args: &ServeArgs) -> Result<Db, String> {
-    #[cfg(feature = "fdb")]
-    if let Some(f) = &args.fdb_cluster_file {
-        use couch_replicator::store::fdb::{FdbStore, boot_network};
-        let path = f
-            .to_str()
-            .ok_or_else(|| format!("cluster file path {} is not UTF-8", f.display()))?;
-        boot_network().map_err(|e| format!("cannot start the FoundationDB client: {e}"))?;
-        let store = FdbStore::open(Some(path))
-            .map_err(|e| format!("cannot open FoundationDB through {}: {e}", f.display()))?;
-        return Ok(Db::new(Arc::new(store)));
-    }
-    std::fs::create_dir_all(&args.data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
-    let store = EmbeddedStore::open(args.data_dir.join("jobs.redb"))
-        .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?;
-    Ok(Db::new(Arc::new(store)))
-}
-
 /// Runs the node until Ctrl-C / SIGTERM. The HTTP API and the doc processor are children
 /// of the node's tree (on `api_frontend` nodes only); `serve` waits for the signal, then
 /// shuts the tree down (jobs checkpoint) and stops the steps workers.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
     let (cfg, admins) = load(&args, std::env::vars().collect())?;
-    let (db, shared_store) = match serve_store::open_etcd(&cfg).await? {
-        Some(db) => (db, true),
-        None => {
-            #[cfg(feature = "fdb")]
-            let shared = args.fdb_cluster_file.is_some();
-            #[cfg(not(feature = "fdb"))]
-            let shared = false;
-            (open_store(&args)?, shared)
-        }
-    };
-    let uuid = server_uuid(&args.data_dir)?;
+    let (db, shared_store) = serve_store::open(&args, &cfg).await?;
+    let uuid = serve_store::server_uuid(&args.data_dir)?;
     let setup = setup(&args, &cfg, admins, db.clone(), uuid)?;
     if shared_store {
         serve_store::check_uuid(&db, &setup.replicator.server_uuid).await?;

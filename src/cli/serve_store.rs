@@ -1,4 +1,4 @@
-//! Which job store `serve` opens: the embedded engine under `--data-dir` (the default),
+//! Which job store `serve` opens ([`open`]): the embedded engine under `--data-dir` (the default),
 //! FoundationDB (`--fdb-cluster-file`, feature `fdb`), or an etcd cluster
 //! (`--etcd-endpoints` / `[couch_jobs] etcd_endpoints`, with the key prefix, user and
 //! password, and TLS files beside it). On a store that several nodes share, the server uuid
@@ -6,13 +6,15 @@
 //! whose uuid differs is refused at start: it would compute other replication ids for the
 //! same replications.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
 use couch_replicator::store::{Db, StoreError, Tx, tuple};
 
 use super::config_file::ConfigFile;
+use super::serve::ServeArgs;
 
 /// The `[couch_jobs]` section.
 pub const SECTION: &str = "couch_jobs";
@@ -134,6 +136,51 @@ pub async fn open_etcd(cfg: &ConfigFile) -> Result<Option<Db>, String> {
         .map_err(|e| format!("cannot reach etcd at {}: {e}", config.endpoints.join(",")))?;
     tracing::info!(endpoints = ?config.endpoints, prefix = %config.prefix, "job store: etcd");
     Ok(Some(Db::new(Arc::new(store))))
+}
+
+/// The server uuid kept in the data directory, so replication ids survive restarts.
+pub fn server_uuid(dir: &Path) -> Result<String, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let p = dir.join("server_uuid");
+    match std::fs::read_to_string(&p) {
+        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+        _ => {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            std::fs::write(&p, &id).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            Ok(id)
+        }
+    }
+}
+
+fn open_local(args: &ServeArgs) -> Result<Db, String> {
+    #[cfg(feature = "fdb")]
+    if let Some(f) = &args.fdb_cluster_file {
+        use couch_replicator::store::fdb::{FdbStore, boot_network};
+        let path = f
+            .to_str()
+            .ok_or_else(|| format!("cluster file path {} is not UTF-8", f.display()))?;
+        boot_network().map_err(|e| format!("cannot start the FoundationDB client: {e}"))?;
+        let store = FdbStore::open(Some(path))
+            .map_err(|e| format!("cannot open FoundationDB through {}: {e}", f.display()))?;
+        return Ok(Db::new(Arc::new(store)));
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
+    let store = EmbeddedStore::open(args.data_dir.join("jobs.redb"))
+        .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?;
+    Ok(Db::new(Arc::new(store)))
+}
+
+/// The job store `serve` runs on, and whether other nodes may share it (etcd, FoundationDB).
+pub async fn open(args: &ServeArgs, cfg: &ConfigFile) -> Result<(Db, bool), String> {
+    if let Some(db) = open_etcd(cfg).await? {
+        return Ok((db, true));
+    }
+    #[cfg(feature = "fdb")]
+    let shared = args.fdb_cluster_file.is_some();
+    #[cfg(not(feature = "fdb"))]
+    let shared = false;
+    Ok((open_local(args)?, shared))
 }
 
 /// Records `uuid` as the cluster's server uuid if none is yet, and refuses a different one.

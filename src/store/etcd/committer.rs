@@ -193,7 +193,7 @@ async fn commit_batch(shared: &Shared, batch: Vec<Member>) {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Moving {
     clock: Clock,
-    adds: HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>,
+    adds: Added,
 }
 
 fn get_ops(shared: &Shared, adds: &[Vec<u8>]) -> Vec<TxnOp> {
@@ -227,17 +227,20 @@ fn moving_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Moving {
 /// their mod revisions: used as the adds' bases without reading them first; the commit's
 /// compares catch a stale one, and its failure branch brings the current value.
 #[derive(Default)]
-pub(crate) struct AddCache(std::sync::Mutex<HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>>);
+pub(crate) struct AddCache(std::sync::Mutex<Added>);
+
+/// Keys of atomic adds: the value (`None` = absent) and its mod revision.
+type Added = HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>;
 
 /// Entries kept at most (the hot keys are a few per job type).
 const ADD_CACHE: usize = 1024;
 
 impl AddCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Added> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn get(&self, keys: &[Vec<u8>]) -> Option<HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>> {
+    fn get(&self, keys: &[Vec<u8>]) -> Option<Added> {
         let cache = self.lock();
         keys.iter()
             .map(|k| cache.get(k).map(|v| (k.clone(), v.clone())))
