@@ -7,7 +7,9 @@
 //! cargo run --example cluster -- 3 [SOURCE_URL TARGET_SERVER_URL JOBS]
 //! ```
 //! With a source database and a target server, adds JOBS (default 6) continuous
-//! replications SOURCE → TARGET_SERVER/cluster-target-K.
+//! replications SOURCE → TARGET_SERVER/cluster-target-K. With `ETCD_ENDPOINTS=URL[,URL]` the
+//! nodes share that etcd cluster (under the prefix `couch-replicator-example/`) instead of an
+//! embedded store.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::replicator::{JobKind, NewJob, Replicator, ReplicatorConfig};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
+use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
 use serde_json::json;
 
 struct Node {
@@ -30,7 +33,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(3);
     let dir = std::env::temp_dir().join(format!("couch-replicator-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let db = Db::new(Arc::new(EmbeddedStore::open(dir.join("jobs.redb"))?));
+    let db = match std::env::var("ETCD_ENDPOINTS") {
+        Ok(endpoints) => {
+            let endpoints = endpoints.split(',').map(str::to_owned).collect();
+            let config = EtcdConfig::new(endpoints).with_prefix("couch-replicator-example/");
+            println!("job store: etcd {:?}", config.endpoints);
+            Db::new(Arc::new(EtcdStore::connect(&config).await?))
+        }
+        Err(_) => Db::new(Arc::new(EmbeddedStore::open(dir.join("jobs.redb"))?)),
+    };
 
     let mut nodes: BTreeMap<usize, Node> = BTreeMap::new();
     for i in 1..=n {

@@ -7,6 +7,7 @@ mod cli {
     mod replicate;
     mod serve_auth;
     mod serve_e2e;
+    mod serve_etcd;
     mod serve_steps;
     mod serve_tls;
     mod verify;

@@ -6,6 +6,7 @@ pub mod replicate;
 pub mod replicator_section;
 pub mod serve;
 pub mod serve_steps;
+pub mod serve_store;
 pub mod ssl_section;
 pub mod steps;
 pub mod verify;

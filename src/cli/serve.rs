@@ -1,6 +1,6 @@
 //! `couch-replicator serve`: runs one replicator node with CouchDB's HTTP API. The job store
-//! is the embedded engine under `--data-dir` (or FoundationDB with `--fdb-cluster-file` when
-//! built with `fdb`); settings come from a config file ([`super::config_file`]), environment
+//! is the embedded engine under `--data-dir`, an etcd cluster with `--etcd-endpoints`, or
+//! FoundationDB with `--fdb-cluster-file` when built with `fdb` ([`super::serve_store`]); settings come from a config file ([`super::config_file`]), environment
 //! overrides, then command-line flags, in that order of increasing precedence. Prints
 //! `listening on http://ADDR` once the API accepts connections, then `listening on
 //! https://ADDR` when `[ssl]` turns HTTPS on ([`super::ssl_section`]); stops gracefully on
@@ -9,10 +9,11 @@
 //! The HTTP API (with `/_steps`) and the `_replicator` doc processor are the last children of
 //! the node's tree, run only by `api_frontend` nodes; `[steps] workers` starts steps workers
 //! ([`super::serve_steps`]). The server uuid (part of every replication id) is kept in the
-//! data directory; nodes sharing one FoundationDB cluster must set the same `[couchdb] uuid`.
+//! data directory; nodes sharing one etcd or FoundationDB cluster must set the same `[couchdb] uuid`
+//! (checked at start against the uuid recorded in the store).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,6 @@ use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::replicator::doc_processor::{DocProcessorConfig, ReplicatorDb};
 use couch_replicator::replicator::{Frontend, NodeType, Replicator, ReplicatorConfig, ServiceFn};
 use couch_replicator::store::Db;
-use couch_replicator::store::embedded::EmbeddedStore;
 
 use couch_replicator::http::auth::AuthSettings;
 use couch_replicator::http::couchdb_auth::CouchDbAuth;
@@ -31,6 +31,7 @@ use super::auth_couchdb;
 use super::config_file::ConfigFile;
 use super::replicator_section;
 use super::serve_steps::{STEPS_KEYS, StepsSetup};
+use super::serve_store::{self, EtcdArgs};
 use super::ssl_section::{self, Https};
 
 /// `serve` flags.
@@ -43,6 +44,8 @@ pub struct ServeArgs {
     #[cfg(feature = "fdb")]
     #[arg(long, env = "FDB_CLUSTER_FILE")]
     pub fdb_cluster_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
     /// Config files (CouchDB ini, or flat TOML) with [replicator], [admins], [chttpd], ...;
     /// repeatable, later files win, a directory stands for its *.ini files (CouchDB's
     /// `default.ini` then `local.ini` load unchanged).
@@ -122,6 +125,7 @@ pub fn load(
     if let Some(u) = &args.auth_couchdb {
         cfg.set(auth_couchdb::SECTION, "url", u.clone());
     }
+    args.etcd.apply(&mut cfg);
     let mut admins = pairs(cfg.section("admins"));
     for a in &args.admins {
         let (n, p) = a
@@ -263,42 +267,10 @@ fn is_used(section: &str, key: &str) -> bool {
             matches!(key, "iterations" | "pbkdf2_prf" | "secret" | "timeout")
         }
         "steps" => STEPS_KEYS.contains(&key),
+        serve_store::SECTION => serve_store::KEYS.contains(&key),
         auth_couchdb::SECTION => auth_couchdb::KEYS.contains(&key),
         _ => false,
     }
-}
-
-/// The server uuid kept in the data directory, so replication ids survive restarts.
-fn server_uuid(dir: &Path) -> Result<String, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let p = dir.join("server_uuid");
-    match std::fs::read_to_string(&p) {
-        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
-        _ => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            std::fs::write(&p, &id).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-            Ok(id)
-        }
-    }
-}
-
-fn open_store(args: &ServeArgs) -> Result<Db, String> {
-    #[cfg(feature = "fdb")]
-    if let Some(f) = &args.fdb_cluster_file {
-        use couch_replicator::store::fdb::{FdbStore, boot_network};
-        let path = f
-            .to_str()
-            .ok_or_else(|| format!("cluster file path {} is not UTF-8", f.display()))?;
-        boot_network().map_err(|e| format!("cannot start the FoundationDB client: {e}"))?;
-        let store = FdbStore::open(Some(path))
-            .map_err(|e| format!("cannot open FoundationDB through {}: {e}", f.display()))?;
-        return Ok(Db::new(Arc::new(store)));
-    }
-    std::fs::create_dir_all(&args.data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
-    let store = EmbeddedStore::open(args.data_dir.join("jobs.redb"))
-        .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?;
-    Ok(Db::new(Arc::new(store)))
 }
 
 /// Runs the node until Ctrl-C / SIGTERM. The HTTP API and the doc processor are children
@@ -306,9 +278,12 @@ fn open_store(args: &ServeArgs) -> Result<Db, String> {
 /// shuts the tree down (jobs checkpoint) and stops the steps workers.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
     let (cfg, admins) = load(&args, std::env::vars().collect())?;
-    let db = open_store(&args)?;
-    let uuid = server_uuid(&args.data_dir)?;
-    let setup = setup(&args, &cfg, admins, db, uuid)?;
+    let (db, shared_store) = serve_store::open(&args, &cfg).await?;
+    let uuid = serve_store::server_uuid(&args.data_dir)?;
+    let setup = setup(&args, &cfg, admins, db.clone(), uuid)?;
+    if shared_store {
+        serve_store::check_uuid(&db, &setup.replicator.server_uuid).await?;
+    }
     let steps_setup = StepsSetup::from_config(&cfg, &setup.replicator.node)?;
     for note in &setup.notes {
         tracing::info!("config: {note}");

@@ -17,6 +17,7 @@
 
 mod db;
 pub mod embedded;
+pub mod etcd;
 pub mod faulty;
 #[cfg(feature = "fdb")]
 pub mod fdb;
@@ -108,6 +109,10 @@ pub enum StoreError {
     /// A key or value the contract does not allow (bad versionstamp offset, too big, ...).
     #[error("invalid operation: {0}")]
     Invalid(String),
+    /// The store cannot be reached now (etcd without a leader or quorum, connection lost)
+    /// before anything was sent that could commit. Retryable.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     /// The store was closed, or its committer is gone.
     #[error("store closed")]
     Closed,
@@ -130,7 +135,10 @@ impl StoreError {
     /// Whether running the transaction again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            StoreError::Conflict | StoreError::TooOld | StoreError::CommitUnknown => true,
+            StoreError::Conflict
+            | StoreError::TooOld
+            | StoreError::CommitUnknown
+            | StoreError::Unavailable(_) => true,
             StoreError::Fdb { retryable, .. } => *retryable,
             _ => false,
         }
@@ -208,7 +216,7 @@ pub trait Transaction: Send + Sync {
 pub trait Store: Send + Sync + 'static {
     /// Starts a transaction at the current read version.
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>>;
-    /// A short name for logs ("embedded", "memory", "foundationdb").
+    /// A short name for logs ("embedded", "memory", "foundationdb", "etcd").
     fn engine_name(&self) -> &'static str;
 }
 

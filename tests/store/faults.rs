@@ -239,5 +239,6 @@ faults!(embedded, async {
 faults!(memory, async {
     Some(crate::support::store::Memory::new().await)
 });
+faults!(etcd, crate::support::store::Etcd::new());
 #[cfg(feature = "fdb")]
 faults!(foundationdb, crate::support::store::Fdb::new());

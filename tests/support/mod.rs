@@ -7,13 +7,14 @@
 //! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]), a byte-counting relay that
 //! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), a node with
 //! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]), steps clusters ([`steps`]),
-//! store harnesses for every engine ([`store`]). Time: one [`deadline`] and one [`wait_for`].
+//! store harnesses for every engine ([`store`]), real etcd clusters ([`etcd`]). Time: one [`deadline`] and one [`wait_for`].
 //! Each test binary uses only part of this, hence the dead-code allowance.
 #![allow(dead_code)]
 
 pub mod browser;
 pub mod couch;
 pub mod couchdb;
+pub mod etcd;
 pub mod http;
 pub mod proxy;
 #[path = "../../benches/shared/relay.rs"]

@@ -140,17 +140,42 @@ impl Pouch {
 pub struct Store {
     pub dir: tempfile::TempDir,
     pub db: Db,
+    /// The etcd members under `COUCH_TEST_STORE=etcd` (killed when the store drops).
+    pub etcd: Option<super::etcd::EtcdCluster>,
 }
 
 impl Store {
-    /// The embedded engine in a temp dir; under `COUCH_STORE_FAULTS=RATE[:SEED]` wrapped in
-    /// the fault-injecting store, so whole suites run under FDB's failure modes.
+    /// The embedded engine in a temp dir, or with `COUCH_TEST_STORE=etcd` a 3-member etcd
+    /// cluster of the test's own (multi-threaded tests only: it is started in place); under
+    /// `COUCH_STORE_FAULTS=RATE[:SEED]` wrapped in the fault-injecting store, so whole suites
+    /// run under FDB's failure modes.
     pub fn open() -> Store {
         let dir = tempfile::tempdir().unwrap();
+        if std::env::var("COUCH_TEST_STORE").as_deref() == Ok("etcd") {
+            let (cluster, store) = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(async {
+                    let cluster = super::etcd::EtcdCluster::start(3)
+                        .await
+                        .expect("COUCH_TEST_STORE=etcd needs the etcd binary");
+                    let config =
+                        couch_replicator::store::etcd::EtcdConfig::new(cluster.endpoints());
+                    let store = couch_replicator::store::etcd::EtcdStore::connect(&config)
+                        .await
+                        .expect("connect to etcd");
+                    (cluster, store)
+                })
+            });
+            return Store {
+                db: Db::new(FaultyStore::from_env(Arc::new(store))),
+                dir,
+                etcd: Some(cluster),
+            };
+        }
         let store = EmbeddedStore::open(dir.path().join("replicator.redb")).unwrap();
         Store {
             db: Db::new(FaultyStore::from_env(Arc::new(store))),
             dir,
+            etcd: None,
         }
     }
 }

@@ -147,6 +147,51 @@ impl Harness for Faulty {
     }
 }
 
+/// A real etcd cluster of its own (1 member unless asked), so the key space is private.
+pub struct Etcd {
+    pub cluster: crate::support::etcd::EtcdCluster,
+    pub store: couch_replicator::store::etcd::EtcdStore,
+}
+
+impl Etcd {
+    /// `None` (after saying so) when etcd is not installed.
+    pub async fn new() -> Option<Self> {
+        Self::with_members(1).await
+    }
+
+    pub async fn with_members(n: usize) -> Option<Self> {
+        let cluster = crate::support::etcd::EtcdCluster::start(n).await?;
+        let store = Self::connect(&cluster).await;
+        Some(Self { cluster, store })
+    }
+
+    pub async fn connect(
+        cluster: &crate::support::etcd::EtcdCluster,
+    ) -> couch_replicator::store::etcd::EtcdStore {
+        let config = couch_replicator::store::etcd::EtcdConfig::new(cluster.endpoints());
+        couch_replicator::store::etcd::EtcdStore::connect(&config)
+            .await
+            .expect("connect to etcd")
+    }
+}
+
+impl Harness for Etcd {
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
+    }
+
+    fn prefix(&self) -> &[u8] {
+        b""
+    }
+
+    async fn reopen(&mut self) {
+        // etcd is durable by itself: a new client on the same cluster.
+        self.store = Self::connect(&self.cluster).await;
+    }
+
+    async fn finish(self) {}
+}
+
 // Only the conformance suite uses it; the other store tests share this module.
 #[cfg(feature = "fdb")]
 #[allow(unused_imports)]

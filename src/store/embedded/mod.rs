@@ -21,7 +21,7 @@ mod conflicts;
 mod transaction;
 mod wal;
 mod watches;
-mod writes;
+pub(crate) mod writes;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,182 @@
+//! couch_jobs on a real 3-member etcd cluster (started here on loopback, by pid), with its
+//! peer measured in the same run on the same cluster at the same concurrency:
+//!
+//! * raw single-key `Txn`s per second (a compare on the worker's own key and a put), and
+//! * couch_jobs cycles (`add` → `accept` → `update` → `finish`, four transactions) per
+//!   second through the etcd engine;
+//!
+//! `RESULT jobs_cycles_etcd_over_raw_txn` is the second over the first. Skips (saying so)
+//! when the `etcd` binary is not installed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions};
+use couch_replicator::store::Db;
+use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+#[path = "../tests/support/etcd.rs"]
+#[allow(dead_code)]
+mod etcd_cluster;
+
+const WORKERS: usize = 16;
+const RUN_FOR: Duration = Duration::from_secs(5);
+const CYCLE_TYPE: &str = "bench_cycle";
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// `WORKERS` tasks each sending `Txn`s on its own key; returns (txns, elapsed).
+async fn raw_txns(endpoints: &[String]) -> BenchResult<(u64, Duration)> {
+    // The store's own connection (TCP_NODELAY), so both sides use the same transport.
+    let config = EtcdConfig::new(endpoints.to_vec());
+    let client = config.client().await?;
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (mut kv, done, stop) = (client.kv_client(), done.clone(), stop.clone());
+            tokio::spawn(async move {
+                let key = format!("raw/{w}");
+                let mut seen = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(key.clone(), CompareOp::Equal, seen)])
+                        .and_then([TxnOp::put(key.clone(), b"v".to_vec(), None)]);
+                    let resp = kv.txn(txn).await?;
+                    seen = resp.header().map_or(0, |h| h.revision());
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, etcd_client::Error>(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(RUN_FOR).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await??;
+    }
+    Ok((done.load(Ordering::Relaxed), start.elapsed()))
+}
+
+fn job_data(worker: usize, n: u64, step: &str) -> JobData {
+    let mut d = JobData::new();
+    d.insert("worker".into(), worker.into());
+    d.insert("n".into(), n.into());
+    d.insert("step".into(), step.into());
+    d
+}
+
+/// `WORKERS` tasks each looping add → accept → update → finish; returns (cycles, elapsed).
+async fn cycles(jobs: &Jobs) -> BenchResult<(u64, Duration)> {
+    jobs.set_type_timeout(CYCLE_TYPE, 60).await?;
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (jobs, done, stop) = (jobs.clone(), done.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let id = format!("w{w}-{n}");
+                    jobs.add(CYCLE_TYPE, &id, job_data(w, n, "added"), 0)
+                        .await?;
+                    let (job, _) = match jobs
+                        .accept(CYCLE_TYPE, AcceptOpts::default().timeout(Duration::ZERO))
+                        .await
+                    {
+                        Ok(found) => found,
+                        Err(JobsError::NotFound) => continue,
+                        Err(e) => return Err(e),
+                    };
+                    let job = jobs.update(&job, Some(job_data(w, n, "running"))).await?;
+                    jobs.finish(&job, Some(job_data(w, n, "done"))).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, JobsError>(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(RUN_FOR).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await??;
+    }
+    Ok((done.load(Ordering::Relaxed), start.elapsed()))
+}
+
+/// One client's sequential begin → get → set → commit, with where the time goes.
+async fn sequential(store: &EtcdStore) -> BenchResult<()> {
+    use couch_replicator::store::Store;
+    let (mut begin, mut get, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let n = 100;
+    for i in 0..n {
+        let t0 = Instant::now();
+        let tx = store.begin().await?;
+        let t1 = Instant::now();
+        tx.get(b"seq", false).await?;
+        let t2 = Instant::now();
+        tx.set(b"seq", format!("{i}").as_bytes());
+        tx.commit().await?;
+        let t3 = Instant::now();
+        begin += t1 - t0;
+        get += t2 - t1;
+        commit += t3 - t2;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0 / n as f64;
+    println!(
+        "sequential store transaction: begin {:.1} ms, get {:.1} ms, commit {:.1} ms",
+        ms(begin),
+        ms(get),
+        ms(commit)
+    );
+    Ok(())
+}
+
+async fn part1() -> BenchResult<()> {
+    let Some(cluster) = etcd_cluster::EtcdCluster::start(3).await else {
+        return Ok(());
+    };
+    let endpoints = cluster.endpoints();
+    let (raw_n, raw_t) = raw_txns(&endpoints).await?;
+    let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
+    sequential(&store).await?;
+    let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
+    let (cycles_n, cycles_t) = cycles(&jobs).await?;
+    println!("etcd engine: {}", store.stats().summary());
+    let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
+    let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();
+    println!(
+        "{:<60} {:>10} {:>12}",
+        "measurement (3-member etcd)", "count", "per second"
+    );
+    println!(
+        "{:<60} {:>10} {:>12.0}",
+        format!("raw single-key Txn, {WORKERS} clients"),
+        raw_n,
+        raw_rate
+    );
+    println!(
+        "{:<60} {:>10} {:>12.0}",
+        format!("job cycles add/accept/update/finish, {WORKERS} workers"),
+        cycles_n,
+        cycle_rate
+    );
+    println!(
+        "RESULT jobs_cycles_etcd_over_raw_txn = {:.3}",
+        cycle_rate / raw_rate.max(f64::MIN_POSITIVE)
+    );
+    Ok(())
+}
+
+fn main() -> BenchResult<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(part1())
+}

@@ -1,0 +1,420 @@
+//! The process's one committer: a task that sends commits as etcd `Txn`s, batching the
+//! commits that queued up while the previous `Txn` was in flight into one `Txn` when their
+//! read and write sets are disjoint (any order of them is then serializable, so etcd
+//! checking all their compares against the state before the batch is sound).
+//!
+//! A batch is one all-or-nothing `Txn`: every member's read compares, then the members'
+//! writes folded in batch order (so two members may write one key: the later wins, as if
+//! they had committed one after the other; blind atomic adds to one counter sum up). It
+//! advances the clock key's counter (the versionstamp) under a `MOD ==` compare and checks
+//! that the keys of atomic adds still have the values the adds were computed from. Its
+//! failure branch reads those back plus one probe per compare, so the committer learns
+//! which members really conflict: they get `Conflict`, and the rest is resent at once (as is
+//! a batch that failed only because the clock or an added key moved), without running any
+//! transaction again.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use tokio::sync::{mpsc, oneshot};
+
+use super::conflicts::{Check, ReadSet, overlap};
+use super::errors::{commit_error, read_error};
+use super::plan::{Bases, WritePlan, write_spans};
+use super::{Clock, Keys, MAX_REQUEST_BYTES, MAX_TXN_OPS, Shared};
+use crate::store::embedded::writes::Mutation;
+use crate::store::{CommitStamp, StoreError, commit_stamp};
+
+/// How often a `Txn` is rebuilt because the clock or an added key moved before giving up
+/// with a conflict (`Db::run` then runs the transaction again).
+const REBUILDS: usize = 16;
+/// Commits in one batch at most.
+const MAX_BATCH: usize = 64;
+
+/// A commit that landed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Committed {
+    pub(crate) stamp: CommitStamp,
+    pub(crate) revision: i64,
+}
+
+type Reply = oneshot::Sender<Result<Committed, StoreError>>;
+
+/// One transaction's commit, as queued.
+pub(crate) struct Member {
+    checks: Vec<Check>,
+    ops: Vec<Mutation>,
+    reply: Reply,
+    read_spans: Vec<(Vec<u8>, Vec<u8>)>,
+    write_spans: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Operations its writes take at most.
+    op_estimate: usize,
+    bytes: usize,
+}
+
+impl Member {
+    /// Whether this member may share a `Txn` with `other`: neither reads what the other
+    /// writes (both are checked against the state before the batch).
+    fn disjoint(&self, other: &Member) -> bool {
+        !overlap(&self.read_spans, &other.write_spans)
+            && !overlap(&other.read_spans, &self.write_spans)
+    }
+}
+
+/// The handle transactions send their commits through. Cheap to clone; the task ends with
+/// the last handle.
+#[derive(Clone)]
+pub(crate) struct Committer {
+    queue: mpsc::UnboundedSender<Member>,
+}
+
+impl Committer {
+    pub(crate) fn start(shared: Arc<Shared>) -> Self {
+        let (queue, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(shared, rx));
+        Self { queue }
+    }
+
+    /// Commits the writes `ops` of a transaction that read `reads` at `revision`.
+    pub(crate) async fn commit(
+        &self,
+        keys: &Keys,
+        revision: i64,
+        reads: ReadSet,
+        ops: Vec<Mutation>,
+    ) -> Result<Committed, StoreError> {
+        let (reply, verdict) = oneshot::channel();
+        let mut alone = WritePlan::default();
+        alone.fold(keys, &ops, 0)?;
+        let checks = reads.checks(revision);
+        let bytes = alone.byte_estimate() + checks.iter().map(Check::bytes).sum::<usize>();
+        let member = Member {
+            read_spans: reads.spans(),
+            write_spans: write_spans(keys, &ops),
+            op_estimate: alone.op_estimate(),
+            checks,
+            ops,
+            reply,
+            bytes,
+        };
+        self.queue.send(member).map_err(|_| StoreError::Closed)?;
+        verdict.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Member>) {
+    let mut queue: VecDeque<Member> = VecDeque::new();
+    loop {
+        if queue.is_empty() {
+            match rx.recv().await {
+                Some(member) => queue.push_back(member),
+                None => return,
+            }
+        }
+        while let Ok(member) = rx.try_recv() {
+            queue.push_back(member);
+        }
+        let batch = take_batch(&mut queue);
+        commit_batch(&shared, batch).await;
+    }
+}
+
+/// The first queued commit and every later one that is disjoint from the batch and fits
+/// (compares, and the probes of the failure branch, each one per check; operations).
+fn take_batch(queue: &mut VecDeque<Member>) -> Vec<Member> {
+    let Some(first) = queue.pop_front() else {
+        return Vec::new();
+    };
+    // One compare and one probe per check, plus the clock and the atomic adds.
+    let reserve = 16;
+    let (mut checks, mut ops, mut bytes) = (first.checks.len(), first.op_estimate, first.bytes);
+    let mut batch = vec![first];
+    let mut i = 0;
+    while i < queue.len() && batch.len() < MAX_BATCH {
+        let m = &queue[i];
+        let fits = checks + m.checks.len() + reserve <= MAX_TXN_OPS
+            && ops + m.op_estimate + reserve <= MAX_TXN_OPS
+            && bytes + m.bytes < MAX_REQUEST_BYTES;
+        if fits && batch.iter().all(|b| b.disjoint(m)) {
+            checks += m.checks.len();
+            ops += m.op_estimate;
+            bytes += m.bytes;
+            if let Some(m) = queue.remove(i) {
+                batch.push(m);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    batch
+}
+
+/// Commits a batch, dropping the members whose checks failed (they get `Conflict`) and
+/// resending the rest, until it commits or nothing is left.
+async fn commit_batch(shared: &Shared, batch: Vec<Member>) {
+    let mut batch = batch;
+    for _ in 0..REBUILDS {
+        if batch.is_empty() {
+            return;
+        }
+        match commit_members(shared, &batch).await {
+            Ok(Outcome::Committed(committed)) => {
+                for (i, member) in batch.into_iter().enumerate() {
+                    let _ = member.reply.send(Ok(committed[i]));
+                }
+                return;
+            }
+            Ok(Outcome::Failed(failed)) => {
+                let (conflicted, rest): (Vec<_>, Vec<_>) = batch
+                    .into_iter()
+                    .enumerate()
+                    .partition(|(i, _)| failed.contains(i));
+                for (_, member) in conflicted {
+                    let _ = member.reply.send(Err(StoreError::Conflict));
+                }
+                batch = rest.into_iter().map(|(_, m)| m).collect();
+            }
+            Err(e) => {
+                for member in batch {
+                    let _ = member.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        }
+    }
+    for member in batch {
+        let _ = member.reply.send(Err(StoreError::Conflict));
+    }
+}
+
+/// The clock and the current values and mod revisions of the added keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Moving {
+    clock: Clock,
+    adds: Added,
+}
+
+fn get_ops(shared: &Shared, adds: &[Vec<u8>]) -> Vec<TxnOp> {
+    std::iter::once(shared.keys.clock().to_vec())
+        .chain(adds.iter().cloned())
+        .map(|k| TxnOp::get(k, None))
+        .collect()
+}
+
+/// Reads the clock and added keys back from the responses of [`get_ops`].
+fn moving_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Moving {
+    let mut moving = Moving::default();
+    for (i, response) in responses.into_iter().enumerate() {
+        let TxnOpResponse::Get(get) = response else {
+            continue;
+        };
+        let kv = get.kvs().first();
+        if i == 0 {
+            moving.clock = kv.map_or_else(Clock::default, |kv| {
+                Clock::decode(kv.value(), kv.mod_revision())
+            });
+        } else if let Some(key) = adds.get(i - 1) {
+            let value = kv.map(|kv| (Some(kv.value().to_vec()), kv.mod_revision()));
+            moving.adds.insert(key.clone(), value.unwrap_or((None, 0)));
+        }
+    }
+    moving
+}
+
+/// The values this process last wrote to (or read back from) keys of atomic adds, with
+/// their mod revisions: used as the adds' bases without reading them first; the commit's
+/// compares catch a stale one, and its failure branch brings the current value.
+#[derive(Default)]
+pub(crate) struct AddCache(std::sync::Mutex<Added>);
+
+/// Keys of atomic adds: the value (`None` = absent) and its mod revision.
+type Added = HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>;
+
+/// Entries kept at most (the hot keys are a few per job type).
+const ADD_CACHE: usize = 1024;
+
+impl AddCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Added> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, keys: &[Vec<u8>]) -> Option<Added> {
+        let cache = self.lock();
+        keys.iter()
+            .map(|k| cache.get(k).map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    fn put(&self, entries: impl IntoIterator<Item = (Vec<u8>, (Option<Vec<u8>>, i64))>) {
+        let mut cache = self.lock();
+        if cache.len() > ADD_CACHE {
+            cache.clear();
+        }
+        cache.extend(entries);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+/// The clock and added keys now: from the caches when they know them all, else read.
+async fn read_moving(shared: &Shared, adds: &[Vec<u8>]) -> Result<Moving, StoreError> {
+    if let (Some(clock), Some(adds)) = (shared.cached_clock(), shared.adds.get(adds)) {
+        return Ok(Moving { clock, adds });
+    }
+    let txn = Txn::new().and_then(get_ops(shared, adds));
+    let resp = shared.kv().txn(txn).await.map_err(read_error)?;
+    let moving = moving_from(resp.op_responses(), adds);
+    shared.adds.put(moving.adds.clone());
+    Ok(moving)
+}
+
+/// What one `Txn` of a batch did.
+enum Outcome {
+    /// Every member committed: their stamps and the revision.
+    Committed(Vec<Committed>),
+    /// Nothing committed; these members' checks failed (the others may be resent).
+    Failed(Vec<usize>),
+}
+
+/// Sends `members` as one all-or-nothing `Txn`, rebuilt while only the clock or the keys of
+/// atomic adds moved.
+async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, StoreError> {
+    let mut plan = WritePlan::default();
+    for (i, member) in members.iter().enumerate() {
+        plan.fold(&shared.keys, &member.ops, i as u16)?;
+    }
+    let adds = plan.add_keys();
+    let checks: Vec<&Check> = members.iter().flat_map(|m| &m.checks).collect();
+    let mut moving = read_moving(shared, &adds).await?;
+    for _ in 0..REBUILDS {
+        let counter = moving.clock.counter + 1;
+        let txn = build(shared, &plan, &checks, &adds, &moving, counter)?;
+        shared.stats.txns.fetch_add(1, Ordering::Relaxed);
+        let resp: TxnResponse = match shared.kv().txn(txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // The clock may have moved under an unknown outcome: read it next time.
+                shared.saw_clock(None);
+                shared.adds.clear();
+                return Err(commit_error(e));
+            }
+        };
+        if resp.succeeded() {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            let bases = bases_of(&moving);
+            shared.adds.put(
+                adds.iter()
+                    .map(|k| (k.clone(), (plan.added_value(k, &bases), revision))),
+            );
+            shared.saw_clock(Some(Clock {
+                counter,
+                mod_revision: revision,
+            }));
+            let n = members.len();
+            shared
+                .stats
+                .committed
+                .fetch_add(n as u64, Ordering::Relaxed);
+            let committed = (0..n)
+                .map(|i| Committed {
+                    stamp: commit_stamp(counter, i as u16),
+                    revision,
+                })
+                .collect();
+            return Ok(Outcome::Committed(committed));
+        }
+        let mut responses = resp.op_responses();
+        let probes = responses.split_off((1 + adds.len()).min(responses.len()));
+        let now = moving_from(responses, &adds);
+        shared.saw_clock(Some(now.clock));
+        shared.adds.put(now.adds.clone());
+        let failed = failed_members(members, &probes);
+        if !failed.is_empty() {
+            shared
+                .stats
+                .conflicts
+                .fetch_add(failed.len() as u64, Ordering::Relaxed);
+            return Ok(Outcome::Failed(failed));
+        }
+        shared.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
+        moving = now;
+    }
+    Ok(Outcome::Failed((0..members.len()).collect()))
+}
+
+/// The members with a check that the probes show failed.
+fn failed_members(members: &[Member], probes: &[TxnOpResponse]) -> Vec<usize> {
+    let mut probes = probes.iter();
+    let mut failed = Vec::new();
+    for (i, member) in members.iter().enumerate() {
+        let mut ok = true;
+        for check in &member.checks {
+            // A missing probe (should not happen) counts as a failed check.
+            ok &= probes.next().is_some_and(|p| check.holds(p));
+        }
+        if !ok {
+            failed.push(i);
+        }
+    }
+    failed
+}
+
+fn bases_of(moving: &Moving) -> Bases {
+    moving
+        .adds
+        .iter()
+        .map(|(k, (v, _))| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn too_many(what: &str, n: usize) -> Result<(), StoreError> {
+    if n > MAX_TXN_OPS {
+        return Err(StoreError::TooLarge(format!(
+            "{n} etcd {what} in one commit (etcd allows {MAX_TXN_OPS})"
+        )));
+    }
+    Ok(())
+}
+
+/// The batch's `Txn`: every check, the keys of atomic adds unchanged and the clock where it
+/// was; then the writes and the clock advanced to `counter`; else read back the clock, the
+/// added keys and a probe per check.
+fn build(
+    shared: &Shared,
+    plan: &WritePlan,
+    checks: &[&Check],
+    adds: &[Vec<u8>],
+    moving: &Moving,
+    counter: u64,
+) -> Result<Txn, StoreError> {
+    let bases = bases_of(moving);
+    let mut compares: Vec<Compare> = checks.iter().map(|c| c.compare()).collect();
+    compares.extend(adds.iter().map(|key| {
+        let seen = moving.adds.get(key).map_or(0, |(_, m)| *m);
+        Compare::mod_revision(key.clone(), CompareOp::Equal, seen)
+    }));
+    let clock = shared.keys.clock().to_vec();
+    compares.push(Compare::mod_revision(
+        clock.clone(),
+        CompareOp::Equal,
+        moving.clock.mod_revision,
+    ));
+    let mut ops = plan.ops(counter, &bases)?;
+    ops.push(TxnOp::put(clock, counter.to_be_bytes().to_vec(), None));
+    let mut failure = get_ops(shared, adds);
+    failure.extend(checks.iter().map(|c| c.probe()));
+    too_many("compares", compares.len())?;
+    too_many("operations", ops.len())?;
+    too_many("failure reads", failure.len())?;
+    let bytes = plan.byte_estimate() + checks.iter().map(|c| c.bytes()).sum::<usize>() * 2;
+    if bytes > MAX_REQUEST_BYTES {
+        return Err(StoreError::TooLarge(format!(
+            "{bytes} bytes in one commit (etcd allows about {MAX_REQUEST_BYTES})"
+        )));
+    }
+    Ok(Txn::new().when(compares).and_then(ops).or_else(failure))
+}

@@ -1,0 +1,155 @@
+//! How to reach an etcd cluster: endpoints, the key prefix this cluster's store lives under,
+//! user and password, TLS (CA, client certificate) and request timeouts. Never prints the
+//! password.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions, OpenSslClientConfig};
+
+use super::errors::read_error;
+use crate::store::StoreError;
+
+/// The settings of the etcd engine (`serve --etcd-endpoints`, `[couch_jobs] etcd_*`).
+#[derive(Clone)]
+pub struct EtcdConfig {
+    /// Client URLs, `http://host:2379` or `https://…` (several: the client balances and fails
+    /// over between them).
+    pub endpoints: Vec<String>,
+    /// Every key of this store starts with it, so one etcd can hold several clusters.
+    pub prefix: String,
+    /// etcd user and password (etcd's `auth enable`).
+    pub user: Option<(String, String)>,
+    /// PEM file of the CA that signed the members' certificates.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for members run with `--client-cert-auth`.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's PEM private key.
+    pub key_file: Option<PathBuf>,
+    /// Every request fails after this (a commit then ends as `CommitUnknown`).
+    pub request_timeout: Duration,
+    /// Connecting fails after this.
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdConfig {
+    /// Endpoints with the defaults: prefix `couch-replicator/`, no auth, no TLS, 5 s timeouts.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            prefix: "couch-replicator/".into(),
+            user: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The same settings under another key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    fn tls(&self) -> Result<Option<OpenSslClientConfig>, StoreError> {
+        let wants_tls = self.ca_file.is_some()
+            || self.cert_file.is_some()
+            || self.endpoints.iter().any(|e| e.starts_with("https://"));
+        if !wants_tls {
+            return Ok(None);
+        }
+        let read = |path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| StoreError::Invalid(format!("etcd TLS file {}: {e}", path.display())))
+        };
+        let mut tls = OpenSslClientConfig::default();
+        if let Some(ca) = &self.ca_file {
+            tls = tls.ca_cert_pem(&read(ca)?);
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                tls = tls.client_cert_pem_and_key(&read(cert)?, &read(key)?);
+            }
+            (None, None) => {}
+            _ => {
+                return Err(StoreError::Invalid(
+                    "etcd client certificate and key must be given together".into(),
+                ));
+            }
+        }
+        Ok(Some(tls))
+    }
+
+    /// An etcd client with these settings (what the store itself uses).
+    pub async fn client(&self) -> Result<Client, StoreError> {
+        if self.endpoints.is_empty() {
+            return Err(StoreError::Invalid("no etcd endpoints".into()));
+        }
+        if self.prefix.is_empty() {
+            return Err(StoreError::Invalid("the etcd key prefix is empty".into()));
+        }
+        let mut options = ConnectOptions::new()
+            .with_timeout(self.request_timeout)
+            .with_connect_timeout(self.connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true);
+        if let Some((name, password)) = &self.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        let tls = self.tls()?;
+        let secure = tls.is_some();
+        if let Some(tls) = tls {
+            options = options.with_openssl_tls(tls);
+        }
+        let endpoints: Vec<String> = self
+            .endpoints
+            .iter()
+            .map(|e| e.trim_end_matches('/').to_string())
+            .collect();
+        if secure {
+            return Client::connect(endpoints, Some(options))
+                .await
+                .map_err(read_error);
+        }
+        Client::connect_with_balanced_channel(endpoints, Some(options), PlainChannel)
+            .await
+            .map_err(read_error)
+    }
+}
+
+/// tonic's own balanced channel for `http://` endpoints. etcd-client's OpenSSL transport
+/// (which it uses for every endpoint once its `tls-openssl` feature is on) leaves Nagle's
+/// algorithm on, and each small request then waits ~40 ms for a delayed ACK on loopback;
+/// tonic's connector sets `TCP_NODELAY`.
+struct PlainChannel;
+
+type EndpointUpdater = tokio::sync::mpsc::Sender<
+    tonic::transport::channel::Change<tonic::codegen::http::Uri, tonic::transport::Endpoint>,
+>;
+
+impl BalancedChannelBuilder for PlainChannel {
+    type Error = tonic::transport::Error;
+
+    fn balanced_channel(
+        self,
+        buffer_size: usize,
+    ) -> Result<(Channel, EndpointUpdater), Self::Error> {
+        let (channel, updates) = tonic::transport::Channel::balance_channel(buffer_size);
+        Ok((Channel::Tonic(channel), updates))
+    }
+}

@@ -1,0 +1,70 @@
+//! etcd's errors as the contract's: a compacted revision is FDB's `transaction_too_old`, too
+//! many operations or too large a request is `TooLarge`, and anything that may have cut a
+//! commit short (unavailable, timeout, leader change, lost connection) is `CommitUnknown`;
+//! the same outside a commit is `Unavailable`. Status messages are etcd's own (they carry no
+//! credentials).
+
+use etcd_client::Error;
+use tonic::Code;
+
+use crate::store::StoreError;
+
+/// What an error means, before knowing whether a commit was in flight.
+enum Kind {
+    TooOld,
+    TooLarge,
+    /// The request may not have been served.
+    Unavailable,
+    /// The request was refused as it was: it did not apply.
+    Refused,
+}
+
+fn kind(e: &Error) -> (Kind, String) {
+    match e {
+        Error::GRpcStatus(status) => {
+            let message = status.message().to_string();
+            let kind = match status.code() {
+                _ if message.contains("compacted") => Kind::TooOld,
+                _ if message.contains("too many operations") || message.contains("too large") => {
+                    Kind::TooLarge
+                }
+                Code::ResourceExhausted => Kind::TooLarge,
+                // "required revision is a future revision": a member behind the leader.
+                Code::OutOfRange
+                | Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::Unknown
+                | Code::Internal => Kind::Unavailable,
+                _ => Kind::Refused,
+            };
+            (kind, format!("{:?}: {message}", status.code()))
+        }
+        Error::TransportError(_) | Error::IoError(_) => (Kind::Unavailable, e.to_string()),
+        other => (Kind::Refused, other.to_string()),
+    }
+}
+
+/// An error of a read (or of anything sent before the commit).
+pub(crate) fn read_error(e: Error) -> StoreError {
+    match kind(&e) {
+        (Kind::TooOld, _) => StoreError::TooOld,
+        (Kind::TooLarge, message) => StoreError::TooLarge(message),
+        (Kind::Unavailable, message) => StoreError::Unavailable(message),
+        (Kind::Refused, message) => StoreError::Engine(format!("etcd: {message}")),
+    }
+}
+
+/// An error of the commit's `Txn`: whether it applied is unknown unless etcd refused it.
+pub(crate) fn commit_error(e: Error) -> StoreError {
+    match kind(&e) {
+        (Kind::TooOld, _) => StoreError::TooOld,
+        (Kind::TooLarge, message) => StoreError::TooLarge(message),
+        (Kind::Unavailable, message) => {
+            tracing::debug!(error = %message, "etcd: commit outcome unknown");
+            StoreError::CommitUnknown
+        }
+        (Kind::Refused, message) => StoreError::Engine(format!("etcd: {message}")),
+    }
+}

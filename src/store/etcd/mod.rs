@@ -1,0 +1,248 @@
+//! The etcd engine: the store contract on an etcd v3 cluster (3.4 or later), so that several
+//! `serve` processes on several machines share one couch_jobs store.
+//!
+//! How the contract maps onto etcd (docs/decisions/2026-11-26-etcd-store.md has the why):
+//! - A transaction reads at one etcd revision `R` (taken from a linearizable read of the
+//!   clock key at [`EtcdStore::begin`], batched across concurrent begins by
+//!   [`read_version`]); every read is a plain serializable `Range` at `R`. A `Range`
+//!   with an explicit revision is never sent inside a `Txn` (etcd issue 18667 makes members
+//!   diverge on 3.4.23).
+//! - A commit is one `Txn` whose compares check everything the transaction read
+//!   ([`conflicts`]): `MOD == seen` per key read (0 when absent) and `MOD < R+1` over each
+//!   range read, whose rows each add their own `MOD == seen` (a range compare misses deletes).
+//! - Writes ([`plan`]): the transaction's mutation log folds into one final operation per key
+//!   plus merged `DeleteRange`s, split around the keys written after a clear (etcd refuses a
+//!   key written twice in one `Txn`). Atomic adds are computed from the key's current value
+//!   under a `MOD ==` compare and recomputed when only that compare failed.
+//! - Versionstamps come from a counter at the clock key that every writing commit advances
+//!   under a `MOD ==` compare, so stamps are unique and in commit order.
+//! - [`committer`] batches one process's concurrent commits into one `Txn` when their read
+//!   and write sets are disjoint, the way FoundationDB's commit proxies batch.
+//! - [`watches`] are native etcd watches from the transaction's read revision (or its commit
+//!   revision for keys it wrote), re-armed after a compaction or a lost stream.
+//! - Errors ([`errors`]): compacted revision → `TooOld`; too many operations or too large a
+//!   request → `TooLarge`; unavailable, timeout or lost connection during a commit →
+//!   `CommitUnknown` (resolved by `Db::run`'s transaction ids).
+
+mod committer;
+mod config;
+mod conflicts;
+mod errors;
+mod plan;
+mod read_version;
+mod transaction;
+mod watches;
+
+pub use config::EtcdConfig;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use etcd_client::{Client, GetOptions, GetResponse, KvClient};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use self::committer::Committer;
+use self::errors::read_error;
+use self::read_version::ReadVersions;
+use self::transaction::EtcdTx;
+use super::{Store, StoreError, Transaction};
+
+/// etcd's default `--max-txn-ops`: compares, success and failure operations each.
+pub const MAX_TXN_OPS: usize = 128;
+/// What we send at most in one request: etcd's default `--max-request-bytes` is 1.5 MiB;
+/// the margin covers the protobuf framing we do not count exactly.
+pub const MAX_REQUEST_BYTES: usize = 1_400_000;
+
+/// Where the store's keys live inside etcd: `prefix ‖ "d" ‖ key` for data, `prefix ‖ "c"`
+/// for the clock, so that one etcd can hold several clusters under distinct prefixes.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    data: Vec<u8>,
+    clock: Vec<u8>,
+}
+
+impl Keys {
+    fn new(prefix: &[u8]) -> Self {
+        let mut data = prefix.to_vec();
+        data.push(b'd');
+        let mut clock = prefix.to_vec();
+        clock.push(b'c');
+        Self { data, clock }
+    }
+
+    /// The etcd key of a store key.
+    pub(crate) fn data(&self, key: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.data.len() + key.len());
+        out.extend_from_slice(&self.data);
+        out.extend_from_slice(key);
+        out
+    }
+
+    /// The store key of an etcd key under the data prefix.
+    pub(crate) fn strip<'a>(&self, key: &'a [u8]) -> Option<&'a [u8]> {
+        key.strip_prefix(self.data.as_slice())
+    }
+
+    pub(crate) fn clock(&self) -> &[u8] {
+        &self.clock
+    }
+}
+
+/// What a process knows of the clock key: the counter and the revision it was written at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Clock {
+    pub(crate) counter: u64,
+    pub(crate) mod_revision: i64,
+}
+
+impl Clock {
+    pub(crate) fn decode(value: &[u8], mod_revision: i64) -> Self {
+        let counter = <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes);
+        Self {
+            counter,
+            mod_revision,
+        }
+    }
+}
+
+/// What the engine did, for benchmarks and logs.
+#[derive(Debug, Default)]
+pub struct EtcdStats {
+    /// Commit `Txn`s sent.
+    pub txns: AtomicU64,
+    /// Transactions those `Txn`s committed (more than `txns` when batches formed).
+    pub committed: AtomicU64,
+    /// `Txn`s that failed on a read conflict.
+    pub conflicts: AtomicU64,
+    /// `Txn`s rebuilt because only the clock or an added key had moved.
+    pub rebuilds: AtomicU64,
+    /// Read versions fetched (fewer than transactions begun when begins were batched).
+    pub read_versions: AtomicU64,
+}
+
+impl EtcdStats {
+    /// A one-line summary.
+    pub fn summary(&self) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions",
+            get(&self.txns),
+            get(&self.committed),
+            get(&self.conflicts),
+            get(&self.rebuilds),
+            get(&self.read_versions)
+        )
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) stats: EtcdStats,
+    pub(crate) client: Client,
+    pub(crate) keys: Keys,
+    /// The last clock this process saw, so commits need not read it first.
+    pub(crate) clock: Mutex<Option<Clock>>,
+    /// The same for the keys of atomic adds.
+    pub(crate) adds: committer::AddCache,
+}
+
+impl Shared {
+    pub(crate) fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
+    /// Keeps the newer of the cached clock and `seen`.
+    pub(crate) fn saw_clock(&self, seen: Option<Clock>) {
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        match (*clock, seen) {
+            (Some(old), Some(new)) if new.mod_revision < old.mod_revision => {}
+            (_, new) => *clock = new,
+        }
+    }
+
+    pub(crate) fn cached_clock(&self) -> Option<Clock> {
+        *self.clock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A read at an explicit revision (never inside a `Txn`). Served by whichever member the
+    /// client picked without a quorum round (`serializable`): the state at a revision is the
+    /// same on every member that has applied it; a member that has not yet refuses with
+    /// "future revision", and the read goes linearizable.
+    pub(crate) async fn read_at(
+        &self,
+        key: Vec<u8>,
+        options: GetOptions,
+    ) -> Result<GetResponse, StoreError> {
+        match self
+            .kv()
+            .get(key.clone(), Some(options.clone().with_serializable()))
+            .await
+        {
+            Ok(resp) => Ok(resp),
+            Err(e) if e.to_string().contains("future revision") => {
+                self.kv().get(key, Some(options)).await.map_err(read_error)
+            }
+            Err(e) => Err(read_error(e)),
+        }
+    }
+}
+
+/// An etcd cluster as a [`Store`]. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    committer: Committer,
+    versions: ReadVersions,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster and checks it answers (one read of the clock key).
+    pub async fn connect(config: &EtcdConfig) -> Result<Self, StoreError> {
+        let client = config.client().await?;
+        let shared = Arc::new(Shared {
+            stats: EtcdStats::default(),
+            client,
+            keys: Keys::new(config.prefix.as_bytes()),
+            clock: Mutex::new(None),
+            adds: committer::AddCache::default(),
+        });
+        read_version::read_version(&shared).await?;
+        Ok(Self {
+            committer: Committer::start(shared.clone()),
+            versions: ReadVersions::start(shared.clone()),
+            shared,
+        })
+    }
+}
+
+impl EtcdStore {
+    /// Counters of what this store handle (and its clones) did.
+    pub fn stats(&self) -> &EtcdStats {
+        &self.shared.stats
+    }
+}
+
+impl Store for EtcdStore {
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>> {
+        async move {
+            let revision = self.versions.get().await?;
+            let tx: Box<dyn Transaction> = Box::new(EtcdTx::new(
+                self.shared.clone(),
+                self.committer.clone(),
+                revision,
+            ));
+            Ok(tx)
+        }
+        .boxed()
+    }
+
+    fn engine_name(&self) -> &'static str {
+        "etcd"
+    }
+}

@@ -1,0 +1,401 @@
+//! One transaction on etcd: reads at the transaction's revision overlaid with its own
+//! buffered writes (the embedded engine's write buffer), non-snapshot reads recorded in the
+//! read set, and a commit handed to the committer.
+
+use std::cmp::Ordering;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use etcd_client::{GetOptions, SortOrder, SortTarget};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+
+use super::committer::Committer;
+use super::conflicts::ReadSet;
+use super::{MAX_TXN_OPS, Shared};
+use crate::store::embedded::writes::{Lookup, WriteBuffer, unreadable};
+use crate::store::{
+    CommitStamp, KeyValue, RangeOptions, StoreError, Transaction, Watch, apply_atomic_add,
+};
+
+struct State {
+    done: bool,
+    writes: WriteBuffer,
+    reads: ReadSet,
+    /// Declared read-conflict ranges (store keys), resolved at commit.
+    declared: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Watched store keys and where to send the revision to watch from.
+    watches: Vec<(Vec<u8>, oneshot::Sender<i64>)>,
+}
+
+pub(crate) struct EtcdTx {
+    shared: Arc<Shared>,
+    committer: Committer,
+    revision: i64,
+    state: Mutex<State>,
+}
+
+fn finished() -> StoreError {
+    StoreError::Invalid("transaction already committed".into())
+}
+
+fn key_after(key: &[u8]) -> Vec<u8> {
+    let mut k = key.to_vec();
+    k.push(0);
+    k
+}
+
+/// A row read from etcd: store key, value, mod revision.
+struct Row {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    mod_revision: i64,
+}
+
+/// Pages through `begin..end` (store keys) at one revision, in key order or reversed.
+struct Cursor<'a> {
+    shared: &'a Shared,
+    revision: i64,
+    begin: Vec<u8>,
+    end: Vec<u8>,
+    reverse: bool,
+    page: usize,
+    rows: VecDeque<Row>,
+    done: bool,
+}
+
+impl Cursor<'_> {
+    async fn next(&mut self) -> Result<Option<Row>, StoreError> {
+        if self.rows.is_empty() && !self.done {
+            self.fetch().await?;
+        }
+        Ok(self.rows.pop_front())
+    }
+
+    async fn fetch(&mut self) -> Result<(), StoreError> {
+        let keys = &self.shared.keys;
+        let mut options = GetOptions::new()
+            .with_range(keys.data(&self.end))
+            .with_revision(self.revision)
+            .with_limit(self.page as i64);
+        if self.reverse {
+            options = options.with_sort(SortTarget::Key, SortOrder::Descend);
+        }
+        let resp = self.shared.read_at(keys.data(&self.begin), options).await?;
+        for kv in resp.kvs() {
+            if let Some(key) = keys.strip(kv.key()) {
+                self.rows.push_back(Row {
+                    key: key.to_vec(),
+                    value: kv.value().to_vec(),
+                    mod_revision: kv.mod_revision(),
+                });
+            }
+        }
+        match self.rows.back() {
+            Some(last) if resp.more() => {
+                if self.reverse {
+                    self.end = last.key.clone();
+                } else {
+                    self.begin = key_after(&last.key);
+                }
+            }
+            _ => self.done = true,
+        }
+        Ok(())
+    }
+}
+
+impl EtcdTx {
+    pub(crate) fn new(shared: Arc<Shared>, committer: Committer, revision: i64) -> Self {
+        Self {
+            shared,
+            committer,
+            revision,
+            state: Mutex::new(State {
+                done: false,
+                writes: WriteBuffer::default(),
+                reads: ReadSet::default(),
+                declared: Vec::new(),
+                watches: Vec::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn read_key(&self, key: &[u8], snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
+        let lookup = {
+            let mut state = self.state();
+            if state.done {
+                return Err(finished());
+            }
+            let lookup = state.writes.lookup(key);
+            if let Lookup::Known(v) = lookup {
+                // Answered by our own writes; it still conflicts, like FoundationDB.
+                if !snapshot {
+                    let k = self.shared.keys.data(key);
+                    state.reads.range(k.clone(), key_after(&k));
+                }
+                return Ok(v);
+            }
+            lookup
+        };
+        if matches!(lookup, Lookup::Unreadable) {
+            return Err(unreadable());
+        }
+        let etcd_key = self.shared.keys.data(key);
+        let options = GetOptions::new().with_revision(self.revision);
+        let resp = self.shared.read_at(etcd_key.clone(), options).await?;
+        let kv = resp.kvs().first();
+        if !snapshot {
+            let seen = kv.map_or(0, |kv| kv.mod_revision());
+            self.state().reads.key(etcd_key, seen);
+        }
+        lookup.resolve(kv.map(|kv| kv.value().to_vec()))
+    }
+
+    async fn read_range(
+        &self,
+        begin: &[u8],
+        end: &[u8],
+        options: RangeOptions,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        if self.state().done {
+            return Err(finished());
+        }
+        let limit = options.limit.unwrap_or(usize::MAX);
+        if begin >= end || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let own = self.state().writes.keys_in(begin, end, options.reverse);
+        let mut own = own.into_iter().peekable();
+        let mut cursor = Cursor {
+            shared: &self.shared,
+            revision: self.revision,
+            begin: begin.to_vec(),
+            end: end.to_vec(),
+            reverse: options.reverse,
+            page: limit.saturating_add(own.len()).clamp(16, 1000),
+            rows: VecDeque::new(),
+            done: false,
+        };
+        let mut rows = Vec::new();
+        let mut seen: Vec<(Vec<u8>, i64)> = Vec::new();
+        let mut base = cursor.next().await?;
+        while rows.len() < limit {
+            let order = match (&base, own.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some(row), Some(k)) => {
+                    let o = row.key.as_slice().cmp(k.as_slice());
+                    if options.reverse { o.reverse() } else { o }
+                }
+            };
+            if order == Ordering::Less {
+                if let Some(row) = base.take() {
+                    seen.push((row.key.clone(), row.mod_revision));
+                    if !self.state().writes.hides(&row.key) {
+                        rows.push(KeyValue {
+                            key: row.key,
+                            value: row.value,
+                        });
+                    }
+                }
+                base = cursor.next().await?;
+                continue;
+            }
+            let Some(key) = own.next() else { break };
+            let base_value = if order == Ordering::Equal {
+                let row = base.take();
+                base = cursor.next().await?;
+                row.map(|r| {
+                    seen.push((r.key, r.mod_revision));
+                    r.value
+                })
+            } else {
+                None
+            };
+            let value = match self.state().writes.lookup(&key) {
+                Lookup::Known(v) => v,
+                Lookup::Unreadable => return Err(unreadable()),
+                Lookup::Base(None) => base_value,
+                Lookup::Base(Some(d)) => Some(apply_atomic_add(base_value.as_deref(), d)),
+            };
+            if let Some(value) = value {
+                rows.push(KeyValue { key, value });
+            }
+        }
+        if !options.snapshot {
+            self.record_range(begin, end, &rows, limit, options.reverse, seen);
+        }
+        Ok(rows)
+    }
+
+    /// Records the part of the range the result depended on, and each row read in it.
+    fn record_range(
+        &self,
+        begin: &[u8],
+        end: &[u8],
+        rows: &[KeyValue],
+        limit: usize,
+        reverse: bool,
+        seen: Vec<(Vec<u8>, i64)>,
+    ) {
+        let (b, e) = match rows.last() {
+            Some(last) if rows.len() >= limit => {
+                if reverse {
+                    (last.key.clone(), end.to_vec())
+                } else {
+                    (begin.to_vec(), key_after(&last.key))
+                }
+            }
+            _ => (begin.to_vec(), end.to_vec()),
+        };
+        let keys = &self.shared.keys;
+        let mut state = self.state();
+        for (key, m) in seen {
+            if b <= key && key < e {
+                state.reads.key(keys.data(&key), m);
+            }
+        }
+        state.reads.range(keys.data(&b), keys.data(&e));
+    }
+
+    /// Resolves declared read-conflict ranges: the range compare, and each row in it now.
+    async fn resolve_declared(
+        &self,
+        declared: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<ReadSet, StoreError> {
+        let mut extra = ReadSet::default();
+        let keys = &self.shared.keys;
+        for (b, e) in declared {
+            let options = GetOptions::new()
+                .with_range(keys.data(&e))
+                .with_revision(self.revision)
+                .with_keys_only()
+                .with_limit(MAX_TXN_OPS as i64 + 1);
+            let resp = self.shared.read_at(keys.data(&b), options).await?;
+            for kv in resp.kvs() {
+                extra.key(kv.key().to_vec(), kv.mod_revision());
+            }
+            extra.range(keys.data(&b), keys.data(&e));
+        }
+        Ok(extra)
+    }
+
+    async fn finish_commit(&self) -> Result<Option<CommitStamp>, StoreError> {
+        let (ops, mut reads, declared, watches) = {
+            let mut state = self.state();
+            if state.done {
+                return Err(finished());
+            }
+            state.done = true;
+            state.writes.check()?;
+            let watches: Vec<_> = std::mem::take(&mut state.watches)
+                .into_iter()
+                .map(|(key, fire)| (state.writes.touches(&key), key, fire))
+                .collect();
+            (
+                state.writes.take_ops(),
+                std::mem::take(&mut state.reads),
+                std::mem::take(&mut state.declared),
+                watches,
+            )
+        };
+        if ops.is_empty() {
+            // Read-only: nothing to check (as in FoundationDB); watches start after our reads.
+            for (_, _, fire) in watches {
+                let _ = fire.send(self.revision + 1);
+            }
+            return Ok(None);
+        }
+        if !declared.is_empty() {
+            let extra = self.resolve_declared(declared).await?;
+            reads.merge(extra);
+        }
+        let committed = self
+            .committer
+            .commit(&self.shared.keys, self.revision, reads, ops)
+            .await?;
+        for (touched, _, fire) in watches {
+            let from = if touched {
+                committed.revision + 1
+            } else {
+                self.revision + 1
+            };
+            let _ = fire.send(from);
+        }
+        Ok(Some(committed.stamp))
+    }
+}
+
+impl Transaction for EtcdTx {
+    fn get<'a>(
+        &'a self,
+        key: &'a [u8],
+        snapshot: bool,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>, StoreError>> {
+        self.read_key(key, snapshot).boxed()
+    }
+
+    fn get_range<'a>(
+        &'a self,
+        begin: &'a [u8],
+        end: &'a [u8],
+        options: RangeOptions,
+    ) -> BoxFuture<'a, Result<Vec<KeyValue>, StoreError>> {
+        self.read_range(begin, end, options).boxed()
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) {
+        self.state().writes.set(key, value);
+    }
+
+    fn clear(&self, key: &[u8]) {
+        self.state().writes.clear(key);
+    }
+
+    fn clear_range(&self, begin: &[u8], end: &[u8]) {
+        self.state().writes.clear_range(begin, end);
+    }
+
+    fn atomic_add(&self, key: &[u8], delta: i64) {
+        self.state().writes.add(key, delta);
+    }
+
+    fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
+        self.state().writes.set_versionstamped_key(key, value);
+    }
+
+    fn set_versionstamped_value(&self, key: &[u8], value: &[u8]) {
+        self.state().writes.set_versionstamped_value(key, value);
+    }
+
+    fn add_read_conflict_range(&self, begin: &[u8], end: &[u8]) {
+        if begin < end {
+            self.state().declared.push((begin.to_vec(), end.to_vec()));
+        }
+    }
+
+    fn watch(&self, key: &[u8]) -> Watch {
+        let (fire, start) = oneshot::channel();
+        self.state().watches.push((key.to_vec(), fire));
+        let shared = self.shared.clone();
+        let etcd_key = shared.keys.data(key);
+        async move {
+            let from = start.await.map_err(|_| {
+                StoreError::Invalid("the watch's transaction was not committed".into())
+            })?;
+            super::watches::wait(&shared, etcd_key, from).await
+        }
+        .boxed()
+    }
+
+    fn commit(&self) -> BoxFuture<'_, Result<Option<CommitStamp>, StoreError>> {
+        self.finish_commit().boxed()
+    }
+}
