@@ -96,13 +96,16 @@ pub(super) fn new_window(o: &ReplicationOptions, bytes: u64, src_info: &Value) -
     Window::new(window_limits(o, bytes), doc_size_hint(src_info))
 }
 
-/// The window's bounds: it starts at `worker_processes` batches in flight and may grow to
-/// `http_connections` (each batch holds one request at a time), within `bytes`.
+/// The window's bounds: it may grow to `http_connections` batches in flight (each batch
+/// holds one request at a time), within `bytes`. It starts at `worker_processes` or half
+/// of that maximum, whichever is more: every doubling costs a batch's time (about four
+/// round trips), which on a 200 ms link was a third of a 20,000-document copy.
 fn window_limits(o: &ReplicationOptions, bytes: u64) -> WindowLimits {
+    let max = o.worker_processes.max(o.http_connections).max(1);
     WindowLimits {
-        initial: o.worker_processes.max(1),
+        initial: o.worker_processes.max(max / 2).max(1),
         min: 1,
-        max: o.worker_processes.max(o.http_connections).max(1),
+        max,
         max_bytes: bytes,
     }
 }

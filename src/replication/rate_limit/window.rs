@@ -1,8 +1,8 @@
 //! The adaptive in-flight window of the pipeline: how many batches may be between the
 //! changes feed and the target at once, and how many bytes of fetched documents they may
 //! hold. Like the 429 limiter above it, it backs off multiplicatively on trouble, but what it
-//! sizes is the work in flight, not a pause. It starts at `worker_processes` and adapts once
-//! per epoch (an epoch ends when a batch taken in it ends, so each one sees the window as it
+//! sizes is the work in flight, not a pause. It starts at [`WindowLimits::initial`] and
+//! adapts once per epoch (an epoch ends when a batch taken in it ends, so each one sees the window as it
 //! is): it doubles while throughput (documents written per second) grows by a tenth (slow
 //! start: a long round trip needs many batches in flight to fill the link) or while work
 //! waits for room and batches take about their best time, then grows by one while either
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// The window's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowLimits {
-    /// Batches in flight at the start (`worker_processes`).
+    /// Batches in flight at the start.
     pub initial: usize,
     /// Never fewer than this.
     pub min: usize,
