@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions};
+use couch_replicator::jobs::{JobData, Jobs, JobsOptions};
 use couch_replicator::store::Db;
 use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
@@ -20,6 +20,8 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 #[path = "../tests/support/etcd.rs"]
 #[allow(dead_code)]
 mod etcd_cluster;
+#[path = "shared/cycles.rs"]
+mod job_cycles;
 
 const WORKERS: usize = 16;
 const RUN_FOR: Duration = Duration::from_secs(5);
@@ -71,42 +73,7 @@ fn job_data(worker: usize, n: u64, step: &str) -> JobData {
 
 /// `WORKERS` tasks each looping add → accept → update → finish; returns (cycles, elapsed).
 async fn cycles(jobs: &Jobs) -> BenchResult<(u64, Duration)> {
-    jobs.set_type_timeout(CYCLE_TYPE, 60).await?;
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..WORKERS)
-        .map(|w| {
-            let (jobs, done, stop) = (jobs.clone(), done.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let id = format!("w{w}-{n}");
-                    jobs.add(CYCLE_TYPE, &id, job_data(w, n, "added"), 0)
-                        .await?;
-                    let (job, _) = match jobs
-                        .accept(CYCLE_TYPE, AcceptOpts::default().timeout(Duration::ZERO))
-                        .await
-                    {
-                        Ok(found) => found,
-                        Err(JobsError::NotFound) => continue,
-                        Err(e) => return Err(e),
-                    };
-                    let job = jobs.update(&job, Some(job_data(w, n, "running"))).await?;
-                    jobs.finish(&job, Some(job_data(w, n, "done"))).await?;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<_, JobsError>(())
-            })
-        })
-        .collect();
-    tokio::time::sleep(RUN_FOR).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await??;
-    }
-    Ok((done.load(Ordering::Relaxed), start.elapsed()))
+    job_cycles::cycles(jobs, CYCLE_TYPE, WORKERS, RUN_FOR, job_data).await
 }
 
 /// One client's sequential begin → get → set → commit, with where the time goes.
