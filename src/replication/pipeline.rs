@@ -9,62 +9,31 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::changes::{Batch, ChangesReader};
-use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
-use super::client::{ClientConfig, HttpClient, Req};
-use super::endpoint::{Endpoint, encode_doc_id, encode_query};
+use super::checkpoint::{Checkpointer, instance_start_of};
+pub(crate) use super::context::clients;
+pub use super::context::{Context, DEFAULT_IN_FLIGHT_BYTES};
+use super::endpoint::Endpoint;
 use super::error::{ReplicationError, Result};
 use super::fetch::BulkGetGate;
-use super::options::{Filter, ReplicationOptions, ReplicationSpec};
-use super::rate_limit::{Aimd, RateLimiter, WindowStats};
-use super::rep_id::{RepId, checkpoint_ids, replication_id};
+use super::options::ReplicationSpec;
+use super::rate_limit::WindowStats;
+use super::rep_id::RepId;
 use super::revs_diff::DiffSkipper;
+pub use super::start_up::compute_id;
+pub(crate) use super::start_up::open_db;
+use super::start_up::{Opened, open};
 use super::stats::{Counters, ReplicationStats, unix_now};
-use super::transport::Transports;
 use super::worker::{Shared, Tracker, new_window, worker};
 use crate::telemetry::{NodeMetrics, Series};
 
 /// How soon after progress the stats snapshot is refreshed (and so how often at most).
 const STATS_PERIOD: Duration = Duration::from_millis(250);
-
-/// What a replication needs from its host.
-#[derive(Clone)]
-pub struct Context {
-    /// The replicator node's uuid (part of the replication id).
-    pub server_uuid: String,
-    /// The 429 hook.
-    pub limiter: Arc<dyn RateLimiter>,
-    /// Shared per-endpoint clients (a node's connection pool); `None`: each replication
-    /// opens its own connections.
-    pub transports: Option<Arc<Transports>>,
-    /// The host's metrics (requests, checkpoints, workers, documents).
-    pub metrics: Arc<NodeMetrics>,
-    /// The most bytes of fetched documents one replication holds in flight (see
-    /// [`super::rate_limit::Window`]).
-    pub in_flight_bytes: u64,
-}
-
-/// [`Context::in_flight_bytes`] by default: 64 MiB, a few hundred batches of small documents
-/// (more than any link needs) but few of large ones.
-pub const DEFAULT_IN_FLIGHT_BYTES: u64 = 64 << 20;
-
-impl Default for Context {
-    fn default() -> Self {
-        Self {
-            server_uuid: "couch-replicator-standalone".into(),
-            limiter: Arc::new(Aimd::new()),
-            transports: None,
-            metrics: Arc::default(),
-            in_flight_bytes: DEFAULT_IN_FLIGHT_BYTES,
-        }
-    }
-}
 
 /// A replication started with [`start`].
 pub struct ReplicationHandle {
@@ -133,129 +102,6 @@ pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
 /// Runs a replication to its end (for a continuous one: until it fails).
 pub async fn replicate(spec: ReplicationSpec, ctx: Context) -> Result<ReplicationStats> {
     start(spec, ctx).wait().await
-}
-
-pub(crate) fn clients(
-    spec: &ReplicationSpec,
-    ctx: &Context,
-) -> Result<(Arc<HttpClient>, Arc<HttpClient>)> {
-    let o = &spec.options;
-    let cfg = |proxy: &Option<String>, conns: usize| ClientConfig {
-        connection_timeout: o.connection_timeout,
-        request_timeout: o.request_timeout,
-        retries_per_request: o.retries_per_request,
-        http_connections: conns,
-        proxy: proxy.clone(),
-        tcp_nodelay: o.tcp_nodelay,
-        metrics: ctx.metrics.clone(),
-        tls: o.tls.clone(),
-        auth: o.auth,
-    };
-    let client = |ep: &Endpoint, cfg: ClientConfig| match &ctx.transports {
-        Some(t) => HttpClient::shared(ep.clone(), cfg, ctx.limiter.clone(), t),
-        None => HttpClient::new(ep.clone(), cfg, ctx.limiter.clone()),
-    };
-    // The changes feed holds one source connection: never fewer than 2 (CouchDB's couch_replicator_scheduler_job.erl start-up).
-    let src = client(
-        &spec.source,
-        cfg(&o.source_proxy, o.http_connections.max(2)),
-    )?;
-    let tgt = client(&spec.target, cfg(&o.target_proxy, o.http_connections))?;
-    Ok((Arc::new(src), Arc::new(tgt)))
-}
-
-/// Fetches a user filter's source code (`ddoc/name`) from the source.
-async fn filter_code(src: &HttpClient, name: &str) -> Result<String> {
-    let (ddoc, fname) = name.split_once('/').ok_or_else(|| {
-        ReplicationError::InvalidOptions(format!("filter `{name}` is not `ddoc/name`"))
-    })?;
-    let r = src
-        .send(&Req::get(encode_doc_id(&format!("_design/{ddoc}"))))
-        .await?;
-    if r.status != StatusCode::OK {
-        return Err(ReplicationError::FilterFetch(format!(
-            "design document `_design/{ddoc}` answered {}",
-            r.status
-        )));
-    }
-    let doc: Value = r.json("design document")?;
-    doc.get("filters")
-        .and_then(|f| f.get(fname))
-        .and_then(Value::as_str)
-        // Untrimmed: the id code trims it the way CouchDB does.
-        .map(str::to_owned)
-        .ok_or_else(|| {
-            ReplicationError::FilterFetch(format!("`_design/{ddoc}` has no filter `{fname}`"))
-        })
-}
-
-/// Computes the replication id (fetching the filter code from the source when needed).
-pub async fn compute_id(spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
-    let (src, _) = clients(spec, ctx)?;
-    compute_id_with(&src, spec, ctx).await
-}
-
-async fn compute_id_with(src: &HttpClient, spec: &ReplicationSpec, ctx: &Context) -> Result<RepId> {
-    Ok(compute_ids_with(src, spec, ctx).await?.0)
-}
-
-/// The id and the base ids of every id version (where checkpoints may be found).
-async fn compute_ids_with(
-    src: &HttpClient,
-    spec: &ReplicationSpec,
-    ctx: &Context,
-) -> Result<(RepId, Vec<String>)> {
-    let code = match super::rep_id::filter_needing_code(spec) {
-        Some(name) => Some(filter_code(src, name).await?),
-        None => None,
-    };
-    Ok((
-        replication_id(&ctx.server_uuid, spec, code.as_deref()),
-        checkpoint_ids(&ctx.server_uuid, spec, code.as_deref()),
-    ))
-}
-
-/// `GET db` (D.2 step 2): returns the db info or the error class.
-pub(crate) async fn open_db(c: &HttpClient) -> Result<Value> {
-    // Jobs starting together on the same database share this read.
-    let r = c.read_shared("").await?;
-    let ep = c.endpoint().to_string();
-    match r.status {
-        StatusCode::OK => {
-            let v: Value = r
-                .json("database info")
-                .map_err(|_| ReplicationError::DbNotFound(ep.clone()))?;
-            if v.get("update_seq").is_none() {
-                return Err(ReplicationError::DbNotFound(ep));
-            }
-            Ok(v)
-        }
-        StatusCode::UNAUTHORIZED => Err(c.unauthorized()),
-        StatusCode::FORBIDDEN => Err(c.forbidden()),
-        _ => Err(ReplicationError::DbNotFound(ep)),
-    }
-}
-
-/// Creates the target; true when this request created it (201), so it holds nothing yet.
-async fn create_target(tgt: &HttpClient, spec: &ReplicationSpec) -> Result<bool> {
-    let mut q = String::new();
-    for (k, v) in &spec.options.create_target_params {
-        let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
-        q.push(if q.is_empty() { '?' } else { '&' });
-        q.push_str(&format!("{}={}", encode_query(k), encode_query(&v)));
-    }
-    let r = tgt
-        .send(&Req {
-            body: None,
-            ..Req::json(Method::PUT, q, "")
-        })
-        .await?;
-    match r.status {
-        StatusCode::UNAUTHORIZED => Err(tgt.unauthorized()),
-        StatusCode::FORBIDDEN => Err(tgt.forbidden()),
-        StatusCode::CREATED => Ok(true),
-        _ => Ok(false), // 412 exists, anything else shows up at GET db
-    }
 }
 
 /// Endpoints in stats are shown as CouchDB shows them: without credentials.
@@ -328,88 +174,6 @@ async fn run(
     let tasks = spawn_tasks(&shared, &ctx, start_point.seq, instance_start_of(&src_info));
     supervise(&mut progress, tasks, stop, o.checkpoint_interval, &rep_id).await?;
     progress.finish(&rep_id).await
-}
-
-/// What start-up found: the endpoints' clients, the source's database info, the
-/// replication id, and where to start (with the checkpointer that found it).
-struct Opened {
-    src: Arc<HttpClient>,
-    tgt: Arc<HttpClient>,
-    src_info: Value,
-    keep_encoding: bool,
-    rep_id: RepId,
-    checkpointer: Option<Checkpointer>,
-    start_point: StartPoint,
-}
-
-/// Start-up (CouchDB's couch_replicator_scheduler_job.erl init): the clients, the target
-/// created when asked, both databases opened, the ids computed, the start point found.
-async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
-    let (src, tgt) = clients(spec, ctx)?;
-    // The target is created first: overlapping its creation with the reads below made the
-    // links bench fail with a 401 on CouchDB 3.4.3 (not yet understood), so it costs a
-    // round trip of its own. A target created now holds no checkpoint.
-    let created = spec.options.create_target && create_target(&tgt, spec).await?;
-    // Both databases are opened while the checkpoints are read: on a long round trip each
-    // step one after the other costs a round trip. A database that cannot be opened is the
-    // error reported, whatever the checkpoint reads met.
-    let (rep_id, checkpoint_ids) = compute_ids_with(&src, spec, ctx).await?;
-    let (opened, found) = tokio::join!(
-        async { tokio::try_join!(open_db(&src), open_db(&tgt)) },
-        find_start(&src, &tgt, &spec.options, &checkpoint_ids, created)
-    );
-    let (src_info, tgt_info) = opened?;
-    let (mut checkpointer, start_point) = found?;
-    if let Some(cp) = checkpointer.as_mut() {
-        cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
-    }
-    // CouchDB (its database info names its storage's `disk_format_version`) sends
-    // gzip-encoded attachments as stored in any multipart answer, and only a CouchDB target
-    // stores them so; pouchdb-server would keep the gzip bytes as the content. So from a
-    // CouchDB source to any other target, attachments travel decoded (JSON).
-    let is_couch = |info: &Value| info.get("disk_format_version").is_some();
-    let keep_encoding = is_couch(&tgt_info) || !is_couch(&src_info);
-    Ok(Opened {
-        src,
-        tgt,
-        src_info,
-        keep_encoding,
-        rep_id,
-        checkpointer,
-        start_point,
-    })
-}
-
-/// Where the replication starts: the checkpoint found on both sides (under the current id
-/// or an older one) and its sequence, unless checkpoints are off. `since_seq` overrides the
-/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4). A target created
-/// just now holds no checkpoint, so the replication starts from scratch without looking.
-async fn find_start(
-    src: &Arc<HttpClient>,
-    tgt: &Arc<HttpClient>,
-    o: &ReplicationOptions,
-    checkpoint_ids: &[String],
-    new_target: bool,
-) -> Result<(Option<Checkpointer>, StartPoint)> {
-    let mut checkpointer = None;
-    let mut start_point = StartPoint {
-        seq: json!(0),
-        seed: None,
-    };
-    if o.use_checkpoints {
-        let (mut cp, sp) =
-            Checkpointer::load(src.clone(), tgt.clone(), checkpoint_ids, new_target).await?;
-        cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
-        checkpointer = Some(cp);
-        start_point = sp;
-    }
-    if let Some(since) = &o.since_seq {
-        start_point.seq = since.clone();
-        if let Some(cp) = checkpointer.as_mut() {
-            cp.set_start_seq(since.clone());
-        }
-    }
-    Ok((checkpointer, start_point))
 }
 
 /// The reader and worker tasks, and the switch that tells the reader to stop.

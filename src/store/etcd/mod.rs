@@ -4,23 +4,23 @@
 //! How the contract maps onto etcd (docs/decisions/2026-11-26-etcd-store.md has the why):
 //! - A transaction reads at one etcd revision `R` (taken from a linearizable read of the
 //!   clock key at [`EtcdStore::begin`], batched across concurrent begins by
-//!   [`read_version`]); every read is a plain serializable `Range` at `R`. A `Range`
+//!   `read_version.rs`); every read is a plain serializable `Range` at `R`. A `Range`
 //!   with an explicit revision is never sent inside a `Txn` (etcd issue 18667 makes members
 //!   diverge on 3.4.23).
 //! - A commit is one `Txn` whose compares check everything the transaction read
-//!   ([`conflicts`]): `MOD == seen` per key read (0 when absent) and `MOD < R+1` over each
+//!   (`conflicts.rs`): `MOD == seen` per key read (0 when absent) and `MOD < R+1` over each
 //!   range read, whose rows each add their own `MOD == seen` (a range compare misses deletes).
-//! - Writes ([`plan`]): the transaction's mutation log folds into one final operation per key
+//! - Writes (`plan.rs`): the transaction's mutation log folds into one final operation per key
 //!   plus merged `DeleteRange`s, split around the keys written after a clear (etcd refuses a
 //!   key written twice in one `Txn`). Atomic adds are computed from the key's current value
 //!   under a `MOD ==` compare and recomputed when only that compare failed.
 //! - Versionstamps come from a counter at the clock key that every writing commit advances
 //!   under a `MOD ==` compare, so stamps are unique and in commit order.
-//! - [`committer`] batches one process's concurrent commits into one `Txn` when their read
+//! - `committer.rs` batches one process's concurrent commits into one `Txn` when their read
 //!   and write sets are disjoint, the way FoundationDB's commit proxies batch.
-//! - [`watches`] are native etcd watches from the transaction's read revision (or its commit
+//! - `watches.rs` are native etcd watches from the transaction's read revision (or its commit
 //!   revision for keys it wrote), re-armed after a compaction or a lost stream.
-//! - Errors ([`errors`]): compacted revision → `TooOld`; too many operations or too large a
+//! - Errors (`errors.rs`): compacted revision → `TooOld`; too many operations or too large a
 //!   request → `TooLarge`; unavailable, timeout or lost connection during a commit →
 //!   `CommitUnknown` (resolved by `Db::run`'s transaction ids).
 
