@@ -61,19 +61,8 @@ async fn run() -> Result<(), String> {
     let theirs = {
         let relay = Relay::start(couch.port).await?;
         let url = |db: &str| format!("http://admin:admin@127.0.0.1:{}/{db}", relay.port);
-        let body = json!({"source": url("source"), "target": url("theirs"), "create_target": true});
         let t0 = Instant::now();
-        let r = http
-            .post(couch.url("_replicate"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("_replicate: {e}"))?;
-        let status = r.status();
-        let text = r.text().await.unwrap_or_default();
-        if !status.is_success() {
-            return Err(format!("CouchDB's _replicate: {status} {text}"));
-        }
+        couch::couch_replicate(&http, &couch, &url("source"), &url("theirs")).await?;
         measured("CouchDB 3.4.3 replicator", t0, n, &relay)
     };
     let ours = {

@@ -79,7 +79,7 @@ async fn run() -> Result<(), String> {
             if who == "ours" {
                 ours_once(&url("source"), &url(&target)).await?;
             } else {
-                couch_once(&http, &couch, &url("source"), &url(&target)).await?;
+                couch::couch_replicate(&http, &couch, &url("source"), &url(&target)).await?;
             }
             let wall_s = t0.elapsed().as_secs_f64();
             let got = doc_count(&http, &couch, &target).await?;
@@ -182,27 +182,6 @@ async fn ours_once(source: &str, target: &str) -> Result<(), String> {
     Ok(())
 }
 
-async fn couch_once(
-    http: &reqwest::Client,
-    couch: &Couch,
-    source: &str,
-    target: &str,
-) -> Result<(), String> {
-    let body = json!({"source": source, "target": target, "create_target": true});
-    let r = http
-        .post(couch.url("_replicate"))
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| format!("_replicate: {e}"))?;
-    let status = r.status();
-    let text = r.text().await.unwrap_or_default();
-    if !status.is_success() {
-        return Err(format!("CouchDB's _replicate: {status} {text}"));
-    }
-    Ok(())
-}
-
 /// Our continuous replication through a 200 ms link under a steady write load.
 async fn live_latency(
     http: &reqwest::Client,
@@ -241,35 +220,14 @@ async fn doc_count(http: &reqwest::Client, couch: &Couch, db: &str) -> Result<u6
 
 /// Creates `db` with `n` documents of ~300 bytes.
 async fn fill(http: &reqwest::Client, couch: &Couch, db: &str, n: usize) -> Result<(), String> {
-    let r = http
-        .put(couch.url(db))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !r.status().is_success() {
-        return Err(format!("PUT /{db}: {}", r.status()));
-    }
-    for start in (0..n).step_by(1000) {
-        let docs: Vec<Value> = (start..n.min(start + 1000))
-            .map(|i| {
-                json!({
-                    "_id": format!("doc{i:06}"),
-                    "kind": "item",
-                    "n": i,
-                    "owner": format!("user{}", i % 97),
-                    "text": format!("{i:06} {}", "lorem ipsum dolor sit amet ".repeat(8)),
-                })
-            })
-            .collect();
-        let r = http
-            .post(couch.url(&format!("{db}/_bulk_docs")))
-            .json(&json!({"docs": docs}))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !r.status().is_success() {
-            return Err(format!("_bulk_docs: {}", r.status()));
-        }
-    }
-    Ok(())
+    couch::fill_with(http, couch, db, n, 1000, |i| {
+        json!({
+            "_id": format!("doc{i:06}"),
+            "kind": "item",
+            "n": i,
+            "owner": format!("user{}", i % 97),
+            "text": format!("{i:06} {}", "lorem ipsum dolor sit amet ".repeat(8)),
+        })
+    })
+    .await
 }

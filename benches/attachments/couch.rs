@@ -98,6 +98,30 @@ pub async fn fill(
     n: usize,
     att_len: usize,
 ) -> Result<(), String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    fill_with(http, couch, db, n, 200, |i| {
+        json!({
+            "_id": format!("doc{i:06}"),
+            "kind": "log",
+            "n": i,
+            "_attachments": {"log.txt": {
+                "content_type": "text/plain",
+                "data": b64.encode(text(i, att_len)),
+            }},
+        })
+    })
+    .await
+}
+
+/// Creates `db` and writes the documents `doc(i)` for `i < n`, `chunk` per `_bulk_docs`.
+pub async fn fill_with(
+    http: &reqwest::Client,
+    couch: &Couch,
+    db: &str,
+    n: usize,
+    chunk: usize,
+    doc: impl Fn(usize) -> Value,
+) -> Result<(), String> {
     let r = http
         .put(couch.url(db))
         .send()
@@ -106,21 +130,8 @@ pub async fn fill(
     if !r.status().is_success() {
         return Err(format!("PUT /{db}: {}", r.status()));
     }
-    let b64 = base64::engine::general_purpose::STANDARD;
-    for start in (0..n).step_by(200) {
-        let docs: Vec<Value> = (start..n.min(start + 200))
-            .map(|i| {
-                json!({
-                    "_id": format!("doc{i:06}"),
-                    "kind": "log",
-                    "n": i,
-                    "_attachments": {"log.txt": {
-                        "content_type": "text/plain",
-                        "data": b64.encode(text(i, att_len)),
-                    }},
-                })
-            })
-            .collect();
+    for start in (0..n).step_by(chunk.max(1)) {
+        let docs: Vec<Value> = (start..n.min(start + chunk.max(1))).map(&doc).collect();
         let r = http
             .post(couch.url(&format!("{db}/_bulk_docs")))
             .json(&json!({"docs": docs}))
@@ -130,6 +141,29 @@ pub async fn fill(
         if !r.status().is_success() {
             return Err(format!("_bulk_docs: {}", r.status()));
         }
+    }
+    Ok(())
+}
+
+/// CouchDB's own one-shot `_replicate` of `source` into `target` (created when missing);
+/// returns when CouchDB answered that it completed.
+pub async fn couch_replicate(
+    http: &reqwest::Client,
+    couch: &Couch,
+    source: &str,
+    target: &str,
+) -> Result<(), String> {
+    let body = json!({"source": source, "target": target, "create_target": true});
+    let r = http
+        .post(couch.url("_replicate"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("_replicate: {e}"))?;
+    let status = r.status();
+    let text = r.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Err(format!("CouchDB's _replicate: {status} {text}"));
     }
     Ok(())
 }
