@@ -1,5 +1,5 @@
-//! Whole-server copy benchmark: a real CouchDB 3.4.3 source holding `BENCH_DBS` (200) small
-//! databases of `BENCH_DOCS` (50) documents, copied into a second CouchDB 3.4.3 in the same run
+//! The whole-server part of `cargo bench --bench tools`: a real CouchDB 3.4.3 source holding
+//! `BENCH_ALL_DBS` (200) small databases of `BENCH_ALL_DBS_DOCS` (50) documents, copied into a second CouchDB 3.4.3 in the same run
 //! - by one server job of ours (an in-process node with the settings of
 //!   `couch-replicator replicate --all-dbs`, on the embedded store), into `db-NNN`;
 //! - by the target CouchDB's own replicator, with one `_replicator` document per database
@@ -12,22 +12,17 @@
 //! `COUCHDB_PEER_SCRIPT` (the CouchDB 3.4.3 peer script). `BENCH_TRACE=1` prints our
 //! progress every poll; `BENCH_ACCEPTORS=N` sets our node's `max_acceptors` (default 2).
 
-#[path = "shared/entry.rs"]
-mod entry;
-#[path = "scheduler/peers.rs"]
-#[allow(dead_code)]
-mod peers;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::entry;
+use crate::peers::Couch;
 use couch_replicator::replicator::{
     RepState, Replicator, ReplicatorConfig, ReplicatorSettings, ServerState,
 };
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use futures::{StreamExt, TryStreamExt, stream};
-use peers::Couch;
 use serde_json::{Value, json};
 
 /// How often completion is checked.
@@ -35,13 +30,10 @@ const POLL: Duration = Duration::from_millis(100);
 /// A copy that takes longer than this failed.
 const LIMIT: Duration = Duration::from_secs(900);
 
-fn main() {
-    entry::run_main("tools_all_dbs", run());
-}
-
-async fn run() -> Result<(), String> {
-    let dbs = entry::env_num("BENCH_DBS", 200);
-    let docs = entry::env_num("BENCH_DOCS", 50);
+/// Runs the whole-server comparison and prints its table and RESULT line.
+pub async fn run() -> Result<(), String> {
+    let dbs = entry::env_num("BENCH_ALL_DBS", 200);
+    let docs = entry::env_num("BENCH_ALL_DBS_DOCS", 50);
     let (src, tgt) = (Couch::start()?, Couch::start()?);
     let http = reqwest::Client::new();
     fill(&http, &src, dbs, docs).await?;
