@@ -368,7 +368,7 @@ impl ChangesReader {
                 self.check_same_source(&since).await?;
             }
             let outcome = tokio::select! {
-                r = self.stream_once(&mut since, &tx) => r,
+                r = self.stream_once(&mut since, &tx, None) => r,
                 _ = stop.wait_for(|s| *s) => return Ok(()),
             };
             match outcome {
@@ -400,11 +400,13 @@ impl ChangesReader {
         }
     }
 
-    /// One continuous request. Returns (workers_gone, made_progress).
+    /// One continuous request. Returns (workers_gone, made_progress). With `quiet_after`,
+    /// the request ends once that long passed without a change (heartbeats do not count).
     async fn stream_once(
         &mut self,
         since: &mut Value,
         tx: &mpsc::Sender<Batch>,
+        quiet_after: Option<Duration>,
     ) -> Result<(bool, bool)> {
         let resp = self
             .client
@@ -420,7 +422,14 @@ impl ChangesReader {
         let mut lines = FeedLines::new();
         let mut progressed = false;
         let max = self.opts.worker_batch_size;
-        while let Some(chunk) = body.next().await {
+        let far = Duration::from_secs(86_400 * 365);
+        let mut quiet_at = tokio::time::Instant::now() + quiet_after.unwrap_or(far);
+        loop {
+            let next = tokio::select! {
+                n = body.next() => n,
+                _ = tokio::time::sleep_until(quiet_at) => return Ok((false, progressed)),
+            };
+            let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
             lines.push(&chunk);
             let mut pending: Vec<Change> = Vec::new();
@@ -440,6 +449,9 @@ impl ChangesReader {
                 }
                 if let Some(c) = self.to_change(row) {
                     pending.push(c);
+                    if let Some(d) = quiet_after {
+                        quiet_at = tokio::time::Instant::now() + d;
+                    }
                 }
                 if pending.len() >= max {
                     let seq = pending_seq.clone().unwrap_or_else(|| since.clone());

@@ -281,7 +281,12 @@ impl HttpClient {
                     None
                 };
                 self.cfg.metrics.inc(Series::Requests);
-                self.attempt(req, buffer).await
+                let sent = Instant::now();
+                let out = self.attempt(req, buffer).await;
+                // Round trips decide a replication over a long link: this is where to see them.
+                tracing::trace!(%what, status = ?out.as_ref().map(Outcome::status).ok(),
+                    ms = sent.elapsed().as_secs_f64() * 1e3, "request");
+                out
             };
             self.count_response(result.as_ref().map(Outcome::status).ok(), buffer);
             let retry_reason = match result {

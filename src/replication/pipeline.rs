@@ -125,6 +125,7 @@ async fn run(
         tgt,
         src_info,
         keep_encoding,
+        target_empty,
         rep_id,
         checkpointer,
         start_point,
@@ -154,7 +155,11 @@ async fn run(
         counters,
         metrics: ctx.metrics.clone(),
         tracker: Mutex::new(Tracker::new(start_point.seq.clone())),
-        skipper: Mutex::new(DiffSkipper::default()),
+        skipper: Mutex::new(if target_empty {
+            DiffSkipper::for_empty_target()
+        } else {
+            DiffSkipper::default()
+        }),
         bulk_get: Mutex::new(BulkGetGate::default()),
         keep_encoding,
         source_seq: Mutex::new(base.source_seq.clone()),

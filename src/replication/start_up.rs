@@ -117,6 +117,8 @@ pub(super) struct Opened {
     pub(super) tgt: Arc<HttpClient>,
     pub(super) src_info: Value,
     pub(super) keep_encoding: bool,
+    /// The target held nothing at start (created now, or no documents and no deletions).
+    pub(super) target_empty: bool,
     pub(super) rep_id: RepId,
     pub(super) checkpointer: Option<Checkpointer>,
     pub(super) start_point: StartPoint,
@@ -149,11 +151,15 @@ pub(super) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened
     // CouchDB source to any other target, attachments travel decoded (JSON).
     let is_couch = |info: &Value| info.get("disk_format_version").is_some();
     let keep_encoding = is_couch(&tgt_info) || !is_couch(&src_info);
+    let count = |k: &str| tgt_info.get(k).and_then(Value::as_u64);
+    let target_empty =
+        created || (count("doc_count") == Some(0) && count("doc_del_count") == Some(0));
     Ok(Opened {
         src,
         tgt,
         src_info,
         keep_encoding,
+        target_empty,
         rep_id,
         checkpointer,
         start_point,
