@@ -25,7 +25,7 @@ pub(crate) mod rate_limit;
 pub mod verify;
 
 pub use endpoint::database::Endpoint;
-pub use error::{ErrorClass, ReplicationError};
+pub use error::{ErrorClass, ReasonTag, ReplicationError};
 pub use id::rep_id::RepId;
 pub use options::spec::{Filter, ReplicationOptions, ReplicationSpec};
 pub use pipeline::run::{

@@ -25,6 +25,6 @@ pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
 pub use job::record::{HistoryKind, JobError, RepJobRecord};
 pub use job::view::{JobKind, JobView, RepState};
 pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
-pub use node::frontend::{Frontend, ServiceFn, ServiceFuture};
+pub use node::frontend::{Frontend, ServiceError, ServiceFn, ServiceFuture};
 pub use node::settings::{NodeType, ReplicatorSettings, SettingsError};
 pub use server_job::spec::{DbProgress, ServerJobView, ServerSpec, ServerState};

@@ -77,7 +77,7 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
                 })
                 .await;
                 assert!(
-                    matches!(&v.state_info, Some(JobError::Replication { tag, .. }) if tag == "db_not_found"),
+                    matches!(&v.state_info, Some(JobError::Replication { tag, .. }) if tag.as_str() == "db_not_found"),
                     "{:?}",
                     v.state_info
                 );
