@@ -16,7 +16,7 @@
 
 pub mod changes;
 pub mod endpoint;
-pub mod error;
+pub(crate) mod error;
 pub mod http;
 pub mod id;
 pub mod options;

@@ -9,10 +9,10 @@
 //! - [`cluster`]: membership of the nodes sharing one store.
 //! - [`replicator_db`]: `_replicator` documents and replication requests.
 //! - [`server_job`]: whole-server replication jobs.
-//! - [`handle`] and [`error`]: the embedding API and its errors.
+//! - [`handle`] and `error`: the embedding API and its errors.
 
 pub mod cluster;
-pub mod error;
+pub(crate) mod error;
 pub mod handle;
 pub mod job;
 pub mod node;
