@@ -16,13 +16,13 @@
 //! the earliest scheduled first, so jobs rotate in order and none starves (CouchDB 4.x
 //! waits one interval).
 //!
-//! Fair share ([`super::share`], `super::share_plan`): running jobs are charged to their
+//! Fair share (`super::share`, `super::share_plan`): running jobs are charged to their
 //! `_replicator` database (transient jobs to one group) every tick; every tick the slots
 //! are split among the databases by their shares, and a trimmed job's rotation delay is
 //! scaled by its database's planned factor (a database whose jobs each get less than the
 //! average running fraction waits longer) times a feedback factor from its recent running
 //! time against its planned part, averaged over about a rotation and left at 1 within a
-//! dead band ([`super::share::smooth_ratio`], [`super::share::delay_factor`]). Trimming
+//! dead band (`super::share::smooth_ratio`, `super::share::delay_factor`). Trimming
 //! stops the longest-running jobs, those of a database measured far over its part first.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.

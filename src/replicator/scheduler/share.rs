@@ -43,7 +43,7 @@ pub enum ShareKey {
 /// The fair-share settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShareParams {
-    /// Shares per `_replicator` database (others get [`DEFAULT_SHARES`]).
+    /// Shares per `_replicator` database (others get `DEFAULT_SHARES`).
     pub shares: BTreeMap<String, u32>,
     /// How much of a group's usage survives a cycle (CouchDB: 0.5).
     pub usage_coeff: f64,
@@ -202,11 +202,6 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
     /// Jobs remembered (running or waiting with a priority left).
     pub fn len(&self) -> usize {
         self.jobs.len()
-    }
-
-    /// True when no job is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
     }
 
     /// Jobs remembered per group (running, or waiting with a priority left): the demand the
