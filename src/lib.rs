@@ -36,9 +36,7 @@
 //! ```
 //! use std::sync::Arc;
 //!
-//! use couch_replicator::replicator::NodeType;
-//! use couch_replicator::store::{Db, memory::MemoryStore};
-//! use couch_replicator::{NewJob, RepState, Replicator, ReplicatorConfig};
+//! use couch_replicator::{Db, MemoryStore, NewJob, NodeType, RepState, Replicator, ReplicatorConfig};
 //!
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> Result<(), couch_replicator::ReplicatorError> {
@@ -75,6 +73,9 @@ pub mod store;
 pub mod telemetry;
 
 pub use replicator::{
-    JobKind, JobView, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError,
-    ReplicatorEvent, WaitFor,
+    JobError, JobKind, JobView, NewJob, NodeType, RepState, Replicator, ReplicatorConfig,
+    ReplicatorError, ReplicatorEvent, ReplicatorSettings, ServerJobView, ServerSpec, WaitFor,
 };
+pub use store::embedded::EmbeddedStore;
+pub use store::memory::MemoryStore;
+pub use store::{Db, Store, StoreError};

@@ -33,33 +33,82 @@ impl std::fmt::Debug for ConfigFile {
     }
 }
 
+/// Why the configuration could not be read; the message names the file and line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file or directory could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not in CouchDB's ini dialect.
+    #[error("{}: {error}", path.display())]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// Where and what.
+        #[source]
+        error: SyntaxError,
+    },
+}
+
+/// A line the ini reader cannot read.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {kind}")]
+pub struct SyntaxError {
+    /// The line number (from 1).
+    pub line: usize,
+    /// What is wrong with it.
+    pub kind: SyntaxKind,
+}
+
+/// What is wrong with a line.
+#[derive(Debug, thiserror::Error)]
+pub enum SyntaxKind {
+    /// `[name` without its `]`.
+    #[error("unterminated section header")]
+    UnterminatedSection,
+    /// Neither a section, a comment nor `key = value`.
+    #[error("expected `key = value`")]
+    ExpectedKeyValue,
+    /// A `key = value` line before the first section.
+    #[error("`{0}` is outside any [section]")]
+    OutsideSection(String),
+}
+
 /// The prefix of environment overrides.
 pub const ENV_PREFIX: &str = "COUCH_REPLICATOR__";
 
 impl ConfigFile {
     /// Reads and layers `paths` (files, or directories of `*.ini` files); errors name the
     /// file and line.
-    pub fn load(paths: &[PathBuf]) -> Result<Self, String> {
+    pub fn load(paths: &[PathBuf]) -> Result<Self, ConfigError> {
         let mut cfg = Self::default();
         for p in expand(paths)? {
-            let text = std::fs::read_to_string(&p)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let text = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+                path: p.clone(),
+                source,
+            })?;
             cfg.merge_text(&text)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+                .map_err(|error| ConfigError::Syntax { path: p, error })?;
         }
         Ok(cfg)
     }
 
     /// Parses ini/flat-TOML text; errors name the line.
     #[cfg(test)]
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, SyntaxError> {
         let mut cfg = Self::default();
         cfg.merge_text(text)?;
         Ok(cfg)
     }
 
     /// Adds the pairs of `text` over the current ones.
-    fn merge_text(&mut self, text: &str) -> Result<(), String> {
+    fn merge_text(&mut self, text: &str) -> Result<(), SyntaxError> {
         let cfg = self;
         let mut section: Option<String> = None;
         for (n, raw) in text.lines().enumerate() {
@@ -70,7 +119,7 @@ impl ConfigFile {
             if let Some(name) = line.strip_prefix('[') {
                 let name = name
                     .strip_suffix(']')
-                    .ok_or_else(|| format!("line {}: unterminated section header", n + 1))?;
+                    .ok_or_else(|| syntax(n, SyntaxKind::UnterminatedSection))?;
                 section = Some(name.trim().to_owned());
                 continue;
             }
@@ -78,10 +127,10 @@ impl ConfigFile {
             let (k, v) = line
                 .split_once(" = ")
                 .or_else(|| line.split_once('='))
-                .ok_or_else(|| format!("line {}: expected `key = value`", n + 1))?;
-            let sec = section.clone().ok_or_else(|| {
-                format!("line {}: `{}` is outside any [section]", n + 1, k.trim())
-            })?;
+                .ok_or_else(|| syntax(n, SyntaxKind::ExpectedKeyValue))?;
+            let sec = section
+                .clone()
+                .ok_or_else(|| syntax(n, SyntaxKind::OutsideSection(k.trim().to_owned())))?;
             let v = unquote(v.trim());
             // CouchDB skips `key =` lines (an empty value deletes nothing and sets nothing).
             if !v.is_empty() {
@@ -154,12 +203,15 @@ impl ConfigFile {
 }
 
 /// Files in layering order: each path as given, a directory as its `*.ini` files sorted.
-fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
             let mut inis: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+                .map_err(|source| ConfigError::Read {
+                    path: p.clone(),
+                    source,
+                })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|f| f.extension().is_some_and(|x| x == "ini") && f.is_file())
                 .collect();
@@ -170,6 +222,11 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
         }
     }
     Ok(out)
+}
+
+/// The error of line index `n`.
+fn syntax(n: usize, kind: SyntaxKind) -> SyntaxError {
+    SyntaxError { line: n + 1, kind }
 }
 
 fn unquote(v: &str) -> String {
@@ -216,7 +273,12 @@ mod tests {
             ("OTHER".to_string(), "x".to_string()),
         ]);
         assert_eq!(c.get("chttpd", "port"), Some("7000"));
-        assert!(ConfigFile::parse("x = 1").unwrap_err().contains("line 1"));
+        assert!(
+            ConfigFile::parse("x = 1")
+                .unwrap_err()
+                .to_string()
+                .contains("line 1")
+        );
         assert!(ConfigFile::parse("[a\n").is_err());
     }
 
@@ -238,7 +300,7 @@ mod tests {
         assert_eq!(c.get("chttpd", "bind_address"), Some("0.0.0.0"));
         assert_eq!(c.get("x", "y"), Some("1"));
         let e = ConfigFile::load(&[d.join("missing.ini")]).unwrap_err();
-        assert!(e.contains("missing.ini"), "{e}");
+        assert!(e.to_string().contains("missing.ini"), "{e}");
     }
 
     #[test]

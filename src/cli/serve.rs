@@ -21,7 +21,9 @@ use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::replicator::replicator_db::doc_processor::{
     DocProcessorConfig, ReplicatorDb,
 };
-use couch_replicator::replicator::{Frontend, NodeType, Replicator, ReplicatorConfig, ServiceFn};
+use couch_replicator::replicator::{
+    Frontend, NodeType, Replicator, ReplicatorConfig, ServiceError, ServiceFn,
+};
 use couch_replicator::store::Db;
 
 use couch_replicator::http::auth::AuthSettings;
@@ -110,7 +112,7 @@ pub fn load(
     args: &ServeArgs,
     env: Vec<(String, String)>,
 ) -> Result<(ConfigFile, Vec<(String, String)>), String> {
-    let mut cfg = ConfigFile::load(&args.config)?;
+    let mut cfg = ConfigFile::load(&args.config).map_err(|e| e.to_string())?;
     cfg.apply_env(env);
     if let Some(types) = &args.node_type {
         cfg.set("replicator", "node_types", types.join(","));
@@ -392,11 +394,13 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
                 Ok(l) => l,
                 Err(msg) => {
                     bound.send_replace(Some(Err(msg.clone())));
-                    return Err(msg);
+                    return Err(ServiceError::host(msg));
                 }
             };
-            let local = listener.local_addr().map_err(|e| e.to_string())?;
-            let steps = steps.steps(rep.jobs().clone())?;
+            let local = listener.local_addr()?;
+            let steps = steps
+                .steps(rep.jobs().clone())
+                .map_err(ServiceError::host)?;
             let state = AppState::new(rep, config);
             let router = http::router_with_steps(state, Some(steps));
             bound.send_replace(Some(Ok(Bound {
@@ -405,10 +409,10 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
             })));
             let plain = http::serve_router(listener, router.clone(), std::future::pending());
             match https {
-                None => plain.await.map_err(|e| format!("HTTP server: {e}")),
+                None => plain.await.map_err(ServiceError::from),
                 Some(tls) => tokio::select! {
-                    r = plain => r.map_err(|e| format!("HTTP server: {e}")),
-                    r = tls.serve(router) => r.map_err(|e| format!("HTTPS server: {e}")),
+                    r = plain => r.map_err(ServiceError::from),
+                    r = tls.serve(router) => r.map_err(|e| ServiceError::host(format!("HTTPS server: {e}"))),
                 },
             }
         })

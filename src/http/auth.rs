@@ -1,4 +1,4 @@
-//! Who is calling: HTTP Basic credentials or an `AuthSession` cookie ([`super::session`])
+//! Who is calling: HTTP Basic credentials or an `AuthSession` cookie (`super::session`)
 //! checked against the node's configured users (`[admins]`, and optional non-admin `[users]`),
 //! then, when one is configured, against a CouchDB ([`super::couchdb_auth`]: its `_users` and
 //! admins, so a CouchDB user keeps their name and roles here).

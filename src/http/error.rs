@@ -110,6 +110,7 @@ impl From<&crate::replicator::JobError> for HttpError {
     /// that failed with 500 and the error's tag; duplicates are a conflict the caller can act
     /// on; an invalid request is the caller's fault.
     fn from(e: &crate::replicator::JobError) -> Self {
+        use crate::replication::error::ReasonTag;
         use crate::replicator::JobError as J;
         match e {
             J::InvalidDocument { reason } => Self::bad_request(reason.clone()),
@@ -118,8 +119,14 @@ impl From<&crate::replicator::JobError> for HttpError {
             }
             // An endpoint that refused the replicator's credentials: CouchDB passes the class
             // on (401 `unauthorized`, 403 `forbidden`), so a client can tell it from a crash.
-            J::Replication { tag, .. } if tag == "unauthorized" => Self::unauthorized(e.detail()),
-            J::Replication { tag, .. } if tag == "forbidden" => Self::forbidden(e.detail()),
+            J::Replication {
+                tag: ReasonTag::Unauthorized,
+                ..
+            } => Self::unauthorized(e.detail()),
+            J::Replication {
+                tag: ReasonTag::Forbidden,
+                ..
+            } => Self::forbidden(e.detail()),
             J::Replication { .. } | J::Internal { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, e.tag(), e.detail())
             }
@@ -135,6 +142,7 @@ impl From<crate::replicator::ReplicatorError> for HttpError {
         use crate::replicator::ReplicatorError as E;
         match e {
             E::BadRequest(r) => Self::bad_request(r),
+            E::Replication(e) => Self::bad_request(e.to_string()),
             E::NotFound(id) => Self::not_found(format!("no replication job {id}")),
             E::Conflict(r) => Self::new(StatusCode::CONFLICT, "conflict", r),
             E::Failed(e) => Self::from(&e),

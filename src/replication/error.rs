@@ -105,25 +105,99 @@ impl ReplicationError {
     }
 
     /// CouchDB's short reason tag (`db_not_found`, `unauthorized`, `max_backoff`, ...).
-    pub fn reason(&self) -> &'static str {
+    pub fn tag(&self) -> ReasonTag {
         match self {
-            Self::InvalidOptions(_) => "invalid_options",
-            Self::InvalidEndpoint(_) => "invalid_endpoint",
-            Self::DbNotFound(_) => "db_not_found",
-            Self::Unauthorized(_) => "unauthorized",
-            Self::AuthFailed(_) => "replication_auth_error",
-            Self::Forbidden(_) => "forbidden",
-            Self::MaxBackoff(_) => "max_backoff",
-            Self::HttpRequestFailed(_) => "http_request_failed",
-            Self::ChangesReqFailed(_) => "changes_req_failed",
-            Self::BulkDocsFailed(_) => "bulk_docs_failed",
-            Self::DocWriteFailed(_) => "doc_write_failed",
-            Self::OpenDocRevsFailed(_) => "open_doc_revs_failed",
-            Self::CheckpointFailed(_) => "checkpoint_commit_failure",
-            Self::FilterFetch(_) => "filter_fetch_error",
-            Self::BadResponse(_) => "bad_response",
-            Self::WorkerDied(_) => "worker_died",
+            Self::InvalidOptions(_) => ReasonTag::InvalidOptions,
+            Self::InvalidEndpoint(_) => ReasonTag::InvalidEndpoint,
+            Self::DbNotFound(_) => ReasonTag::DbNotFound,
+            Self::Unauthorized(_) => ReasonTag::Unauthorized,
+            Self::AuthFailed(_) => ReasonTag::ReplicationAuthError,
+            Self::Forbidden(_) => ReasonTag::Forbidden,
+            Self::MaxBackoff(_) => ReasonTag::MaxBackoff,
+            Self::HttpRequestFailed(_) => ReasonTag::HttpRequestFailed,
+            Self::ChangesReqFailed(_) => ReasonTag::ChangesReqFailed,
+            Self::BulkDocsFailed(_) => ReasonTag::BulkDocsFailed,
+            Self::DocWriteFailed(_) => ReasonTag::DocWriteFailed,
+            Self::OpenDocRevsFailed(_) => ReasonTag::OpenDocRevsFailed,
+            Self::CheckpointFailed(_) => ReasonTag::CheckpointCommitFailure,
+            Self::FilterFetch(_) => ReasonTag::FilterFetchError,
+            Self::BadResponse(_) => ReasonTag::BadResponse,
+            Self::WorkerDied(_) => ReasonTag::WorkerDied,
         }
+    }
+
+    /// [`Self::tag`] as text.
+    pub fn reason(&self) -> &'static str {
+        self.tag().as_str()
+    }
+}
+
+/// CouchDB's reason tags of a failed replication (the `error` of an HTTP reply, the prefix
+/// of the reason text); stored in job records by their text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonTag {
+    /// `invalid_options`.
+    InvalidOptions,
+    /// `invalid_endpoint`.
+    InvalidEndpoint,
+    /// `db_not_found`.
+    DbNotFound,
+    /// `unauthorized`.
+    Unauthorized,
+    /// `replication_auth_error`.
+    ReplicationAuthError,
+    /// `forbidden`.
+    Forbidden,
+    /// `max_backoff`.
+    MaxBackoff,
+    /// `http_request_failed`.
+    HttpRequestFailed,
+    /// `changes_req_failed`.
+    ChangesReqFailed,
+    /// `bulk_docs_failed`.
+    BulkDocsFailed,
+    /// `doc_write_failed`.
+    DocWriteFailed,
+    /// `open_doc_revs_failed`.
+    OpenDocRevsFailed,
+    /// `checkpoint_commit_failure`.
+    CheckpointCommitFailure,
+    /// `filter_fetch_error`.
+    FilterFetchError,
+    /// `bad_response`.
+    BadResponse,
+    /// `worker_died`.
+    WorkerDied,
+}
+
+impl ReasonTag {
+    /// The tag as CouchDB writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidOptions => "invalid_options",
+            Self::InvalidEndpoint => "invalid_endpoint",
+            Self::DbNotFound => "db_not_found",
+            Self::Unauthorized => "unauthorized",
+            Self::ReplicationAuthError => "replication_auth_error",
+            Self::Forbidden => "forbidden",
+            Self::MaxBackoff => "max_backoff",
+            Self::HttpRequestFailed => "http_request_failed",
+            Self::ChangesReqFailed => "changes_req_failed",
+            Self::BulkDocsFailed => "bulk_docs_failed",
+            Self::DocWriteFailed => "doc_write_failed",
+            Self::OpenDocRevsFailed => "open_doc_revs_failed",
+            Self::CheckpointCommitFailure => "checkpoint_commit_failure",
+            Self::FilterFetchError => "filter_fetch_error",
+            Self::BadResponse => "bad_response",
+            Self::WorkerDied => "worker_died",
+        }
+    }
+}
+
+impl std::fmt::Display for ReasonTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -143,6 +217,18 @@ mod tests {
         );
         let other = ReplicationError::DbNotFound("x".into()).into_changes_failure();
         assert_eq!(other.reason(), "changes_req_failed");
+    }
+
+    #[test]
+    fn tags_serialize_as_couchdb_writes_them() {
+        for tag in [
+            ReasonTag::ReplicationAuthError,
+            ReasonTag::CheckpointCommitFailure,
+        ] {
+            let text = serde_json::to_value(tag).unwrap();
+            assert_eq!(text, serde_json::json!(tag.as_str()));
+            assert_eq!(serde_json::from_value::<ReasonTag>(text).unwrap(), tag);
+        }
     }
 
     #[test]

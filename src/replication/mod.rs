@@ -16,7 +16,7 @@
 
 pub mod changes;
 pub mod endpoint;
-pub mod error;
+pub(crate) mod error;
 pub mod http;
 pub mod id;
 pub mod options;
@@ -25,7 +25,7 @@ pub(crate) mod rate_limit;
 pub mod verify;
 
 pub use endpoint::database::Endpoint;
-pub use error::{ErrorClass, ReplicationError};
+pub use error::{ErrorClass, ReasonTag, ReplicationError};
 pub use id::rep_id::RepId;
 pub use options::spec::{Filter, ReplicationOptions, ReplicationSpec};
 pub use pipeline::run::{

@@ -11,6 +11,10 @@ pub enum ReplicatorError {
     /// The replication document or `_replicate` body is invalid (a 400 for HTTP callers).
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The replication engine refused the request (invalid options or endpoint: a 400 for
+    /// HTTP callers, with the engine's error kept as the source).
+    #[error("bad request: {0}")]
+    Replication(#[source] ReplicationError),
     /// No job with that job id or replication id.
     #[error("not_found: no replication job {0}")]
     NotFound(String),
@@ -36,7 +40,19 @@ pub enum ReplicatorError {
 
 impl From<ReplicationError> for ReplicatorError {
     fn from(e: ReplicationError) -> Self {
-        ReplicatorError::BadRequest(e.to_string())
+        ReplicatorError::Replication(e)
+    }
+}
+
+impl ReplicatorError {
+    /// The reason of a refused request (what a `_replicator` document's `failed` state
+    /// carries), or `None` for any other error.
+    pub(crate) fn bad_request_reason(&self) -> Option<String> {
+        match self {
+            Self::BadRequest(reason) => Some(reason.clone()),
+            Self::Replication(e) => Some(e.to_string()),
+            _ => None,
+        }
     }
 }
 

@@ -9,10 +9,10 @@
 //! - [`cluster`]: membership of the nodes sharing one store.
 //! - [`replicator_db`]: `_replicator` documents and replication requests.
 //! - [`server_job`]: whole-server replication jobs.
-//! - [`handle`] and [`error`]: the embedding API and its errors.
+//! - [`handle`] and `error`: the embedding API and its errors.
 
 pub mod cluster;
-pub mod error;
+pub(crate) mod error;
 pub mod handle;
 pub mod job;
 pub mod node;
@@ -25,6 +25,6 @@ pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
 pub use job::record::{HistoryKind, JobError, RepJobRecord};
 pub use job::view::{JobKind, JobView, RepState};
 pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
-pub use node::frontend::{Frontend, ServiceFn, ServiceFuture};
+pub use node::frontend::{Frontend, ServiceError, ServiceFn, ServiceFuture};
 pub use node::settings::{NodeType, ReplicatorSettings, SettingsError};
 pub use server_job::spec::{DbProgress, ServerJobView, ServerSpec, ServerState};

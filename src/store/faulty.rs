@@ -3,7 +3,7 @@
 //! "buggify" in deterministic simulation).
 //!
 //! Every fault surfaces as the [`StoreError`] the FDB adapter produces for the same event
-//! (both go through [`super::fdb_errors::classify`]):
+//! (both go through `super::fdb_errors::classify`):
 //!
 //! | fault | what the caller sees | FDB |
 //! |---|---|---|

@@ -18,9 +18,8 @@ pub const TRANSACTION_CANCELLED: i32 = 1025;
 /// FDB error transaction_timed_out: the transaction ran past its timeout option.
 pub const TRANSACTION_TIMED_OUT: i32 = 1031;
 /// FDB error too_many_watches: the client's watch limit is reached.
+#[cfg(test)]
 pub const TOO_MANY_WATCHES: i32 = 1032;
-/// FDB error watches_disabled: watches are off for this database.
-pub const WATCHES_DISABLED: i32 = 1034;
 /// FDB error accessed_unreadable: a versionstamped key written in this transaction was read.
 pub const ACCESSED_UNREADABLE: i32 = 1036;
 /// FDB error process_behind: a storage server is lagging (retryable).

@@ -21,7 +21,7 @@ pub mod etcd;
 pub mod faulty;
 #[cfg(feature = "fdb")]
 pub mod fdb;
-pub mod fdb_errors;
+pub(crate) mod fdb_errors;
 mod idempotent;
 pub mod memory;
 

@@ -6,8 +6,8 @@ use crate::support::deadline;
 use std::time::Duration;
 
 use crate::support::replicator::*;
+use couch_replicator::replicator::job::REP_JOBS;
 use couch_replicator::replicator::job::actor::JobMsg;
-use couch_replicator::replicator::job::view::REP_JOBS;
 use couch_replicator::replicator::{HistoryKind, JobError};
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
@@ -77,7 +77,7 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
                 })
                 .await;
                 assert!(
-                    matches!(&v.state_info, Some(JobError::Replication { tag, .. }) if tag == "db_not_found"),
+                    matches!(&v.state_info, Some(JobError::Replication { tag, .. }) if tag.as_str() == "db_not_found"),
                     "{:?}",
                     v.state_info
                 );

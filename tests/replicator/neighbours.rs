@@ -13,7 +13,7 @@ use crate::support::replicator::*;
 use couch_replicator::jobs::lifecycle::get_row;
 use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions, TokioClock};
 use couch_replicator::replicator::cluster::membership::Membership;
-use couch_replicator::replicator::job::view::REP_JOBS;
+use couch_replicator::replicator::job::REP_JOBS;
 use couch_replicator::replicator::node::context::NODES;
 use couch_replicator::replicator::{JobKind, NewJob, WaitFor};
 use couch_replicator::store::Db;

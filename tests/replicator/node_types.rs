@@ -33,16 +33,14 @@ fn free_addr() -> SocketAddr {
 fn http_at(addr: SocketAddr) -> ServiceFn {
     Arc::new(move |rep: Arc<Replicator>| {
         Box::pin(async move {
-            let listener = http::bind_listener(addr).await.map_err(|e| e.to_string())?;
+            let listener = http::bind_listener(addr).await?;
             let cfg = HttpConfig {
                 users: Users::new(vec![("admin".into(), "pw".into())], Vec::new()),
                 replicator_dbs: vec!["jobs_replicator".into()],
                 ..HttpConfig::default()
             };
             let state = AppState::new(rep, cfg);
-            http::serve(listener, state, std::future::pending())
-                .await
-                .map_err(|e| e.to_string())
+            Ok(http::serve(listener, state, std::future::pending()).await?)
         })
     })
 }

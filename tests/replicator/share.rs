@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::support::deadline;
 use crate::support::replicator::*;
+use couch_replicator::replicator::scheduler::ShareKey;
 use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
-use couch_replicator::replicator::scheduler::share::ShareKey;
 use couch_replicator::replicator::{NewJob, ReplicatorSettings};
 use supervisors::observe;
 

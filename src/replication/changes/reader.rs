@@ -3,7 +3,7 @@
 //! running ahead of them through a bounded channel. One-shot replications read the normal
 //! feed in one streamed request (resumed from the last batch if it breaks). Continuous ones
 //! on a shared client read `feed=normal` pages whenever the source's shared change watch
-//! ([`super::watch`]) sees a change, holding no socket while the source is quiet; on a
+//! (`super::watch`) sees a change, holding no socket while the source is quiet; on a
 //! private client they stream `feed=continuous` line by line and reconnect from the last
 //! sequence seen.
 //! Filters: `doc_ids` via `POST filter=_doc_ids`, `selector` via `POST filter=_selector`,

@@ -144,7 +144,7 @@ impl HttpClient {
     }
 
     /// Builds the client for an endpoint on the shared client of its transport key (see
-    /// [`Transports`]): its sockets are shared with every other client of that key, and
+    /// `Transports`): its sockets are shared with every other client of that key, and
     /// `http_connections` only bounds this client's own requests in flight.
     pub fn shared(
         ep: Endpoint,
@@ -214,14 +214,14 @@ impl HttpClient {
         ReplicationError::Forbidden(self.ep.couch_url())
     }
 
-    /// The table of shared change watches, on a shared client (see [`crate::replication::changes::watch`]).
+    /// The table of shared change watches, on a shared client (see `crate::replication::changes::watch`).
     pub fn watches(&self) -> Option<&Arc<Watches>> {
         self.watches.as_ref()
     }
 
     /// `GET path` like [`HttpClient::send`], but jobs of the same shared transport that read
     /// the same path with the same credentials at the same time share one request (see
-    /// [`super::coalesce`]): for start-up reads such as the database info.
+    /// `super::coalesce`): for start-up reads such as the database info.
     pub async fn read_shared(&self, path: &str) -> Result<Arc<Resp>> {
         let Some(reads) = &self.reads else {
             return self.send(&Req::get(path)).await.map(Arc::new);

@@ -1,5 +1,5 @@
 //! A fully read HTTP response, the unit that [`super::client::HttpClient::send`] returns and
-//! that coalesced reads ([`super::coalesce`]) hand to every job that waited for them.
+//! that coalesced reads (`super::coalesce`) hand to every job that waited for them.
 
 use bytes::Bytes;
 use reqwest::StatusCode;

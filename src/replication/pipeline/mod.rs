@@ -1,6 +1,6 @@
 //! Running one replication: start-up (`start_up`: target, endpoints, id, start point),
 //! the pipeline and its handle (`run`), what a worker does with a batch (`worker`:
-//! `revs_diff`, `fetch` and `bulk_related`, [`write`](mod@write)), checkpoints (`checkpoint`),
+//! `revs_diff`, `fetch` and `bulk_related`, `write`), checkpoints (`checkpoint`),
 //! stats ([`stats`]) and what the host lends a replication (`context`).
 
 pub(crate) mod bulk_related;
@@ -12,4 +12,4 @@ pub(crate) mod run;
 pub(crate) mod start_up;
 pub mod stats;
 pub(crate) mod worker;
-pub mod write;
+pub(crate) mod write;

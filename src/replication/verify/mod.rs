@@ -11,7 +11,7 @@ pub mod all_dbs;
 mod check;
 mod deep;
 mod report;
-pub mod request;
+pub(crate) mod request;
 
 pub use check::{VerifyOptions, verify};
 pub use report::{DifferentLeaf, FIRST_IDS, MissingDoc, Progress, VerifyReport};

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::jobs::{JobData, JobsError};
+use crate::replication::error::ReasonTag;
 use crate::replication::{ReplicationError, ReplicationStats};
 
 /// A replicator job state.
@@ -118,7 +119,7 @@ pub enum JobError {
     #[error("{message}")]
     Replication {
         /// CouchDB's reason tag.
-        tag: String,
+        tag: ReasonTag,
         /// The error text (credentials already redacted by the engine).
         message: String,
     },
@@ -162,7 +163,7 @@ impl JobError {
     /// CouchDB's short error tag for this error (the `error` of an HTTP reply).
     pub fn tag(&self) -> &str {
         match self {
-            JobError::Replication { tag, .. } => tag,
+            JobError::Replication { tag, .. } => tag.as_str(),
             JobError::DuplicateJob { .. } | JobError::DuplicateDocument { .. } => "duplicate_job",
             JobError::InvalidDocument { .. } => "bad_request",
             JobError::Internal { .. } => "replication_failed",
@@ -184,14 +185,21 @@ impl JobError {
 
     /// An error that a transient job retries (CouchDB fails other transient errors at once).
     pub(crate) fn transient_job_retries(&self) -> bool {
-        matches!(self, JobError::DuplicateJob { .. }) || self.tag() == "max_backoff"
+        matches!(
+            self,
+            JobError::DuplicateJob { .. }
+                | JobError::Replication {
+                    tag: ReasonTag::MaxBackoff,
+                    ..
+                }
+        )
     }
 }
 
 impl From<&ReplicationError> for JobError {
     fn from(e: &ReplicationError) -> Self {
         JobError::Replication {
-            tag: e.reason().to_owned(),
+            tag: e.tag(),
             message: e.to_string(),
         }
     }

@@ -1,6 +1,6 @@
 //! Replication jobs as the rest of the node sees them: job-id computation (persistent
 //! `db|doc_id`, transient MD5 over the normalized request without credentials), the record of
-//! a new job (its fields are owned by [`super::record`]), and [`JobView`], the read-only
+//! a new job (its fields are owned by `super::record`), and [`JobView`], the read-only
 //! view handed to the HTTP API and the `_replicator` writer.
 
 use md5::{Digest, Md5};

@@ -1,7 +1,7 @@
 //! connection_pool: the node's shared HTTP clients and per-endpoint connection budget (CouchDB's
 //! `couch_replicator_connection.erl`).
 //!
-//! The pool owns the node's [`Transports`]: one reqwest client per endpoint (scheme, host,
+//! The pool owns the node's `Transports`: one reqwest client per endpoint (scheme, host,
 //! port, proxy and client settings), shared by every job, handed out by [`PoolMsg::Clients`]
 //! (a job asks once at start; requests never wait on this actor). A job's `http_connections`
 //! bounds its own requests in flight on top of the shared client. Idle sockets close after

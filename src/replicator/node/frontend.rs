@@ -18,11 +18,33 @@ use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::replication::ReplicationError;
 use crate::replicator::Replicator;
 use crate::replicator::replicator_db::doc_processor::{DocProcessor, DocProcessorConfig};
 
 /// A running service; `Err` is a crash (the actor fails and is restarted).
-pub type ServiceFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+pub type ServiceFuture = Pin<Box<dyn Future<Output = Result<(), ServiceError>> + Send>>;
+
+/// Why a frontend service ended with an error (a crash: its actor fails and is restarted).
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The replication engine refused (a `_replicator` database could not be followed).
+    #[error(transparent)]
+    Replication(#[from] ReplicationError),
+    /// Binding or serving a listener failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A host's own service failed; its error is the source.
+    #[error(transparent)]
+    Host(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl ServiceError {
+    /// A host service's error.
+    pub fn host(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Host(e.into())
+    }
+}
 /// Starts a service on the node's handle (called again at every restart).
 pub type ServiceFn = Arc<dyn Fn(Arc<Replicator>) -> ServiceFuture + Send + Sync>;
 
@@ -57,7 +79,7 @@ impl Frontend {
             let cfg = cfg.clone();
             Box::pin(async move {
                 // Held until the task is aborted; dropping it aborts the followers.
-                let _docs = DocProcessor::start(rep, cfg).map_err(|e| e.to_string())?;
+                let _docs = DocProcessor::start(rep, cfg)?;
                 std::future::pending::<()>().await;
                 Ok(())
             })
@@ -93,7 +115,7 @@ impl Drop for ServiceTask {
 #[derive(Debug)]
 pub enum ServiceMsg {
     /// Sent by the service task when the service returns (`Err`: crashed).
-    Ended(Result<(), String>),
+    Ended(Result<(), ServiceError>),
     /// The service's state.
     Observe(RpcReplyPort<FrontendObservation>),
 }

@@ -1,5 +1,5 @@
 //! One node's tree and what its actors share: the `replicator_sup` tree and its start
-//! ([`tree`], `start`), the shared context ([`context`]), the settings (`settings`), and
+//! (`tree`, `start`), the shared context ([`context`]), the settings (`settings`), and
 //! the node-wide services the tree starts first.
 //!
 //! Actors and their messages: the event bus ([`event_bus::EventBusMsg`]: `Subscribe`,
@@ -15,4 +15,4 @@ pub mod frontend;
 pub mod limiter_actor;
 pub(crate) mod settings;
 pub(crate) mod start;
-pub mod tree;
+pub(crate) mod tree;

@@ -290,15 +290,17 @@ impl Follower {
                         tracing::debug!(job = %v.job_id, "replication document scheduled");
                         true
                     }
-                    Err(ReplicatorError::BadRequest(reason)) => {
-                        self.write_failed(&d.doc_id, reason).await;
-                        true
-                    }
-                    Err(e) => {
-                        tracing::warn!(db = %self.name, doc = %d.doc_id, error = %e,
-                            "adding the replication job failed; will retry");
-                        false
-                    }
+                    Err(e) => match e.bad_request_reason() {
+                        Some(reason) => {
+                            self.write_failed(&d.doc_id, reason).await;
+                            true
+                        }
+                        None => {
+                            tracing::warn!(db = %self.name, doc = %d.doc_id, error = %e,
+                                "adding the replication job failed; will retry");
+                            false
+                        }
+                    },
                 }
             }
             DocAction::Fail { doc_id, reason, .. } => {
@@ -338,14 +340,16 @@ impl Follower {
         };
         Some(match added {
             Ok(_) => true,
-            Err(ReplicatorError::BadRequest(reason)) => {
-                self.write_failed(doc_id, reason).await;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(job = %id, error = %e, "adding the server job failed; will retry");
-                false
-            }
+            Err(e) => match e.bad_request_reason() {
+                Some(reason) => {
+                    self.write_failed(doc_id, reason).await;
+                    true
+                }
+                None => {
+                    tracing::warn!(job = %id, error = %e, "adding the server job failed; will retry");
+                    false
+                }
+            },
         })
     }
 

@@ -6,23 +6,23 @@
 //! at random) a [`JobServerMsg::Tick`]: trim the longest-running continuous jobs older than
 //! `min_run_time` back to `max_jobs` (never one-shot jobs), start up to `max_churn` extra
 //! acceptors when jobs are pending, remove finished transient jobs older than
-//! `transient_job_max_age`, refresh the gauges. The arithmetic is in [`super::rotation_policy`].
+//! `transient_job_max_age`, refresh the gauges. The arithmetic is in `super::rotation_policy`.
 //! Each extra job accepted trims one back out at once (CouchDB 4.x trims at the next
 //! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
 //! exceeded only while the new jobs start, not for a whole interval.
 //! The running jobs and when each rotates out and comes back are `rotation.rs`'s:
 //! a trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
-//! waiting jobs, less a margin; see [`super::rotation_policy::eligible_after`]) and acceptors take
+//! waiting jobs, less a margin; see `super::rotation_policy::eligible_after`) and acceptors take
 //! the earliest scheduled first, so jobs rotate in order and none starves (CouchDB 4.x
 //! waits one interval).
 //!
-//! Fair share ([`super::share`], [`super::share_plan`]): running jobs are charged to their
+//! Fair share (`super::share`, `super::share_plan`): running jobs are charged to their
 //! `_replicator` database (transient jobs to one group) every tick; every tick the slots
 //! are split among the databases by their shares, and a trimmed job's rotation delay is
 //! scaled by its database's planned factor (a database whose jobs each get less than the
 //! average running fraction waits longer) times a feedback factor from its recent running
 //! time against its planned part, averaged over about a rotation and left at 1 within a
-//! dead band ([`super::share::smooth_ratio`], [`super::share::delay_factor`]). Trimming
+//! dead band (`super::share::smooth_ratio`, `super::share::delay_factor`). Trimming
 //! stops the longest-running jobs, those of a database measured far over its part first.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.

@@ -43,7 +43,7 @@ pub enum ShareKey {
 /// The fair-share settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShareParams {
-    /// Shares per `_replicator` database (others get [`DEFAULT_SHARES`]).
+    /// Shares per `_replicator` database (others get `DEFAULT_SHARES`).
     pub shares: BTreeMap<String, u32>,
     /// How much of a group's usage survives a cycle (CouchDB: 0.5).
     pub usage_coeff: f64,
@@ -204,13 +204,8 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
         self.jobs.len()
     }
 
-    /// True when no job is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
-    }
-
     /// Jobs remembered per group (running, or waiting with a priority left): the demand the
-    /// slots are split over ([`super::share_plan::SharePlan`]).
+    /// slots are split over (`super::share_plan::SharePlan`).
     pub fn group_jobs(&self) -> &HashMap<ShareKey, usize> {
         &self.num_jobs
     }
@@ -260,7 +255,7 @@ impl<J: Hash + Eq + Clone> FairShare<J> {
     }
 }
 
-/// How far a group's [`super::share_plan::SharePlan::service_ratio`] may stray from 1,
+/// How far a group's `super::share_plan::SharePlan::service_ratio` may stray from 1,
 /// either way, before it changes a delay at all. The plan already sets each group's delay
 /// from its shares, so the feedback is left only what the plan cannot see (turns cut short,
 /// jobs never trimmed). Usage decays by half each cycle, so the ratio follows the mix of the
@@ -303,7 +298,7 @@ pub fn smooth_ratio(prev: f64, now: f64, weight: f64) -> f64 {
 }
 
 /// The feedback part of a stopped job's delay, given its group's smoothed
-/// [`super::share_plan::SharePlan::service_ratio`]: 1 within [`DELAY_DEAD_BAND`] of 1,
+/// `super::share_plan::SharePlan::service_ratio`: 1 within [`DELAY_DEAD_BAND`] of 1,
 /// beyond it the ratio less the band (so the factor moves continuously), from 1/4 (a
 /// starved group's job comes back soon) to 4 (an over-served group's job waits).
 pub fn delay_factor(service_ratio: f64) -> f64 {

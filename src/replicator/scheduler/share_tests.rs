@@ -94,7 +94,7 @@ fn removed_jobs_leave_their_group_and_decayed_ones_are_pruned() {
     for i in 2..=512u32 {
         fs.update(t0 + MIN * i);
     }
-    assert!(fs.is_empty(), "{} left", fs.len());
+    assert_eq!(fs.len(), 0, "jobs left");
 }
 
 /// A scheduler of `slots` running jobs over `groups` (name, shares, jobs): every cycle it

@@ -26,7 +26,7 @@ use super::spec::{
 use crate::replicator::handle::{NewJob, Replicator};
 use crate::replicator::job::view::{RepState, parse_rep, persistent_job_id};
 use crate::replicator::node::event_bus::{EventReceiver, ReplicatorEvent};
-use crate::replicator::node::frontend::ServiceFn;
+use crate::replicator::node::frontend::{ServiceError, ServiceFn};
 
 /// Child id of the worker service.
 pub(crate) const SERVER_WORKER: &str = "server_jobs";
@@ -49,7 +49,7 @@ pub(crate) fn service() -> ServiceFn {
 }
 
 /// Accepts server jobs forever; each runs on its own task (aborted with this future).
-async fn run_worker(rep: Arc<Replicator>) -> Result<(), String> {
+async fn run_worker(rep: Arc<Replicator>) -> Result<(), ServiceError> {
     let mut runs = JoinSet::new();
     loop {
         let opts = AcceptOpts::default()
