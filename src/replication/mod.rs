@@ -26,6 +26,7 @@ pub mod verify;
 
 pub use endpoint::database::Endpoint;
 pub use error::{ErrorClass, ReasonTag, ReplicationError};
+pub use http::transport::Transports;
 pub use id::rep_id::RepId;
 pub use options::spec::{Filter, ReplicationOptions, ReplicationSpec};
 pub use pipeline::run::{
