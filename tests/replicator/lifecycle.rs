@@ -3,6 +3,7 @@
 use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::replicator::{
     JobKind, NewJob, RepState, ReplicatorEvent, ReplicatorSettings, WaitFor,
@@ -15,8 +16,8 @@ async fn one_shot_transient_job_completes_and_copies_every_doc() {
         let pouch = Pouch::start().await;
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 50).await;
-        let store = Store::open();
-        let node = node(&store.db, "n1", test_settings()).await;
+        let nodes = Nodes::on_disk();
+        let node = nodes.start("n1", test_settings()).await;
         let mut events = node.subscribe().unwrap();
         let view = node
             .add(NewJob {
@@ -48,11 +49,11 @@ async fn one_shot_transient_job_completes_and_copies_every_doc() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn bad_documents_are_rejected_with_a_reason() {
     deadline(90, "bad documents are rejected with a reason", async {
-        let store = Store::open();
-        let node = node(&store.db, "n1", test_settings()).await;
+        let nodes = Nodes::paused();
+        let node = nodes.start("n1", ReplicatorSettings::default()).await;
         let err = node
             .add(NewJob {
                 kind: JobKind::Transient { user: None },
@@ -76,8 +77,8 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "d", 5).await;
-            let store = Store::open();
-            let node = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let node = nodes.start("n1", test_settings()).await;
             // (pouchdb-server has no users, so credentials are not used here; masking is covered
             // by the unit tests of rep_job.)
             let url = pouch.url("src");
@@ -147,8 +148,8 @@ async fn a_transient_job_that_errors_fails_with_its_reason() {
         "a transient job that errors fails with its reason",
         async {
             let pouch = Pouch::start().await;
-            let store = Store::open();
-            let node = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let node = nodes.start("n1", test_settings()).await;
             let view = node
                 .add(NewJob {
                     kind: JobKind::Transient { user: None },
@@ -179,12 +180,12 @@ async fn finished_transient_jobs_are_removed_after_their_max_age() {
         let pouch = Pouch::start().await;
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 5).await;
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         let settings = ReplicatorSettings {
             transient_job_max_age: Duration::from_secs(2),
             ..test_settings()
         };
-        let node = node(&store.db, "n1", settings).await;
+        let node = nodes.start("n1", settings).await;
         let transient = NewJob::transient(pouch.url("src"), pouch.url("tgt")).create_target();
         let t = node.add(transient).await.unwrap().job_id;
         let persistent = NewJob::from_body(
@@ -224,14 +225,14 @@ async fn an_idle_running_job_rewrites_its_record_only_to_stay_alive() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "d", 3).await;
-            let store = Store::open();
+            let nodes = Nodes::on_disk();
             let settings = ReplicatorSettings {
                 stats_update_interval: Duration::from_secs(1),
                 // Keep-alive writes 8 s after the last write.
                 job_timeout: Duration::from_secs(16),
                 ..test_settings()
             };
-            let n = node(&store.db, "n1", settings).await;
+            let n = nodes.start("n1", settings).await;
             let id = n
                 .add(
                     NewJob::transient(pouch.url("src"), pouch.url("tgt"))

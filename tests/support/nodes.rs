@@ -1,0 +1,123 @@
+//! The test node harness: replicator nodes of one cluster on one store, started with
+//! CouchDB's default intervals (`ReplicatorSettings::default()`, `JobsConfig::default()`) for
+//! tests that run on paused tokio time, and a check that every node it started was shut down.
+//!
+//! Paused time (`#[tokio::test(start_paused = true)]`) jumps the clock to the next timer
+//! whenever every task waits, so a 61 s activity timeout or a 60 s cluster quiet period costs
+//! no wall time. Only waits tokio can see may be in flight then: the in-memory engine commits
+//! inside the calling task, whereas the embedded engine hands commits to its own committer
+//! thread (and a real HTTP peer answers from another process), during which the clock would
+//! jump past the commit. So [`Nodes::paused`] runs on the in-memory engine, which the store
+//! conformance tests hold to the same behaviour as the others, and the network-free tree tests
+//! use it; tests with an HTTP peer use [`Nodes::on_disk`] on real time.
+//!
+//! Dropping the harness with a node still running fails the test (unless it is already
+//! failing): a test must end every node it starts with `shutdown` or `kill`, so no actor of
+//! one test outlives it and runs into the next one under plain `cargo test`.
+
+use std::sync::{Arc, Mutex};
+
+use couch_replicator::jobs::{JobsConfig, JobsOptions, TokioClock};
+use couch_replicator::replicator::{Frontend, Replicator, ReplicatorConfig, ReplicatorSettings};
+use couch_replicator::store::Db;
+use couch_replicator::store::faulty::FaultyStore;
+use couch_replicator::store::memory::MemoryStore;
+use ractor::ActorStatus;
+use supervisors::SupervisorRef;
+
+use super::replicator::{Store, jobs_config};
+
+/// The nodes of one test and the store they share.
+pub struct Nodes {
+    db: Db,
+    jobs: JobsConfig,
+    /// The on-disk store (temp dir, etcd members) kept alive as long as the nodes.
+    _store: Option<Store>,
+    started: Mutex<Vec<(String, SupervisorRef)>>,
+}
+
+impl Nodes {
+    /// Nodes on the in-memory engine with couch_jobs' default settings: for paused time.
+    pub fn paused() -> Nodes {
+        Nodes {
+            // Under `COUCH_STORE_FAULTS` with injected faults, as `Store::open` does.
+            db: Db::new(FaultyStore::from_env(Arc::new(MemoryStore::new()))),
+            jobs: JobsConfig::default(),
+            _store: None,
+            started: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Nodes on the test store ([`Store::open`]: embedded, or etcd / faults from the
+    /// environment) with the short couch_jobs checks of [`jobs_config`]: for real time.
+    pub fn on_disk() -> Nodes {
+        let store = Store::open();
+        Nodes {
+            db: store.db.clone(),
+            jobs: jobs_config(),
+            _store: Some(store),
+            started: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The store the nodes share.
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Starts node `name` of the cluster with `settings`. The clock of couch_jobs follows
+    /// tokio's, so paused time moves job timestamps too.
+    pub async fn start(&self, name: &str, settings: ReplicatorSettings) -> Replicator {
+        self.start_with(name, settings, Frontend::default()).await
+    }
+
+    /// [`Nodes::start`] with the `api_frontend` children `frontend` (HTTP API, doc processor).
+    pub async fn start_with(
+        &self,
+        name: &str,
+        settings: ReplicatorSettings,
+        frontend: Frontend,
+    ) -> Replicator {
+        let config = ReplicatorConfig {
+            db: self.db.clone(),
+            jobs: JobsOptions {
+                config: self.jobs.clone(),
+                clock: Arc::new(TokioClock::new()),
+                ..JobsOptions::default()
+            },
+            settings,
+            node: name.to_owned(),
+            server_uuid: "test-cluster".into(),
+        };
+        let node = Replicator::start_with(config, frontend).await.unwrap();
+        self.started
+            .lock()
+            .unwrap()
+            .push((name.to_owned(), node.tree().clone()));
+        node
+    }
+
+    /// Nodes started here whose tree still runs.
+    pub fn running(&self) -> Vec<String> {
+        self.started
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, tree)| tree.actor().get_status() != ActorStatus::Stopped)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let running = self.running();
+        assert!(
+            running.is_empty(),
+            "nodes {running:?} were not shut down (end each with shutdown() or kill())"
+        );
+    }
+}
