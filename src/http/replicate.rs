@@ -148,28 +148,38 @@ async fn refuse_duplicate(
     }
 }
 
-/// Waits until the job runs or completes, like [`crate::replicator::Replicator::wait`] (on
-/// the job's events), but also ends the wait when the job is `crashing` because another job
-/// owns its replication: that is a 409 the caller can act on, not something to wait out.
+/// How often a waiting `_replicate` call re-reads its job.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// Waits until the job runs or completes, like [`crate::replicator::Replicator::wait`], but
+/// also ends the wait when the job is `crashing` because another job owns its replication:
+/// that is a 409 the caller can act on, not something to wait out.
 async fn wait(
     st: &AppState,
     job_id: &str,
     until: WaitFor,
     timeout: Duration,
 ) -> HttpResult<JobView> {
-    st.replicator()
-        .wait_until(job_id, timeout, |view| match (view.state, until) {
-            (RepState::Failed, _) => Some(Err(ReplicatorError::Failed(failure(view)).into())),
-            (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => {
-                Some(Ok(view.clone()))
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let view = st.replicator().get(job_id).await?;
+        match (view.state, until) {
+            (RepState::Failed, _) => {
+                return Err(ReplicatorError::Failed(failure(&view)).into());
             }
-            (RepState::Crashing, _) => match &view.state_info {
-                Some(e @ JobError::DuplicateJob { .. }) => Some(Err(HttpError::from(e))),
-                _ => None,
-            },
-            _ => None,
-        })
-        .await?
+            (RepState::Running, WaitFor::Running) | (RepState::Completed, _) => return Ok(view),
+            (RepState::Crashing, _) => {
+                if let Some(e @ JobError::DuplicateJob { .. }) = &view.state_info {
+                    return Err(HttpError::from(e));
+                }
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ReplicatorError::Timeout(job_id.to_owned()).into());
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
 }
 
 /// The transient job a cancel request's source/target/options name. Job ids include the

@@ -421,19 +421,6 @@ impl Replicator {
         until: WaitFor,
         timeout: Duration,
     ) -> ReplicatorResult<JobView> {
-        self.wait_until(id, timeout, |view| wait_outcome(view, until))
-            .await?
-    }
-
-    /// Waits until `outcome` gives an answer for the job's view, read at subscription and at
-    /// each of the job's events (as [`Replicator::wait`]); [`ReplicatorError::Timeout`] after
-    /// `timeout`, or at once when the job has finished without `outcome` answering.
-    pub async fn wait_until<T>(
-        &self,
-        id: &str,
-        timeout: Duration,
-        outcome: impl Fn(&JobView) -> Option<T>,
-    ) -> ReplicatorResult<T> {
         let deadline = tokio::time::Instant::now() + timeout;
         let job_id = self.resolve(id).await?;
         loop {
@@ -445,13 +432,13 @@ impl Replicator {
                 .map_err(|e| not_found(e, id))?;
             let (mut sub, data) = match subscribed {
                 Subscribed::Finished(data) => {
-                    return outcome(&JobView::from_data(&job_id, &data)?)
-                        .ok_or_else(|| ReplicatorError::Timeout(id.to_owned()));
+                    return wait_outcome(&JobView::from_data(&job_id, &data)?, until)
+                        .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.to_owned())));
                 }
                 Subscribed::Active { sub, data, .. } => (sub, data),
             };
-            if let Some(done) = outcome(&JobView::from_data(&job_id, &data)?) {
-                return Ok(done);
+            if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data)?, until) {
+                return done;
             }
             loop {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -466,8 +453,8 @@ impl Replicator {
                 let Some(data) = event.data else {
                     return Err(ReplicatorError::NotFound(id.to_owned()));
                 };
-                if let Some(done) = outcome(&JobView::from_data(&job_id, &data)?) {
-                    return Ok(done);
+                if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data)?, until) {
+                    return done;
                 }
             }
             if tokio::time::Instant::now() >= deadline {

@@ -5,7 +5,7 @@
 use crate::support::deadline;
 use std::time::Duration;
 
-use crate::support::nodes::Nodes;
+use crate::support::nodes::{Nodes, until_job};
 use crate::support::replicator::*;
 use couch_replicator::replicator::job::JobMsg;
 use couch_replicator::replicator::rep_job::REP_JOBS;
@@ -25,16 +25,14 @@ fn persistent(doc: &str, rep: Value) -> NewJob {
     }
 }
 
-/// Waits (on the job's couch_jobs events, up to 60 s) until its view satisfies `ok`.
+/// Waits (on the node's events, up to 60 s) until the job's view satisfies `ok`.
 async fn wait_until(
     node: &Replicator,
     id: &str,
     what: &str,
     ok: impl Fn(&JobView) -> bool,
 ) -> JobView {
-    node.wait_until(id, Duration::from_secs(60), |v| ok(v).then(|| v.clone()))
-        .await
-        .unwrap_or_else(|e| panic!("job {id} never {what}: {e}"))
+    until_job(node, id, 60, what, ok).await
 }
 
 async fn stime_of(node: &Replicator, id: &str) -> i64 {

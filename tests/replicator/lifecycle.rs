@@ -3,7 +3,7 @@
 use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
-use crate::support::nodes::Nodes;
+use crate::support::nodes::{Nodes, until_job};
 use crate::support::replicator::*;
 use couch_replicator::replicator::{
     JobKind, NewJob, RepState, ReplicatorEvent, ReplicatorSettings, WaitFor,
@@ -107,15 +107,12 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             assert_eq!(sched.state, RepState::Running);
             assert_eq!(sched.user.as_deref(), Some("bob"));
             assert_eq!(sched.source, format!("{}/", pouch.url("src")));
-            // _active_tasks appears at the first stats tick (1 s).
-            let mut tasks = Vec::new();
-            for _ in 0..50 {
-                tasks = node.active_tasks().await.unwrap();
-                if !tasks.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            // _active_tasks shows the job once its first stats tick (1 s) wrote its stats.
+            until_job(&node, &view.job_id, 5, "wrote its stats", |v| {
+                v.stats.is_some()
+            })
+            .await;
+            let tasks = node.active_tasks().await.unwrap();
             assert_eq!(tasks.len(), 1);
             assert!(tasks[0].stats.is_some());
             assert_eq!(tasks[0].rep_id.as_deref(), Some(rep_id.as_str()));

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::jobs::lifecycle::get_row;
-use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions, TokioClock};
+use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions};
 use couch_replicator::replicator::context::NODES;
 use couch_replicator::replicator::membership::Membership;
 use couch_replicator::replicator::rep_job::REP_JOBS;
@@ -32,7 +32,7 @@ async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updat
         async {
             let nodes = Nodes::paused();
             let options = JobsOptions {
-                clock: Arc::new(TokioClock::new()),
+                clock: nodes.clock(),
                 ..JobsOptions::default()
             };
             let prefix = options.prefix.clone();

@@ -16,9 +16,12 @@
 //! one test outlives it and runs into the next one under plain `cargo test`.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use couch_replicator::jobs::{JobsConfig, JobsOptions, TokioClock};
-use couch_replicator::replicator::{Frontend, Replicator, ReplicatorConfig, ReplicatorSettings};
+use couch_replicator::jobs::{JobsConfig, JobsOptions, SharedClock, TokioClock};
+use couch_replicator::replicator::{
+    Frontend, JobView, Replicator, ReplicatorConfig, ReplicatorSettings,
+};
 use couch_replicator::store::Db;
 use couch_replicator::store::faulty::FaultyStore;
 use couch_replicator::store::memory::MemoryStore;
@@ -30,6 +33,10 @@ use super::replicator::{Store, jobs_config};
 /// The nodes of one test and the store they share.
 pub struct Nodes {
     db: Db,
+    /// One clock for the whole cluster: a `TokioClock` per node would start each at the wall
+    /// time of its creation, so on paused time a node started 2 virtual minutes later would
+    /// run 2 minutes behind and look dead to its neighbours.
+    clock: SharedClock,
     jobs: JobsConfig,
     /// The on-disk store (temp dir, etcd members) kept alive as long as the nodes.
     _store: Option<Store>,
@@ -42,6 +49,7 @@ impl Nodes {
         Nodes {
             // Under `COUCH_STORE_FAULTS` with injected faults, as `Store::open` does.
             db: Db::new(FaultyStore::from_env(Arc::new(MemoryStore::new()))),
+            clock: Arc::new(TokioClock::new()),
             jobs: JobsConfig::default(),
             _store: None,
             started: Mutex::new(Vec::new()),
@@ -54,10 +62,16 @@ impl Nodes {
         let store = Store::open();
         Nodes {
             db: store.db.clone(),
+            clock: Arc::new(TokioClock::new()),
             jobs: jobs_config(),
             _store: Some(store),
             started: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The clock the nodes share (tokio's, so paused time moves it).
+    pub fn clock(&self) -> SharedClock {
+        self.clock.clone()
     }
 
     /// The store the nodes share.
@@ -65,8 +79,7 @@ impl Nodes {
         &self.db
     }
 
-    /// Starts node `name` of the cluster with `settings`. The clock of couch_jobs follows
-    /// tokio's, so paused time moves job timestamps too.
+    /// Starts node `name` of the cluster with `settings`, on the cluster's clock.
     pub async fn start(&self, name: &str, settings: ReplicatorSettings) -> Replicator {
         self.start_with(name, settings, Frontend::default()).await
     }
@@ -82,7 +95,7 @@ impl Nodes {
             db: self.db.clone(),
             jobs: JobsOptions {
                 config: self.jobs.clone(),
-                clock: Arc::new(TokioClock::new()),
+                clock: self.clock.clone(),
                 ..JobsOptions::default()
             },
             settings,
@@ -120,4 +133,37 @@ impl Drop for Nodes {
             "nodes {running:?} were not shut down (end each with shutdown() or kill())"
         );
     }
+}
+
+/// Waits until job `id`'s view satisfies `ok` and returns it, panicking after `secs` with
+/// `what`. Driven by `node`'s event bus: every start, crash, failure, stop and finish of a job
+/// publishes an event, after which the view is read again; a stats write publishes none, so
+/// the view is also read once a second without events.
+pub async fn until_job(
+    node: &Replicator,
+    id: &str,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&JobView) -> bool,
+) -> JobView {
+    let mut events = node.subscribe();
+    super::deadline(secs, &format!("job {id} {what}"), async {
+        loop {
+            if let Ok(v) = node.get(id).await
+                && ok(&v)
+            {
+                return v;
+            }
+            match events.as_mut() {
+                Some(rx) => {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+                }
+                None => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    events = node.subscribe();
+                }
+            }
+        }
+    })
+    .await
 }
