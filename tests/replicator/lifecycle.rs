@@ -68,6 +68,18 @@ async fn bad_documents_are_rejected_with_a_reason() {
     .await;
 }
 
+/// The harness fails a test that ends with a node still running (its actors would outlive
+/// the test under plain `cargo test`).
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "were not shut down")]
+async fn a_test_that_leaves_a_node_running_fails() {
+    let nodes = Nodes::paused();
+    let stopped = nodes.start("n1", ReplicatorSettings::default()).await;
+    let _left = nodes.start("n2", ReplicatorSettings::default()).await;
+    stopped.shutdown().await;
+    assert_eq!(nodes.running(), ["n2"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_get_active_tasks_and_cancel_through_the_handle() {
     deadline(
