@@ -9,8 +9,9 @@ use std::time::Duration;
 use crate::support::couch::{Couch, numbered_docs};
 use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
+use crate::support::nodes::Nodes;
 use crate::support::proxy::FaultProxy;
-use crate::support::replicator::{Store, node, test_settings};
+use crate::support::replicator::test_settings;
 use couch_replicator::replicator::{NewJob, WaitFor};
 use reqwest::Method;
 
@@ -30,8 +31,8 @@ async fn jobs_against_one_server_share_one_session_login() {
         couch.bulk_insert("src", &numbered_docs("d", 10)).await;
         let proxy = FaultProxy::start(&peer.url()).await;
         let with_admin = |db: &str| proxy.db_url(db).replace("http://", "http://admin:admin@");
-        let store = Store::open();
-        let n = node(&store.db, "n1", test_settings()).await;
+        let nodes = Nodes::on_disk();
+        let n = nodes.start("n1", test_settings()).await;
         const JOBS: usize = 4;
         for i in 0..JOBS {
             let job = NewJob::transient(with_admin("src"), with_admin(&format!("tgt{i}")))

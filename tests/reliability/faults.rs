@@ -9,8 +9,9 @@
 use std::time::{Duration, Instant};
 
 use crate::support::couch::{Couch, numbered_docs};
+use crate::support::nodes::Nodes;
 use crate::support::proxy::{Fault, FaultProxy, Rule};
-use crate::support::replicator::{Pouch, Store, node, test_settings};
+use crate::support::replicator::{Pouch, test_settings};
 use crate::support::{deadline, wait_for};
 use axum::http::Method;
 use couch_replicator::replication::Aimd;
@@ -26,7 +27,7 @@ struct Rig {
     pouch: Pouch,
     proxy: FaultProxy,
     couch: Couch,
-    _store: Store,
+    _nodes: Nodes,
     node: Replicator,
 }
 
@@ -40,18 +41,18 @@ impl Rig {
         let pouch = Pouch::start().await;
         let root = format!("http://127.0.0.1:{}/", pouch.port);
         let proxy = FaultProxy::start(&root).await;
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         let settings = ReplicatorSettings {
             min_backoff_penalty: Duration::from_secs(1),
             max_backoff_penalty: Duration::from_secs(4),
             ..settings
         };
-        let node = node(&store.db, "n1", settings).await;
+        let node = nodes.start("n1", settings).await;
         Rig {
             couch: Couch::new(&root),
             pouch,
             proxy,
-            _store: store,
+            _nodes: nodes,
             node,
         }
     }

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::support::couch::Couch;
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::replicator::{JobKind, NewJob, RepState, Replicator, ReplicatorSettings};
 use futures::StreamExt;
@@ -86,10 +87,10 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
                 p.put_docs(&format!("s{i}"), "a", 2).await;
             })
             .await;
-        let store = Store::open();
+        let cluster = Nodes::on_disk();
         let mut nodes = Vec::new();
         for name in NODES {
-            nodes.push(Some(node(&store.db, name, settings()).await));
+            nodes.push(Some(cluster.start(name, settings()).await));
         }
         let mut ids = Vec::new();
         for i in 0..JOBS {

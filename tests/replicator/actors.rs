@@ -6,6 +6,7 @@
 use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::replication::RateInterval;
 use couch_replicator::replication::RateLimiter;
@@ -133,10 +134,11 @@ async fn acquire(pool: &ActorRef<PoolMsg>, owner: &ActorRef<()>, want: usize) ->
     .unwrap()
 }
 
-#[tokio::test]
+/// On paused time with CouchDB's 90 s close interval.
+#[tokio::test(start_paused = true)]
 async fn pool_keeps_the_budget_and_releases_dead_owners() {
     deadline(
-        60,
+        600,
         "pool keeps the budget and releases dead owners",
         async {
             let metrics = std::sync::Arc::new(couch_replicator::telemetry::NodeMetrics::default());
@@ -144,7 +146,7 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
                 budget: 5,
                 max_idle: 2,
                 max_requests: 10,
-                close_interval: Duration::from_secs(2),
+                close_interval: ReplicatorSettings::default().connection_close_interval,
                 metrics: metrics.clone(),
             };
             let (pool, _) = supervisors::start(None, pool, ()).await.unwrap();
@@ -189,6 +191,7 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             })
             .await;
             assert_eq!((u.in_use, u.owners, u.overflows), (3, 2, 1));
+            let idle = tokio::time::Instant::now();
             pool.send_message(PoolMsg::Release(b.get_id())).unwrap();
             pool.send_message(PoolMsg::Release(c.get_id())).unwrap();
             let u = usage(&pool).await.unwrap();
@@ -199,10 +202,15 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
             assert_eq!(metrics.couch.get(Series::ConnectionOwnerCrashes), 1);
             assert_eq!(metrics.couch.get(Series::ConnectionReleases), 2);
             // Idle for longer than the close interval: the endpoint is closed.
-            wait_for(15, "the idle endpoint closed", || async {
+            wait_for(300, "the idle endpoint closed", || async {
                 usage(&pool).await.is_none().then_some(())
             })
             .await;
+            assert!(
+                idle.elapsed() >= ReplicatorSettings::default().connection_close_interval,
+                "closed {:?} after its last release",
+                idle.elapsed()
+            );
             pool.stop(None);
         },
     )
@@ -212,7 +220,7 @@ async fn pool_keeps_the_budget_and_releases_dead_owners() {
 fn frontend_only() -> ReplicatorSettings {
     ReplicatorSettings {
         node_types: vec![NodeType::ApiFrontend],
-        ..test_settings()
+        ..ReplicatorSettings::default()
     }
 }
 
@@ -224,20 +232,22 @@ async fn next_cluster_event(rx: &mut couch_replicator::replicator::EventReceiver
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On paused time with CouchDB's intervals: a 5 s start period, a 60 s quiet period and a
+/// 61 s activity timeout.
+#[tokio::test(start_paused = true)]
 async fn clustering_goes_unstable_on_changes_and_removes_a_dead_neighbour() {
     deadline(
-        180,
+        600,
         "clustering goes unstable on changes and removes a dead neighbour",
         async {
-            let store = Store::open();
-            let n1 = node(&store.db, "n1", frontend_only()).await;
+            let nodes = Nodes::paused();
+            let n1 = nodes.start("n1", frontend_only()).await;
             let mut ev = n1.subscribe().unwrap();
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
-            let n2 = node(&store.db, "n2", frontend_only()).await;
+            let n2 = nodes.start("n2", frontend_only()).await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
-            let n3 = node(&store.db, "n3", frontend_only()).await;
+            let n3 = nodes.start("n3", frontend_only()).await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
             let seen = |r: &couch_replicator::replicator::Replicator| {
@@ -246,9 +256,17 @@ async fn clustering_goes_unstable_on_changes_and_removes_a_dead_neighbour() {
             };
             assert_eq!(seen(&n3).await.members, ["n1", "n2", "n3"]);
             // n2 dies without deregistering; its left neighbour n1 removes it once its heartbeat
-            // is older than the activity timeout (3 s).
+            // is older than the activity timeout (61 s).
+            // Its last heartbeat was at most one heartbeat period before the kill.
+            let beat = seen(&n1).await.heartbeat;
+            let killed = tokio::time::Instant::now();
             n2.kill().await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
+            assert!(
+                killed.elapsed() + beat >= ReplicatorSettings::default().job_timeout,
+                "n2 removed {:?} after its kill, before its heartbeat could time out",
+                killed.elapsed()
+            );
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
             let one = seen(&n1).await;
             assert_eq!(one.members, ["n1", "n3"]);
@@ -277,8 +295,8 @@ async fn observations_follow_a_job_from_start_to_cancel() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "d", 5).await;
-            let store = Store::open();
-            let n = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let n = nodes.start("n1", test_settings()).await;
             let tree = n.tree();
             let job_server = tree.which_child::<JobServerMsg>("job_server").unwrap();
             let pool = tree.which_child::<PoolMsg>("connection_pool").unwrap();

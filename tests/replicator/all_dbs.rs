@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 use crate::support::couch::{Couch, numbered_docs};
 use crate::support::couchdb::CouchPeer;
-use crate::support::replicator::{Pouch, Store, node, test_settings};
+use crate::support::nodes::Nodes;
+use crate::support::replicator::{Pouch, test_settings};
 use crate::support::wait_for;
 
 /// Waits until server job `id` satisfies `ok`, returning its view.
@@ -69,8 +70,8 @@ async fn server_job_copies_fifty_pouchdb_databases() {
     let (cs, ct) = (Couch::new(&src.url("")), Couch::new(&tgt.url("")));
     let names = fill(&cs, 50, 10).await;
     cs.create_db("other").await;
-    let store = Store::open();
-    let rep = node(&store.db, "n1", test_settings()).await;
+    let nodes = Nodes::on_disk();
+    let rep = nodes.start("n1", test_settings()).await;
     let b = body(&src.url(""), &tgt.url(""), json!({"include": ["db-*"]}));
     let job = rep.add_server_job(&b, None).await.unwrap();
     // Adding it again is the same job.
@@ -93,8 +94,8 @@ async fn server_job_picks_up_a_new_pouchdb_database() {
     let (src, tgt) = tokio::join!(Pouch::start(), Pouch::start());
     let (cs, ct) = (Couch::new(&src.url("")), Couch::new(&tgt.url("")));
     fill(&cs, 3, 5).await;
-    let store = Store::open();
-    let rep = node(&store.db, "n1", test_settings()).await;
+    let nodes = Nodes::on_disk();
+    let rep = nodes.start("n1", test_settings()).await;
     let b = body(&src.url(""), &tgt.url(""), json!({"continuous": true}));
     let job = rep.add_server_job(&b, None).await.unwrap();
     wait_server(&rep, &job.id, 60, "3 databases running", |v| v.total == 3).await;
@@ -137,8 +138,8 @@ async fn server_job_on_couchdb_follows_db_updates() {
     // CouchDB answers `_db_updates` only once its `_global_changes` database exists.
     cs.create_db("_global_changes").await;
     let names = fill(&cs, 50, 5).await;
-    let store = Store::open();
-    let rep = node(&store.db, "n1", test_settings()).await;
+    let nodes = Nodes::on_disk();
+    let rep = nodes.start("n1", test_settings()).await;
     let extra = json!({"continuous": true, "delete_target_on_source_delete": true});
     let job = rep
         .add_server_job(&body(&a.admin_url(), &b.admin_url(), extra), None)
@@ -185,8 +186,8 @@ async fn a_replicator_document_starts_and_stops_a_server_job() {
     let names = fill(&cs, 3, 4).await;
     // The `_replicator` database lives on the target server, which is not listed.
     ct.create_db("jobs_replicator").await;
-    let store = Store::open();
-    let rep = Arc::new(node(&store.db, "n1", test_settings()).await);
+    let nodes = Nodes::on_disk();
+    let rep = Arc::new(nodes.start("n1", test_settings()).await);
     let cfg = DocProcessorConfig {
         dbs: vec![ReplicatorDb::from_url(&tgt.url("jobs_replicator")).unwrap()],
         poll_timeout: Duration::from_millis(500),
@@ -244,19 +245,19 @@ async fn a_graceful_stop_hands_the_server_job_to_another_node_at_once() {
     let (src, tgt) = tokio::join!(Pouch::start(), Pouch::start());
     let (cs, ct) = (Couch::new(&src.url("")), Couch::new(&tgt.url("")));
     fill(&cs, 2, 5).await;
-    let store = Store::open();
+    let nodes = Nodes::on_disk();
     let settings = couch_replicator::replicator::ReplicatorSettings {
         job_timeout: Duration::from_secs(60),
         ..test_settings()
     };
-    let n1 = node(&store.db, "n1", settings.clone()).await;
+    let n1 = nodes.start("n1", settings.clone()).await;
     let b = body(&src.url(""), &tgt.url(""), json!({"continuous": true}));
     let job = n1.add_server_job(&b, None).await.unwrap();
     wait_server(&n1, &job.id, 60, "the job running on n1", |v| {
         v.total == 2 && v.node.as_deref() == Some("n1")
     })
     .await;
-    let n2 = node(&store.db, "n2", settings).await;
+    let n2 = nodes.start("n2", settings).await;
     let t0 = std::time::Instant::now();
     n1.shutdown().await;
     wait_server(&n2, &job.id, 20, "the job running on n2", |v| {

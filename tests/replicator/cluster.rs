@@ -5,6 +5,7 @@ use crate::support::deadline;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::replicator::{JobKind, NewJob, RepState, Replicator, WaitFor};
 use serde_json::json;
@@ -21,10 +22,10 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
         "killing one of three nodes moves its jobs and loses no doc",
         async {
             let pouch = Pouch::start().await;
-            let store = Store::open();
+            let cluster = Nodes::on_disk();
             let mut nodes = Vec::new();
             for name in ["n1", "n2", "n3"] {
-                nodes.push(Some(node(&store.db, name, test_settings()).await));
+                nodes.push(Some(cluster.start(name, test_settings()).await));
             }
             let jobs = 6;
             let mut ids = Vec::new();

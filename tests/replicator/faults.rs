@@ -5,6 +5,7 @@
 use crate::support::deadline;
 use std::time::Duration;
 
+use crate::support::nodes::{Nodes, until_job};
 use crate::support::replicator::*;
 use couch_replicator::replicator::job::REP_JOBS;
 use couch_replicator::replicator::job::actor::JobMsg;
@@ -24,21 +25,14 @@ fn persistent(doc: &str, rep: Value) -> NewJob {
     }
 }
 
+/// Waits (on the node's events, up to 60 s) until the job's view satisfies `ok`.
 async fn wait_until(
     node: &Replicator,
     id: &str,
     what: &str,
-    mut ok: impl FnMut(&JobView) -> bool,
+    ok: impl Fn(&JobView) -> bool,
 ) -> JobView {
-    for _ in 0..600 {
-        if let Ok(v) = node.get(id).await
-            && ok(&v)
-        {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("job {id} never {what}: {:?}", node.get(id).await);
+    until_job(node, id, 60, what, ok).await
 }
 
 async fn stime_of(node: &Replicator, id: &str) -> i64 {
@@ -60,14 +54,14 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
         "a crashing job backs off by the formula then heals",
         async {
             let pouch = Pouch::start().await;
-            let store = Store::open();
+            let nodes = Nodes::on_disk();
             let settings = ReplicatorSettings {
                 min_backoff_penalty: Duration::from_secs(2),
                 max_backoff_penalty: Duration::from_secs(1000),
                 health_threshold: Duration::from_secs(2),
                 ..test_settings()
             };
-            let n = node(&store.db, "n1", settings).await;
+            let n = nodes.start("n1", settings).await;
             let rep = json!({"source": pouch.url("missing"), "target": pouch.url("t"),
                          "create_target": true, "continuous": true});
             let id = n.add(persistent("crashy", rep)).await.unwrap().job_id;
@@ -139,8 +133,8 @@ async fn a_killed_job_actor_is_reenqueued_and_runs_again() {
             let pouch = Pouch::start().await;
             pouch.create_db("s").await;
             pouch.put_docs("s", "a", 20).await;
-            let store = Store::open();
-            let n = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let n = nodes.start("n1", test_settings()).await;
             let rep = json!({"source": pouch.url("s"), "target": pouch.url("t"),
                          "create_target": true, "continuous": true});
             let id = n.add(persistent("k", rep)).await.unwrap().job_id;
@@ -181,8 +175,8 @@ async fn crashing_the_pool_restarts_later_children_and_jobs_resume() {
             let pouch = Pouch::start().await;
             pouch.create_db("s").await;
             pouch.put_docs("s", "a", 10).await;
-            let store = Store::open();
-            let n = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let n = nodes.start("n1", test_settings()).await;
             let rep = json!({"source": pouch.url("s"), "target": pouch.url("t"),
                          "create_target": true, "continuous": true});
             let id = n.add(persistent("r", rep)).await.unwrap().job_id;
@@ -240,8 +234,8 @@ async fn duplicate_replications_fail_or_crash_as_couchdb_does() {
             let pouch = Pouch::start().await;
             pouch.create_db("s").await;
             pouch.put_docs("s", "a", 5).await;
-            let store = Store::open();
-            let n = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let n = nodes.start("n1", test_settings()).await;
             let rep = json!({"source": pouch.url("s"), "target": pouch.url("t"),
                          "create_target": true, "continuous": true});
             let a = n.add(persistent("a", rep.clone())).await.unwrap().job_id;
@@ -287,8 +281,8 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
             let pouch = Pouch::start().await;
             pouch.create_db("s").await;
             pouch.put_docs("s", "a", 30).await;
-            let store = Store::open();
-            let n1 = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let n1 = nodes.start("n1", test_settings()).await;
             let rep = json!({"source": pouch.url("s"), "target": pouch.url("t"),
                          "create_target": true, "continuous": true, "checkpoint_interval": 500});
             let id = n1.add(persistent("g", rep)).await.unwrap().job_id;
@@ -307,7 +301,7 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
                 "final stats were saved: {:#?}",
                 v
             );
-            let n2 = node(&store.db, "n2", test_settings()).await;
+            let n2 = nodes.start("n2", test_settings()).await;
             let moved = wait_until(&n2, &id, "moved", |v| {
                 v.state == RepState::Running && v.node.as_deref() == Some("n2")
             })

@@ -3,6 +3,7 @@
 use crate::support::{deadline, wait_for};
 use std::time::Duration;
 
+use crate::support::nodes::{Nodes, until_job};
 use crate::support::replicator::*;
 use couch_replicator::replicator::{
     JobKind, NewJob, RepState, ReplicatorEvent, ReplicatorSettings, WaitFor,
@@ -15,8 +16,8 @@ async fn one_shot_transient_job_completes_and_copies_every_doc() {
         let pouch = Pouch::start().await;
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 50).await;
-        let store = Store::open();
-        let node = node(&store.db, "n1", test_settings()).await;
+        let nodes = Nodes::on_disk();
+        let node = nodes.start("n1", test_settings()).await;
         let mut events = node.subscribe().unwrap();
         let view = node
             .add(NewJob {
@@ -48,11 +49,11 @@ async fn one_shot_transient_job_completes_and_copies_every_doc() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn bad_documents_are_rejected_with_a_reason() {
     deadline(90, "bad documents are rejected with a reason", async {
-        let store = Store::open();
-        let node = node(&store.db, "n1", test_settings()).await;
+        let nodes = Nodes::paused();
+        let node = nodes.start("n1", ReplicatorSettings::default()).await;
         let err = node
             .add(NewJob {
                 kind: JobKind::Transient { user: None },
@@ -67,6 +68,18 @@ async fn bad_documents_are_rejected_with_a_reason() {
     .await;
 }
 
+/// The harness fails a test that ends with a node still running (its actors would outlive
+/// the test under plain `cargo test`).
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "were not shut down")]
+async fn a_test_that_leaves_a_node_running_fails() {
+    let nodes = Nodes::paused();
+    let stopped = nodes.start("n1", ReplicatorSettings::default()).await;
+    let _left = nodes.start("n2", ReplicatorSettings::default()).await;
+    stopped.shutdown().await;
+    assert_eq!(nodes.running(), ["n2"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_get_active_tasks_and_cancel_through_the_handle() {
     deadline(
@@ -76,8 +89,8 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "d", 5).await;
-            let store = Store::open();
-            let node = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let node = nodes.start("n1", test_settings()).await;
             // (pouchdb-server has no users, so credentials are not used here; masking is covered
             // by the unit tests of rep_job.)
             let url = pouch.url("src");
@@ -106,15 +119,12 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             assert_eq!(sched.state, RepState::Running);
             assert_eq!(sched.user.as_deref(), Some("bob"));
             assert_eq!(sched.source, format!("{}/", pouch.url("src")));
-            // _active_tasks appears at the first stats tick (1 s).
-            let mut tasks = Vec::new();
-            for _ in 0..50 {
-                tasks = node.active_tasks().await.unwrap();
-                if !tasks.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            // _active_tasks shows the job once its first stats tick (1 s) wrote its stats.
+            until_job(&node, &view.job_id, 5, "wrote its stats", |v| {
+                v.stats.is_some()
+            })
+            .await;
+            let tasks = node.active_tasks().await.unwrap();
             assert_eq!(tasks.len(), 1);
             assert!(tasks[0].stats.is_some());
             assert_eq!(tasks[0].rep_id.as_deref(), Some(rep_id.as_str()));
@@ -147,8 +157,8 @@ async fn a_transient_job_that_errors_fails_with_its_reason() {
         "a transient job that errors fails with its reason",
         async {
             let pouch = Pouch::start().await;
-            let store = Store::open();
-            let node = node(&store.db, "n1", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let node = nodes.start("n1", test_settings()).await;
             let view = node
                 .add(NewJob {
                     kind: JobKind::Transient { user: None },
@@ -179,12 +189,12 @@ async fn finished_transient_jobs_are_removed_after_their_max_age() {
         let pouch = Pouch::start().await;
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 5).await;
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         let settings = ReplicatorSettings {
             transient_job_max_age: Duration::from_secs(2),
             ..test_settings()
         };
-        let node = node(&store.db, "n1", settings).await;
+        let node = nodes.start("n1", settings).await;
         let transient = NewJob::transient(pouch.url("src"), pouch.url("tgt")).create_target();
         let t = node.add(transient).await.unwrap().job_id;
         let persistent = NewJob::from_body(
@@ -224,14 +234,14 @@ async fn an_idle_running_job_rewrites_its_record_only_to_stay_alive() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "d", 3).await;
-            let store = Store::open();
+            let nodes = Nodes::on_disk();
             let settings = ReplicatorSettings {
                 stats_update_interval: Duration::from_secs(1),
                 // Keep-alive writes 8 s after the last write.
                 job_timeout: Duration::from_secs(16),
                 ..test_settings()
             };
-            let n = node(&store.db, "n1", settings).await;
+            let n = nodes.start("n1", settings).await;
             let id = n
                 .add(
                     NewJob::transient(pouch.url("src"), pouch.url("tgt"))

@@ -9,34 +9,38 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::jobs::lifecycle::get_row;
-use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions, TokioClock};
+use couch_replicator::jobs::{AcceptOpts, JobData, Jobs, JobsError, JobsOptions};
 use couch_replicator::replicator::cluster::membership::Membership;
 use couch_replicator::replicator::job::REP_JOBS;
 use couch_replicator::replicator::node::context::NODES;
-use couch_replicator::replicator::{JobKind, NewJob, WaitFor};
+use couch_replicator::replicator::{JobKind, NewJob, ReplicatorSettings, WaitFor};
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::tuple::{self, Bytes};
 use couch_replicator::store::{StoreError, Tx};
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On paused time with CouchDB's intervals (a 61 s activity timeout).
+#[tokio::test(start_paused = true)]
 async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updates_them() {
     deadline(
         180,
         "a dead neighbours jobs are requeued at once even while its zombie updates them",
         async {
-            let store = Store::open();
+            let nodes = Nodes::paused();
             let options = JobsOptions {
-                config: jobs_config(),
-                clock: Arc::new(TokioClock::new()),
+                clock: nodes.clock(),
                 ..JobsOptions::default()
             };
             let prefix = options.prefix.clone();
-            let jobs = Jobs::new(store.db.clone(), options);
-            jobs.set_type_timeout(REP_JOBS, 3).await.unwrap();
+            let jobs = Jobs::new(nodes.db().clone(), options);
+            let timeout = ReplicatorSettings::default().job_timeout;
+            jobs.set_type_timeout(REP_JOBS, timeout.as_secs() as i64)
+                .await
+                .unwrap();
 
             // Node "zz-dead": a member whose last heartbeat is an hour old, running one job.
             let mut member = prefix.clone();
@@ -45,8 +49,8 @@ async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updat
                 &mut member,
             );
             let stale = jobs.clock().now_ms() - 3_600_000;
-            store
-                .db
+            nodes
+                .db()
                 .run(|tx: Tx| {
                     let member = member.clone();
                     async move {
@@ -70,7 +74,7 @@ async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updat
             let (job, _) = jobs.accept(REP_JOBS, opts).await.unwrap();
             jobs.update(&job, Some(data)).await.unwrap();
 
-            // Its zombie worker keeps the job alive far more often than the 3 s timeout.
+            // Its zombie worker keeps the job alive far more often than the 61 s timeout.
             let updates = Arc::new(AtomicU32::new(0));
             let zombie = {
                 let (jobs, job, updates) = (jobs.clone(), job.clone(), updates.clone());
@@ -90,13 +94,13 @@ async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updat
             }
 
             // "a" has "zz-dead" as its right-hand neighbour: it removes it when it joins.
-            let node = node(&store.db, "a", test_settings()).await;
+            let node = nodes.start("a", ReplicatorSettings::default()).await;
             tokio::time::timeout(Duration::from_secs(30), zombie)
                 .await
                 .expect("the dead node's job was not re-enqueued")
                 .unwrap();
-            let members = store
-                .db
+            let members = nodes
+                .db()
                 .run(|tx: Tx| {
                     let member = member.clone();
                     async move { tx.get(&member, false).await }
@@ -187,8 +191,8 @@ async fn a_node_that_finds_itself_removed_stops_its_jobs() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "a", 5).await;
-            let store = Store::open();
-            let b = node(&store.db, "b", test_settings()).await;
+            let nodes = Nodes::on_disk();
+            let b = nodes.start("b", test_settings()).await;
             let rep = json!({"source": pouch.url("src"), "target": pouch.url("tgt"),
                          "create_target": true, "continuous": true});
             let view = b
@@ -211,8 +215,8 @@ async fn a_node_that_finds_itself_removed_stops_its_jobs() {
             // A neighbour declared "b" dead but (say) crashed before re-enqueueing its jobs.
             let mut member = JobsOptions::default().prefix;
             tuple::pack_into(&(NODES, "member", Bytes::from(&b"b"[..])), &mut member);
-            store
-                .db
+            nodes
+                .db()
                 .run(|tx: Tx| {
                     let member = member.clone();
                     async move {

@@ -9,17 +9,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::replicator::{Pouch, Store, jobs_config, test_settings};
+use crate::support::nodes::Nodes;
+use crate::support::replicator::{Pouch, test_settings};
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
-use couch_replicator::jobs::{JobsOptions, TokioClock};
 use couch_replicator::replicator::node::frontend::ServiceMsg;
 use couch_replicator::replicator::replicator_db::doc_processor::{
     DocProcessorConfig, ReplicatorDb,
 };
 use couch_replicator::replicator::{
-    Frontend, JobKind, NewJob, NodeType, RepState, Replicator, ReplicatorConfig, ServiceFn,
+    Frontend, JobKind, NewJob, NodeType, RepState, Replicator, ServiceFn,
 };
-use couch_replicator::store::Db;
 use serde_json::{Value, json};
 
 fn free_addr() -> SocketAddr {
@@ -58,21 +57,10 @@ fn frontend(addr: SocketAddr, repdb: &str) -> Frontend {
     }
 }
 
-async fn start(db: &Db, name: &str, types: Vec<NodeType>, parts: Frontend) -> Replicator {
+async fn start(nodes: &Nodes, name: &str, types: Vec<NodeType>, parts: Frontend) -> Replicator {
     let mut settings = test_settings();
     settings.node_types = types;
-    let config = ReplicatorConfig {
-        db: db.clone(),
-        jobs: JobsOptions {
-            config: jobs_config(),
-            clock: Arc::new(TokioClock::new()),
-            ..JobsOptions::default()
-        },
-        settings,
-        node: name.to_owned(),
-        server_uuid: "test-cluster".into(),
-    };
-    Replicator::start_with(config, parts).await.unwrap()
+    nodes.start_with(name, settings, parts).await
 }
 
 async fn put_doc(url: &str, body: Value) {
@@ -106,7 +94,7 @@ async fn replication_node_has_no_api_and_no_doc_follower() {
         "replication node has no api and no doc follower",
         async {
             let pouch = Pouch::start().await;
-            let store = Store::open();
+            let nodes = Nodes::on_disk();
             for d in ["src", "tgt", "jobs_replicator"] {
                 pouch.create_db(d).await;
             }
@@ -116,7 +104,7 @@ async fn replication_node_has_no_api_and_no_doc_follower() {
 
             let addr = free_addr();
             let rep = start(
-                &store.db,
+                &nodes,
                 "rep@127.0.0.1",
                 vec![NodeType::Replication],
                 frontend(addr, &pouch.url("jobs_replicator")),
@@ -158,7 +146,7 @@ async fn replication_node_has_no_api_and_no_doc_follower() {
 async fn frontend_node_creates_jobs_but_runs_none() {
     deadline(280, "frontend node creates jobs but runs none", async {
         let pouch = Pouch::start().await;
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         for d in ["src", "tgt", "jobs_replicator"] {
             pouch.create_db(d).await;
         }
@@ -172,7 +160,7 @@ async fn frontend_node_creates_jobs_but_runs_none() {
 
         let addr = free_addr();
         let front = start(
-            &store.db,
+            &nodes,
             "front@127.0.0.1",
             vec![NodeType::ApiFrontend],
             frontend(addr, &repdb),
@@ -228,7 +216,7 @@ async fn frontend_node_creates_jobs_but_runs_none() {
 
         // A replication node on the same store runs it; the frontend writes `completed`.
         let worker = start(
-            &store.db,
+            &nodes,
             "rep@127.0.0.1",
             vec![NodeType::Replication],
             Frontend::default(),
@@ -267,14 +255,14 @@ async fn a_killed_http_child_comes_back_on_the_same_port_alone() {
         "a killed http child comes back on the same port alone",
         async {
             let pouch = Pouch::start().await;
-            let store = Store::open();
+            let nodes = Nodes::on_disk();
             for d in ["src", "jobs_replicator"] {
                 pouch.create_db(d).await;
             }
             pouch.put_docs("src", "d", 10).await;
             let addr = free_addr();
             let node = start(
-                &store.db,
+                &nodes,
                 "both@127.0.0.1",
                 vec![NodeType::ApiFrontend, NodeType::Replication],
                 frontend(addr, &pouch.url("jobs_replicator")),

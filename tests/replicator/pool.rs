@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use crate::support::tcp_count::TcpCounter;
 use crate::support::{deadline, wait_for};
@@ -30,8 +31,8 @@ async fn jobs_share_connections_and_idle_ones_close() {
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 10).await;
         let relay = TcpCounter::start(pouch.port).await;
-        let store = Store::open();
-        let n = node(&store.db, "n1", pool_settings()).await;
+        let nodes = Nodes::on_disk();
+        let n = nodes.start("n1", pool_settings()).await;
         let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
         const JOBS: usize = 6;
         for i in 0..JOBS {
@@ -82,8 +83,8 @@ async fn a_killed_job_releases_its_share() {
             pouch.put_docs(src, "d", 5).await;
         }
         let relay = TcpCounter::start(pouch.port).await;
-        let store = Store::open();
-        let n = node(&store.db, "n1", pool_settings()).await;
+        let nodes = Nodes::on_disk();
+        let n = nodes.start("n1", pool_settings()).await;
         let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
         let add = |src: &str, tgt: &str| {
             NewJob::transient(relay.url(src), relay.url(tgt))
@@ -143,12 +144,12 @@ async fn continuous_jobs_on_one_source_share_one_watch_socket() {
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 3).await;
         let relay = TcpCounter::start(pouch.port).await;
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         let settings = ReplicatorSettings {
             max_jobs: JOBS,
             ..pool_settings()
         };
-        let n = node(&store.db, "n1", settings).await;
+        let n = nodes.start("n1", settings).await;
         let mut ids = Vec::new();
         for i in 0..JOBS {
             let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
@@ -211,7 +212,7 @@ async fn idle_sockets_beyond_the_cap_close_at_once() {
         pouch.create_db("src").await;
         pouch.put_docs("src", "d", 20).await;
         let relay = TcpCounter::start(pouch.port).await;
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         const CAP: usize = 2;
         let mut settings = ReplicatorSettings {
             connection_close_interval: Duration::from_secs(600),
@@ -219,7 +220,7 @@ async fn idle_sockets_beyond_the_cap_close_at_once() {
             ..pool_settings()
         };
         settings.job_defaults.http_connections = CAP;
-        let n = node(&store.db, "n1", settings).await;
+        let n = nodes.start("n1", settings).await;
         const JOBS: usize = 10;
         let mut ids = Vec::new();
         for i in 0..JOBS {
@@ -260,14 +261,14 @@ async fn idle_sockets_beyond_the_cap_close_at_once() {
 async fn burst_peak(pouch: &Pouch, max_requests: usize, tag: &str) -> usize {
     const JOBS: usize = 8;
     let relay = TcpCounter::start(pouch.port).await;
-    let store = Store::open();
+    let nodes = Nodes::on_disk();
     let mut settings = ReplicatorSettings {
         max_jobs: JOBS,
         max_requests_per_endpoint: max_requests,
         ..pool_settings()
     };
     settings.job_defaults.http_connections = GATED_IDLE;
-    let n = node(&store.db, "n1", settings).await;
+    let n = nodes.start("n1", settings).await;
     let mut ids = Vec::new();
     for i in 0..JOBS {
         let job = NewJob::transient(relay.url("src"), relay.url(&format!("{tag}{i}")))

@@ -7,6 +7,7 @@
 use crate::support::deadline;
 use std::time::{Duration, Instant};
 
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::replicator::{HistoryKind, JobKind, NewJob, ReplicatorSettings};
 use futures::StreamExt;
@@ -40,7 +41,7 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
             })
             .await;
         eprintln!("{jobs} source dbs in {:?}", t0.elapsed());
-        let store = Store::open();
+        let nodes = Nodes::on_disk();
         let settings = ReplicatorSettings {
             max_jobs,
             max_churn,
@@ -50,7 +51,7 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
             min_run_time: Duration::from_secs(5),
             ..test_settings()
         };
-        let n = node(&store.db, "n1", settings).await;
+        let n = nodes.start("n1", settings).await;
         for i in 0..jobs {
             let p = &pouches[i % SERVERS];
             n.add(NewJob {

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::support::deadline;
+use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
 use couch_replicator::replicator::scheduler::ShareKey;
 use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
@@ -24,7 +25,7 @@ async fn the_database_with_more_shares_gets_more_running_time() {
             let pouch = Pouch::start().await;
             pouch.create_db("src").await;
             pouch.put_docs("src", "d", 2).await;
-            let store = Store::open();
+            let nodes = Nodes::on_disk();
             let settings = ReplicatorSettings {
                 max_jobs: 2,
                 max_churn: 2,
@@ -34,7 +35,7 @@ async fn the_database_with_more_shares_gets_more_running_time() {
                 ]),
                 ..test_settings()
             };
-            let n = node(&store.db, "n1", settings).await;
+            let n = nodes.start("n1", settings).await;
             for db in ["a", "b"] {
                 for i in 0..4 {
                     let job = NewJob::persistent(

@@ -5,7 +5,8 @@
 //! own behaviour is the oracle ([`couchdb`]), small client helpers to fill and compare databases
 //! ([`couch`]), and an in-process fault-injecting proxy for faults a real server cannot produce
 //! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]), a byte-counting relay that
-//! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), a node with
+//! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), the node harness for
+//! paused time with CouchDB's default intervals that fails a test leaving a node running ([`nodes`]), a node with
 //! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]), steps clusters ([`steps`]),
 //! store harnesses for every engine ([`store`]), real etcd clusters ([`etcd`]). Time: one [`deadline`] and one [`wait_for`].
 //! Each test binary uses only part of this, hence the dead-code allowance.
@@ -16,6 +17,7 @@ pub mod couch;
 pub mod couchdb;
 pub mod etcd;
 pub mod http;
+pub mod nodes;
 pub mod proxy;
 #[path = "../../benches/shared/relay.rs"]
 pub mod relay;

@@ -1,11 +1,12 @@
 //! Helpers of the replicator integration tests: pouchdb-server endpoints on free loopback
-//! ports (one process, many databases), and replicator nodes on one real on-disk store.
+//! ports (one process, many databases), the store a test's nodes share, and the settings of
+//! real-time tests (nodes are started by [`super::nodes::Nodes`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_replicator::jobs::{JobsConfig, JobsOptions, TokioClock};
-use couch_replicator::replicator::{Replicator, ReplicatorConfig, ReplicatorSettings};
+use couch_replicator::jobs::JobsConfig;
+use couch_replicator::replicator::ReplicatorSettings;
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
 use couch_replicator::store::faulty::FaultyStore;
@@ -201,20 +202,4 @@ pub fn jobs_config() -> JobsConfig {
         activity_monitor_max_jitter: Duration::from_millis(200),
         ..JobsConfig::default()
     }
-}
-
-/// A node on `db` named `node`.
-pub async fn node(db: &Db, node: &str, settings: ReplicatorSettings) -> Replicator {
-    let config = ReplicatorConfig {
-        db: db.clone(),
-        jobs: JobsOptions {
-            config: jobs_config(),
-            clock: Arc::new(TokioClock::new()),
-            ..JobsOptions::default()
-        },
-        settings,
-        node: node.to_owned(),
-        server_uuid: "test-cluster".into(),
-    };
-    Replicator::start(config).await.unwrap()
 }

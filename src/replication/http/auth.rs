@@ -3,7 +3,8 @@
 //! Takes the endpoint's credentials; gives the header to put on each request.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use base64::Engine as _;
 use tokio::sync::Mutex;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::replication::endpoint::database::Credentials;
 

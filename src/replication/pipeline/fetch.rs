@@ -78,7 +78,7 @@ struct BulkGetDoc<'a> {
 #[derive(Debug, Default)]
 pub struct BulkGetGate {
     avg: f64,
-    last_try: Option<std::time::Instant>,
+    last_try: Option<tokio::time::Instant>,
 }
 
 impl BulkGetGate {
@@ -98,7 +98,7 @@ impl BulkGetGate {
         }
         let frac = failed as f64 / asked as f64;
         self.avg = Self::DECAY * frac + (1.0 - Self::DECAY) * self.avg;
-        self.last_try = Some(std::time::Instant::now());
+        self.last_try = Some(tokio::time::Instant::now());
     }
 }
 

@@ -3,7 +3,8 @@
 //! every revision turns out missing (an initial copy), skip the call and assume all missing.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use reqwest::Method;
 use serde::Deserialize;

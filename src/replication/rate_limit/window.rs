@@ -12,7 +12,8 @@
 //! bytes in flight stay under the cap (one batch is always admitted, so a single huge batch
 //! still moves). Pure bookkeeping over explicit instants, so it is tested without a clock.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The window's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
