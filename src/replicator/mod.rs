@@ -3,6 +3,7 @@
 //! them.
 
 pub mod backoff;
+pub mod balance;
 pub mod churn;
 pub mod clustering;
 pub mod collision;
@@ -15,6 +16,7 @@ pub mod event_bus;
 pub mod frontend;
 pub mod handle;
 pub mod job;
+mod job_acceptor;
 pub(crate) mod job_observe;
 pub mod job_record;
 mod job_runner;
