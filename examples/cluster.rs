@@ -173,7 +173,10 @@ async fn main() -> Result<(), AnyError> {
             cluster.log_path(i).display()
         );
     }
-    println!("admin:admin on every node, e.g. curl -u admin:admin {}/_scheduler/jobs", cluster.nodes[0].base);
+    println!(
+        "admin:admin on every node, e.g. curl -u admin:admin {}/_scheduler/jobs",
+        cluster.nodes[0].base
+    );
     if let (Some(src), Some(tgt)) = (args.get(1), args.get(2)) {
         let jobs = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(6);
         submit(&cluster, src, tgt, jobs).await;

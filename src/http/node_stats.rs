@@ -187,7 +187,9 @@ pub async fn local_jobs(
     check_node(&st, &node)?;
     let mut jobs = st.replicator().job_sup().which_children();
     jobs.sort();
-    Ok(Json(serde_json::json!({"node": st.replicator().node(), "jobs": jobs})))
+    Ok(Json(
+        serde_json::json!({"node": st.replicator().node(), "jobs": jobs}),
+    ))
 }
 
 /// `GET /_node/{node}/_stats`: `{"couch_replicator": {...}}`.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rand::Rng;
 use ractor::ActorRef;
+use rand::Rng;
 
 use crate::jobs::{AcceptOpts, JobsError};
 
@@ -98,4 +98,3 @@ pub(super) async fn acceptor(
         }
     }
 }
-

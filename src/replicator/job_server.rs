@@ -50,8 +50,8 @@ use super::balance;
 use super::churn::{acceptors_to_add, extra_acceptor_budget};
 use super::context::NodeCtx;
 use super::job::JobMsg;
-use super::job_record::RepJobRecord;
 use super::job_acceptor::acceptor;
+use super::job_record::RepJobRecord;
 use super::job_sup::JobSupRef;
 use super::membership::Membership;
 use super::rep_job::REP_JOBS;
@@ -171,7 +171,11 @@ pub struct JobServerState {
 impl Drop for JobServerState {
     fn drop(&mut self) {
         let tasks = self.acceptors.values().map(|a| &a.task);
-        for t in tasks.chain(&self.retired).chain(&self.timer).chain(&self.queue_watch) {
+        for t in tasks
+            .chain(&self.retired)
+            .chain(&self.timer)
+            .chain(&self.queue_watch)
+        {
             t.abort();
         }
     }

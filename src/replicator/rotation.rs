@@ -143,7 +143,12 @@ impl Rotation {
 
     /// The victims over `max_jobs` rotate out, each eligible again after `wait`, or by its
     /// turn when `None`.
-    fn stop_over(&mut self, max_jobs: usize, min_run_time: Duration, wait: Option<Duration>) -> usize {
+    fn stop_over(
+        &mut self,
+        max_jobs: usize,
+        min_run_time: Duration,
+        wait: Option<Duration>,
+    ) -> usize {
         if self.live() <= max_jobs {
             return 0;
         }
@@ -169,8 +174,8 @@ impl Rotation {
             let Some(w) = self.workers.get_mut(v) else {
                 continue;
             };
-            let wait =
-                wait.unwrap_or_else(|| eligible_after(self.turn_due, self.turn_cycle, w.delay.factor));
+            let wait = wait
+                .unwrap_or_else(|| eligible_after(self.turn_due, self.turn_cycle, w.delay.factor));
             let _ = w.actor.send_message(JobMsg::Rotate(wait));
             w.leaving = true;
         }

@@ -193,7 +193,12 @@ impl ServeCluster {
     /// `running` when it has a `pid` else `pending`, node).
     pub async fn jobs(&self, i: usize) -> Result<Vec<(String, String, String)>, String> {
         let (status, body) = self
-            .call(i, reqwest::Method::GET, "_scheduler/jobs?limit=100000", None)
+            .call(
+                i,
+                reqwest::Method::GET,
+                "_scheduler/jobs?limit=100000",
+                None,
+            )
             .await?;
         if status != 200 {
             return Err(format!("_scheduler/jobs answered {status}: {body}"));
@@ -204,7 +209,11 @@ impl ServeCluster {
             .map(|jobs| {
                 jobs.iter()
                     .map(|j| {
-                        let state = if j["pid"].is_null() { "pending" } else { "running" };
+                        let state = if j["pid"].is_null() {
+                            "pending"
+                        } else {
+                            "running"
+                        };
                         (s(j, "id"), state.to_owned(), s(j, "node"))
                     })
                     .collect()
