@@ -49,7 +49,9 @@ fn serve_binary() -> Result<PathBuf, AnyError> {
         .ok_or("cannot locate the target directory")?;
     let mut cargo = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
     cargo
-        .args(["build", "--bin", "couch-replicator"])
+        // With the example in the same build: the same features (dev-dependencies turn some
+        // on), so the binary is not rebuilt with other ones.
+        .args(["build", "--bin", "couch-replicator", "--example", "cluster"])
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     if profile_dir.ends_with("release") {
         cargo.arg("--release");
