@@ -7,6 +7,13 @@
 //!
 //! `RESULT jobs_cycles_etcd_over_raw_txn` is the second over the first. Skips (saying so)
 //! when the `etcd` binary is not installed.
+//!
+//! Part 2 ([`part2`], `benches/cluster/serve.rs`): three `serve` processes on a 3-member
+//! etcd running `BENCH_JOBS` (default 3,000) continuous replications (`max_jobs` 500 each)
+//! against a real CouchDB 3.4.3, then one embedded single-node `serve` running the same
+//! jobs: `RESULT cluster_running_jobs_max_over_min` and
+//! `RESULT cluster_cpu_per_start_over_single_node`. Skips without CouchDB's peer script.
+//! `BENCH_PARTS=1` or `2` runs one part only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,11 +24,19 @@ use couch_replicator::store::Db;
 use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
+#[path = "attachments/couch.rs"]
+#[allow(dead_code)]
+mod couch;
 #[path = "../tests/support/etcd.rs"]
 #[allow(dead_code)]
 mod etcd_cluster;
 #[path = "shared/cycles.rs"]
 mod job_cycles;
+#[path = "cluster/serve.rs"]
+mod part2;
+#[path = "../tests/support/serve_cluster.rs"]
+#[allow(dead_code)]
+mod serve_cluster;
 
 const WORKERS: usize = 16;
 const RUN_FOR: Duration = Duration::from_secs(5);
@@ -145,5 +160,12 @@ fn main() -> BenchResult<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(part1())
+    let parts = std::env::var("BENCH_PARTS").unwrap_or_else(|_| "1,2".into());
+    if parts.split(',').any(|p| p.trim() == "1") {
+        runtime.block_on(part1())?;
+    }
+    if parts.split(',').any(|p| p.trim() == "2") {
+        runtime.block_on(part2::run())?;
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@ mod cli {
     mod all_dbs_e2e;
     mod replicate;
     mod serve_auth;
+    mod serve_cluster;
     mod serve_e2e;
     mod serve_etcd;
     mod serve_steps;

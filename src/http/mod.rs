@@ -146,6 +146,10 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/metrics", get(node_stats::metrics))
         .route("/_node/{node}/_prometheus", get(node_stats::prometheus))
         .route("/_node/{node}/_stats", get(node_stats::stats))
+        .route(
+            "/_node/{node}/_replicator_jobs",
+            get(node_stats::local_jobs),
+        )
         .route("/_node/{node}/_stats/{*path}", get(node_stats::stats_path))
         .route("/_utils/replicator", get(status_page::page))
         .route("/_utils/replicator/status.json", get(status_page::status))

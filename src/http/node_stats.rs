@@ -1,7 +1,8 @@
 //! The node's numbers over HTTP: `GET /metrics` (Prometheus text, unauthenticated like
 //! CouchDB's separate metrics port), `GET /_node/{node}/_prometheus` (the same, admins only),
 //! `GET /_node/{node}/_stats[/path...]` (CouchDB's stats JSON, admins only; an unknown path
-//! answers `null` as CouchDB does). `{node}` is `_local` or this node's name.
+//! answers `null` as CouchDB does), `GET /_node/{node}/_replicator_jobs` (the jobs this process
+//! runs, admins only). `{node}` is `_local` or this node's name.
 //!
 //! Gauges are refreshed at each request from the job list: `jobs.running` counts this node's
 //! running jobs; `jobs.pending`, `jobs.crashed` and `jobs.total` describe the queue all nodes
@@ -171,6 +172,24 @@ pub async fn prometheus(
     caller.require_admin()?;
     check_node(&st, &node)?;
     Ok(text_response(render(&st).await))
+}
+
+/// `GET /_node/{node}/_replicator_jobs`: the ids of the jobs whose actors run on this very
+/// node (`_scheduler/jobs` and `_active_tasks` show the store's view, shared by every node;
+/// this is the process's own, so sampling every node shows whether one replication runs on
+/// two at once). Not a CouchDB endpoint.
+pub async fn local_jobs(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(node): Path<String>,
+) -> HttpResult<Json<Value>> {
+    caller.require_admin()?;
+    check_node(&st, &node)?;
+    let mut jobs = st.replicator().job_sup().which_children();
+    jobs.sort();
+    Ok(Json(
+        serde_json::json!({"node": st.replicator().node(), "jobs": jobs}),
+    ))
 }
 
 /// `GET /_node/{node}/_stats`: `{"couch_replicator": {...}}`.

@@ -1,7 +1,8 @@
 //! Several replicator nodes on one store: a node killed in a 3-node cluster loses no work —
-//! its jobs are re-enqueued by the activity monitor and finish on the other nodes.
+//! its jobs are re-enqueued by the activity monitor and finish on the other nodes; jobs spread
+//! evenly over the nodes whichever node took them, and a node that joins takes its part.
 
-use crate::support::deadline;
+use crate::support::{deadline, wait_for};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -113,5 +114,79 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
             }
         },
     )
+    .await;
+}
+
+/// `Some(counts)` once `total` jobs run on the live nodes with max/min <= 1.5.
+fn spread(nodes: &[Option<Replicator>], total: usize) -> Option<Vec<usize>> {
+    let counts: Vec<usize> = nodes
+        .iter()
+        .flatten()
+        .map(|n| n.job_sup().which_children().len())
+        .collect();
+    let (max, min) = (*counts.iter().max()?, *counts.iter().min()?);
+    let even = counts.iter().sum::<usize>() == total && min > 0;
+    (even && max as f64 / min as f64 <= 1.5).then_some(counts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_spread_evenly_whichever_node_took_them_and_a_joining_node_takes_its_part() {
+    deadline(60, "jobs spread over the nodes", async {
+        let pouch = Pouch::start().await;
+        let cluster = Nodes::on_disk();
+        pouch.create_db("src").await;
+        pouch.put_docs("src", "a", 10).await;
+        let mut nodes = vec![
+            Some(cluster.start("n1", test_settings()).await),
+            Some(cluster.start("n2", test_settings()).await),
+        ];
+        // Nine continuous transient jobs, all added through n1.
+        for i in 0..9 {
+            let rep = json!({"source": pouch.url("src"), "target": pouch.url(&format!("t{i}")),
+                "create_target": true, "continuous": true});
+            let first = nodes[0].as_ref().unwrap();
+            first
+                .add(NewJob {
+                    kind: JobKind::Transient { user: None },
+                    rep,
+                })
+                .await
+                .unwrap();
+        }
+        let two = wait_for(20, "9 jobs over 2 nodes", || async { spread(&nodes, 9) }).await;
+        println!("2 nodes: {two:?}");
+        nodes.push(Some(cluster.start("n3", test_settings()).await));
+        let three = wait_for(20, "9 jobs over 3 nodes", || async { spread(&nodes, 9) }).await;
+        println!("3 nodes: {three:?}");
+        // A job added through n1 is cancelled through n3 and stops where it ran.
+        let added = nodes[0]
+            .as_ref()
+            .unwrap()
+            .add(NewJob {
+                kind: JobKind::Transient { user: None },
+                rep: json!({"source": pouch.url("src"), "target": pouch.url("t-cancel"),
+                    "create_target": true, "continuous": true}),
+            })
+            .await
+            .unwrap();
+        let third = nodes[2].as_ref().unwrap();
+        let running = third
+            .wait(&added.job_id, WaitFor::Running, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(running.node.is_some());
+        third.cancel(&added.job_id).await.unwrap();
+        wait_for(10, "the cancelled job stops on its node", || async {
+            let runs = nodes
+                .iter()
+                .flatten()
+                .any(|n| n.job_sup().which_child(&added.job_id).is_some());
+            (!runs).then_some(())
+        })
+        .await;
+        for n in nodes.into_iter().flatten() {
+            n.shutdown().await;
+        }
+    })
     .await;
 }

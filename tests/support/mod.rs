@@ -7,7 +7,8 @@
 //! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]), a byte-counting relay that
 //! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), the node harness for
 //! paused time with CouchDB's default intervals that fails a test leaving a node running ([`nodes`]), a node with
-//! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]), steps clusters ([`steps`]),
+//! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]) and N of them on one etcd
+//! ([`serve_cluster`]), steps clusters ([`steps`]),
 //! store harnesses for every engine ([`store`]), real etcd clusters ([`etcd`]). Time: one [`deadline`] and one [`wait_for`].
 //! Each test binary uses only part of this, hence the dead-code allowance.
 #![allow(dead_code)]
@@ -23,6 +24,7 @@ pub mod proxy;
 pub mod relay;
 pub mod replicator;
 pub mod serve;
+pub mod serve_cluster;
 pub mod server;
 pub mod socks;
 pub mod steps;

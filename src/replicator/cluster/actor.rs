@@ -85,7 +85,8 @@ impl Clustering {
     pub(crate) fn from_ctx(ctx: NodeCtx) -> Self {
         let s = ctx.settings();
         let timeout = s.job_timeout;
-        let membership = Membership::new(ctx.jobs().clone(), ctx.prefix(), ctx.node(), timeout);
+        let membership = Membership::new(ctx.jobs().clone(), ctx.prefix(), ctx.node(), timeout)
+            .with_replication(s.runs(crate::NodeType::Replication));
         Self {
             heartbeat: (timeout / 6).max(Duration::from_secs(1)),
             quiet_period: s.cluster_quiet_period,

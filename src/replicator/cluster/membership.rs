@@ -1,7 +1,9 @@
 //! Node membership in the store (the couch_workers RFC draft's model; docs/architecture.md, "Sources"), as transactions the clustering actor
 //! runs: heartbeats, the dead right-hand neighbour check and the neighbour rules.
 //!
-//! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)` and bumps
+//! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)`, then one
+//! byte saying whether it runs replications (1) or only the API (0; rows without it run
+//! replications), and bumps
 //! `(prefix, 55, "version")` (a versionstamped value) when it joins, leaves or removes
 //! another node. Heartbeats never conflict with each other (see [`Membership::beat_tx`]).
 
@@ -33,6 +35,8 @@ pub struct Membership {
     prefix: Vec<u8>,
     node: String,
     dead_after: Duration,
+    /// This node runs replication jobs (not only the API).
+    replication: bool,
 }
 
 impl Membership {
@@ -44,7 +48,42 @@ impl Membership {
             prefix: prefix.to_vec(),
             node: node.to_owned(),
             dead_after,
+            replication: true,
         }
+    }
+
+    /// Whether this node runs replication jobs (the default) or only the API: the job
+    /// servers spread the jobs over the members that run them.
+    pub fn with_replication(mut self, replication: bool) -> Self {
+        self.replication = replication;
+        self
+    }
+
+    /// The members that run replication jobs and beat within `dead_after` of `now_ms`,
+    /// sorted by name, at snapshot isolation.
+    pub(crate) async fn workers_tx(&self, tx: &Tx, now_ms: i64) -> Result<Vec<String>, JobsError> {
+        let (b, e) = self.members_range();
+        let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
+        let dead_ms = self.dead_after.as_millis() as i64;
+        let mut out = Vec::with_capacity(rows.len());
+        for kv in rows {
+            let runs_jobs = kv.value.get(8).is_none_or(|flag| *flag != 0);
+            let beat = kv
+                .value
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, i64::from_le_bytes);
+            if !runs_jobs || now_ms - beat > dead_ms {
+                continue;
+            }
+            let name = kv
+                .key
+                .strip_prefix(b.as_slice())
+                .and_then(|rest| tuple::unpack::<(Bytes,)>(rest).ok())
+                .and_then(|(name,)| String::from_utf8(name.into_owned()).ok());
+            out.extend(name);
+        }
+        Ok(out)
     }
 
     fn key<T: tuple::TuplePack>(&self, t: &T) -> Vec<u8> {
@@ -122,7 +161,9 @@ impl Membership {
         let members = self.members_tx(tx).await?;
         let known = members.iter().any(|(n, _)| n == me);
         tx.add_read_conflict_key(&self.member_key(me));
-        tx.set(&self.member_key(me), &now_ms.to_le_bytes());
+        let mut row = now_ms.to_le_bytes().to_vec();
+        row.push(u8::from(self.replication));
+        tx.set(&self.member_key(me), &row);
         if join || !known {
             self.bump_version(tx);
         }

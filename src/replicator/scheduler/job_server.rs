@@ -25,10 +25,17 @@
 //! dead band (`super::share::smooth_ratio`, `super::share::delay_factor`). Trimming
 //! stops the longest-running jobs, those of a database measured far over its part first.
 //!
+//! Several nodes ([`super::balance`]): every tick, and when a job is enqueued while this
+//! node is held below `max_jobs` (`Rebalance`, from a task watching the queue), the node
+//! reads its part of the cluster's jobs. It keeps acceptors only up to that part (a
+//! surplus acceptor retires after its current wait), hands the jobs over it back to the
+//! queue at once, and starts no extra rotation acceptors unless every member is full.
+//!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
@@ -37,29 +44,23 @@ use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::jobs::{AcceptOpts, JobState, JobsError};
+use crate::jobs::{JobState, JobsError};
 
+use super::balance;
+use super::job_acceptor::acceptor;
 use super::job_sup::JobSupRef;
 use super::rotation_policy::{acceptors_to_add, extra_acceptor_budget};
 use super::running_jobs::{Rotation, Worker};
 use super::share::{FairShare, ShareKey};
-use crate::replicator::job::actor::{JobArgs, JobMsg};
+use crate::replicator::cluster::membership::Membership;
+use crate::replicator::job::actor::JobMsg;
 use crate::replicator::job::record::RepJobRecord;
 use crate::replicator::job::view::REP_JOBS;
 use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::settings::ReplicatorSettings;
 
-/// How long one accept call waits before the acceptor sleeps its jitter.
-const ACCEPT_WAIT: Duration = Duration::from_secs(5);
-/// The earliest eligible jobs an acceptor picks among: few enough that a job eligible early
-/// does not jump the jobs scheduled before it, enough (about a second of trims at 10,000
-/// jobs) that one database's jobs do not start in id order together
-/// (docs/decisions/2026-11-26-accept-candidates.md).
-const ACCEPT_CANDIDATES: usize = 64;
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;
-/// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
-const HANDOFF_ATTEMPTS: u32 = 50;
 
 /// Messages of the job server.
 #[derive(Debug)]
@@ -83,6 +84,9 @@ pub enum JobServerMsg {
     WorkerExited(ActorId),
     /// The periodic cycle.
     Tick,
+    /// A job was enqueued: read this node's part again if it holds the node below
+    /// `max_jobs`.
+    Rebalance,
     /// The server's state.
     Observe(RpcReplyPort<JobServerObservation>),
     /// This node was removed from the cluster as dead: stop every running job now (a
@@ -103,6 +107,9 @@ pub struct JobServerObservation {
     pub max_jobs: usize,
     /// Jobs the fair-share tables remember (running, or waiting with a priority left).
     pub share_jobs: usize,
+    /// The most jobs this node runs now: `max_jobs`, or less while its part of the
+    /// cluster's jobs is smaller ([`super::balance`]).
+    pub limit: usize,
 }
 
 /// One running job as the job server sees it.
@@ -136,9 +143,21 @@ pub struct JobServer {
     pub job_sup: JobSupRef,
 }
 
+/// One acceptor task, and the flag that tells it to end after its current wait.
+struct Acceptor {
+    task: JoinHandle<()>,
+    retire: Arc<AtomicBool>,
+}
+
 /// The job server's state.
 pub struct JobServerState {
-    acceptors: HashMap<u64, JoinHandle<()>>,
+    acceptors: HashMap<u64, Acceptor>,
+    /// Acceptors told to retire, still finishing their wait.
+    retired: Vec<JoinHandle<()>>,
+    /// The most jobs this node runs now (see [`JobServerObservation::limit`]).
+    limit: usize,
+    /// The task that sends `Rebalance` when a job is enqueued.
+    queue_watch: Option<JoinHandle<()>>,
     next_acceptor: u64,
     /// The running jobs and the rotation's timing.
     rot: Rotation,
@@ -151,10 +170,12 @@ pub struct JobServerState {
 
 impl Drop for JobServerState {
     fn drop(&mut self) {
-        for a in self.acceptors.values() {
-            a.abort();
-        }
-        if let Some(t) = &self.timer {
+        let tasks = self.acceptors.values().map(|a| &a.task);
+        for t in tasks
+            .chain(&self.retired)
+            .chain(&self.timer)
+            .chain(&self.queue_watch)
+        {
             t.abort();
         }
     }
@@ -165,13 +186,15 @@ impl JobServer {
         for _ in 0..n {
             let id = st.next_acceptor;
             st.next_acceptor += 1;
+            let retire = Arc::new(AtomicBool::new(false));
             let task = tokio::spawn(acceptor(
                 self.ctx.clone(),
                 self.job_sup.clone(),
                 myself.clone(),
                 id,
+                retire.clone(),
             ));
-            st.acceptors.insert(id, task);
+            st.acceptors.insert(id, Acceptor { task, retire });
         }
     }
 
@@ -180,7 +203,7 @@ impl JobServer {
         let n = acceptors_to_add(
             st.acceptors.len(),
             st.rot.workers.len(),
-            s.max_jobs,
+            st.limit,
             s.max_acceptors,
         );
         self.spawn_acceptors(myself, st, n);
@@ -224,16 +247,19 @@ impl JobServer {
         let all_jobs = pending + st.rot.live();
         st.rot.refresh(&st.share, s.max_jobs, all_jobs);
         st.churn += st.rot.trim(s.max_jobs, s.min_run_time);
+        self.balance(st).await;
         // 2. extra acceptors for pending work; each one accepted trims the job with the
         // longest-running job back out (see `Accepted`), so a rotation completes within the
         // cycle and `max_jobs` is exceeded only while a job starts
+        // (none while this node is held below `max_jobs`: some member has room for every
+        // pending job, nothing needs to rotate)
         let budget = extra_acceptor_budget(
             st.acceptors.len(),
             st.rot.workers.len(),
             s.max_jobs,
             s.max_churn,
             st.churn,
-        );
+        ) * usize::from(st.limit >= s.max_jobs);
         if budget > 0 {
             let now = self.ctx.now_secs();
             match self
@@ -281,6 +307,69 @@ impl JobServer {
             .unwrap_or(0)
     }
 
+    /// Reads this node's part of the cluster's jobs ([`super::balance`]) into `st.limit`,
+    /// retires the acceptors beyond it and hands the running jobs beyond it back to the
+    /// queue. A job is moved at most once an interval (or `min_run_time`, if shorter), so
+    /// views read at slightly different times do not bounce it. Keeps the old limit when
+    /// the store cannot be read.
+    async fn balance(&self, st: &mut JobServerState) {
+        let s = self.ctx.settings();
+        let membership = Membership::new(
+            self.ctx.jobs().clone(),
+            self.ctx.prefix(),
+            self.ctx.node(),
+            s.job_timeout,
+        );
+        let load = match balance::read_load(&self.ctx, &membership).await {
+            Ok(load) => load,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the cluster's load");
+                return;
+            }
+        };
+        st.limit = balance::node_limit(self.ctx.node(), st.rot.live(), &load, s.max_jobs);
+        let room = st.limit.saturating_sub(st.rot.live());
+        let surplus: Vec<u64> = st.acceptors.keys().skip(room).copied().collect();
+        for id in surplus {
+            if let Some(a) = st.acceptors.remove(&id) {
+                a.retire.store(true, Ordering::Relaxed);
+                st.retired.push(a.task);
+            }
+        }
+        st.retired.retain(|t| !t.is_finished());
+        if st.limit < s.max_jobs {
+            st.churn += st.rot.hand_back(st.limit, s.min_run_time.min(s.interval));
+        }
+    }
+
+    /// A task that sends `Rebalance` whenever a job is enqueued, at most every quarter
+    /// interval (between 0.2 and 2 s): a node held below `max_jobs` then takes its part of
+    /// new jobs at once rather than at its next tick.
+    fn watch_queue(&self, myself: &ActorRef<JobServerMsg>) -> JoinHandle<()> {
+        let (jobs, me) = (self.ctx.jobs().clone(), myself.clone());
+        let pause = (self.ctx.settings().interval / 4)
+            .clamp(Duration::from_millis(200), Duration::from_secs(2));
+        tokio::spawn(async move {
+            loop {
+                let armed = jobs
+                    .db()
+                    .run(|tx| {
+                        let jobs = jobs.clone();
+                        async move { Ok::<_, JobsError>(jobs.watch_pending_tx(&tx, REP_JOBS)) }
+                    })
+                    .await;
+                let fired = match armed {
+                    Ok(watch) => watch.await.is_ok(),
+                    Err(_) => false,
+                };
+                if fired && me.send_message(JobServerMsg::Rebalance).is_err() {
+                    return;
+                }
+                tokio::time::sleep(if fired { pause } else { Duration::from_secs(1) }).await;
+            }
+        })
+    }
+
     async fn cleanup_transient(&self) -> Result<(), JobsError> {
         let max_age = self.ctx.settings().transient_job_max_age.as_secs() as i64;
         let limit = self.ctx.now_secs() - max_age;
@@ -318,65 +407,6 @@ fn cleanup_period(s: &ReplicatorSettings) -> Duration {
     tenth.clamp(s.interval, Duration::from_secs(300).max(s.interval))
 }
 
-/// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
-async fn acceptor(ctx: NodeCtx, job_sup: JobSupRef, server: ActorRef<JobServerMsg>, id: u64) {
-    let jitter = (ctx.settings().startup_jitter.as_millis() as u64).max(1);
-    loop {
-        let opts = AcceptOpts::default()
-            .max_sched_time(ctx.now_secs())
-            .timeout(ACCEPT_WAIT)
-            .candidates(ACCEPT_CANDIDATES);
-        match ctx.jobs().accept(REP_JOBS, opts).await {
-            Ok((job, data)) => {
-                let record = match RepJobRecord::from_data(&data) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        // Unreadable data cannot be run: finish it so it does not come back.
-                        tracing::warn!(job = %job.id, error = %e, "unreadable job data");
-                        let _ = ctx.jobs().finish(&job, None).await;
-                        continue;
-                    }
-                };
-                let continuous = record.continuous;
-                let group = match &record.origin.db_name {
-                    Some(db) => ShareKey::Db(db.clone()),
-                    None => ShareKey::Transient,
-                };
-                for _ in 0..HANDOFF_ATTEMPTS {
-                    let args = JobArgs {
-                        ctx: ctx.clone(),
-                        job: job.clone(),
-                        record: record.clone(),
-                    };
-                    if let Ok(actor) = job_sup.start_child(job.id.clone(), args).await {
-                        let _ = server.send_message(JobServerMsg::Accepted {
-                            acceptor: id,
-                            actor,
-                            job_id: job.id.clone(),
-                            continuous,
-                            group: group.clone(),
-                        });
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                // The lock stays with nobody: the activity monitor re-enqueues the job.
-                tracing::warn!(job = %job.id, "no job_sup to start an accepted job");
-                let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
-                return;
-            }
-            Err(JobsError::NotFound) => {
-                let ms = rand::rng().random_range(1..=jitter);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
 impl Server for JobServer {
     type Msg = JobServerMsg;
     type State = JobServerState;
@@ -389,6 +419,9 @@ impl Server for JobServer {
     ) -> Result<JobServerState, BoxError> {
         let mut st = JobServerState {
             acceptors: HashMap::new(),
+            retired: Vec::new(),
+            limit: self.ctx.settings().max_jobs,
+            queue_watch: Some(self.watch_queue(&myself)),
             next_acceptor: 0,
             rot: Rotation::new(self.ctx.settings().interval),
             churn: 0,
@@ -396,6 +429,7 @@ impl Server for JobServer {
             share: FairShare::new(self.ctx.settings().share_params()),
             last_cleanup: None,
         };
+        self.balance(&mut st).await;
         self.refill(&myself, &mut st);
         self.schedule_tick(&myself, &mut st);
         Ok(st)
@@ -419,8 +453,9 @@ impl Server for JobServer {
                 let now = Instant::now();
                 st.share.started(job_id.clone(), group.clone(), now);
                 let delay = st.rot.delay_of(&st.share, &group);
+                let actor_id = actor.get_id();
                 st.rot.workers.insert(
-                    actor.get_id(),
+                    actor_id,
                     Worker {
                         actor,
                         job_id,
@@ -433,7 +468,16 @@ impl Server for JobServer {
                 );
                 st.churn += 1;
                 let s = self.ctx.settings();
-                st.rot.trim(s.max_jobs, s.min_run_time);
+                if st.limit < s.max_jobs && st.rot.live() > st.limit {
+                    // Taken by an acceptor retiring meanwhile: over this node's part, so
+                    // straight back to the queue for a node under its own.
+                    if let Some(w) = st.rot.workers.get_mut(&actor_id) {
+                        let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
+                        w.leaving = true;
+                    }
+                } else {
+                    st.rot.trim(s.max_jobs, s.min_run_time);
+                }
                 self.refill(&myself, st);
             }
             JobServerMsg::AcceptorEnded(acceptor) => {
@@ -447,6 +491,12 @@ impl Server for JobServer {
                 self.refill(&myself, st);
             }
             JobServerMsg::Tick => self.tick(&myself, st).await,
+            JobServerMsg::Rebalance => {
+                if st.limit < self.ctx.settings().max_jobs {
+                    self.balance(st).await;
+                    self.refill(&myself, st);
+                }
+            }
             JobServerMsg::StopAll => {
                 for w in st.rot.workers.values() {
                     let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
@@ -472,6 +522,7 @@ impl Server for JobServer {
                     churn: st.churn,
                     max_jobs: self.ctx.settings().max_jobs,
                     share_jobs: st.share.len(),
+                    limit: st.limit,
                 });
             }
         }

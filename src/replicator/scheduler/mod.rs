@@ -6,6 +6,8 @@
 //! The job server takes [`job_server::JobServerMsg`]: `Accepted` (an acceptor took a job),
 //! `AcceptorEnded`, `WorkerExited`, `Tick` (the rotation interval), `StopAll` and `Observe`.
 
+pub(crate) mod balance;
+mod job_acceptor;
 pub mod job_server;
 pub(crate) mod job_sup;
 pub(crate) mod rotation_policy;

@@ -131,6 +131,24 @@ impl Rotation {
     /// margin before its turn ([`eligible_after`]), the turn scaled by its database's
     /// [`GroupDelay::factor`]. Returns how many were told.
     pub(crate) fn trim(&mut self, max_jobs: usize, min_run_time: Duration) -> usize {
+        self.stop_over(max_jobs, min_run_time, None)
+    }
+
+    /// Tells the jobs over `limit` (this node's part of the cluster's jobs, see
+    /// [`super::balance`]) to go back to the queue now, chosen as [`Rotation::trim`] does:
+    /// another node under its part takes them at once. Returns how many were told.
+    pub(crate) fn hand_back(&mut self, limit: usize, min_run_time: Duration) -> usize {
+        self.stop_over(limit, min_run_time, Some(Duration::ZERO))
+    }
+
+    /// The victims over `max_jobs` rotate out, each eligible again after `wait`, or by its
+    /// turn when `None`.
+    fn stop_over(
+        &mut self,
+        max_jobs: usize,
+        min_run_time: Duration,
+        wait: Option<Duration>,
+    ) -> usize {
         if self.live() <= max_jobs {
             return 0;
         }
@@ -156,7 +174,8 @@ impl Rotation {
             let Some(w) = self.workers.get_mut(v) else {
                 continue;
             };
-            let wait = eligible_after(self.turn_due, self.turn_cycle, w.delay.factor);
+            let wait = wait
+                .unwrap_or_else(|| eligible_after(self.turn_due, self.turn_cycle, w.delay.factor));
             let _ = w.actor.send_message(JobMsg::Rotate(wait));
             w.leaving = true;
         }

@@ -1,0 +1,165 @@
+//! balance: how many jobs this node may run so that the cluster's jobs spread evenly over
+//! the nodes that run replications, whichever node they were submitted to.
+//!
+//! couch_jobs lets any node's acceptor take any pending job, so left alone the node whose
+//! acceptors happen to wait first takes most of them (3 nodes once ran 2/0/4). Every node
+//! reads the same picture in one snapshot ([`read_load`]): the live replication members
+//! (membership rows), the jobs each of them runs (the node each running job's data names)
+//! and the pending jobs; [`node_limit`] then gives each member `total / members` jobs, the
+//! remainder going to the members that run the most already (so a balanced cluster moves
+//! nothing), never more than `max_jobs`. The job server keeps acceptors only up to that
+//! limit and hands jobs over it back to the queue at once, where a node under its limit
+//! takes them. The picture is read at every tick and, on a node held below `max_jobs` by
+//! it, when a job is enqueued; views taken at slightly different times may disagree for a
+//! tick, after which they agree again. With one replication member, or more jobs than all
+//! members' `max_jobs`, the limit is `max_jobs` and nothing changes (the rotation then
+//! shares the slots over time).
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::jobs::JobsError;
+use crate::jobs::job_data::decode_activity;
+use crate::store::RangeOptions;
+
+use crate::replicator::cluster::membership::Membership;
+use crate::replicator::job::view::{REP_JOBS, running_node};
+use crate::replicator::node::context::NodeCtx;
+
+/// Pending jobs counted for the picture.
+const PENDING_LIMIT: usize = 100_000;
+
+/// The cluster as one snapshot shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterLoad {
+    /// Live replication members and the jobs each runs, by name.
+    pub running: BTreeMap<String, usize>,
+    /// Every job that is pending or running (on any node, or not yet stamped with one).
+    pub total: usize,
+}
+
+/// Reads the picture at snapshot isolation (it conflicts with nothing). With fewer than
+/// two replication members only the members are read: a single node needs no more.
+pub(crate) async fn read_load(
+    ctx: &NodeCtx,
+    membership: &Membership,
+) -> Result<ClusterLoad, JobsError> {
+    let jobs = ctx.jobs();
+    let now_ms = jobs.clock().now_ms();
+    jobs.db()
+        .run(|tx| async move {
+            let members = membership.workers_tx(&tx, now_ms).await?;
+            let mut load = ClusterLoad {
+                running: members.into_iter().map(|m| (m, 0)).collect(),
+                total: 0,
+            };
+            if load.running.len() < 2 {
+                return Ok(load);
+            }
+            let pending = jobs
+                .pending_count_tx(&tx, REP_JOBS, None, Some(PENDING_LIMIT))
+                .await?;
+            let (b, e) = jobs.keys().activity_range(REP_JOBS);
+            let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
+            let mut seen = HashSet::with_capacity(rows.len());
+            for kv in rows {
+                let Ok((id, data)) = decode_activity(&kv.value) else {
+                    continue;
+                };
+                if !seen.insert(id) {
+                    continue;
+                }
+                if let Some(n) = running_node(&data).and_then(|n| load.running.get_mut(n)) {
+                    *n += 1;
+                }
+            }
+            load.total = pending + seen.len();
+            Ok(load)
+        })
+        .await
+}
+
+/// The most jobs `me` may run: its even part of `load.total` over the members (`me`
+/// counted with `my_running`, its own exact count, whether or not the snapshot listed it),
+/// one more for the `total % members` members that run the most (then by name), at most
+/// `max_jobs`; `max_jobs` when `me` is the only member.
+pub fn node_limit(me: &str, my_running: usize, load: &ClusterLoad, max_jobs: usize) -> usize {
+    let mut members: Vec<(&str, usize)> = load
+        .running
+        .iter()
+        .filter(|(n, _)| n.as_str() != me)
+        .map(|(n, r)| (n.as_str(), *r))
+        .collect();
+    members.push((me, my_running));
+    let m = members.len();
+    if m < 2 {
+        return max_jobs;
+    }
+    let (base, extra) = (load.total / m, load.total % m);
+    members.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let place = members.iter().position(|(n, _)| *n == me).unwrap_or(m);
+    (base + usize::from(place < extra)).min(max_jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(running: &[(&str, usize)], total: usize) -> ClusterLoad {
+        ClusterLoad {
+            running: running.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
+            total,
+        }
+    }
+
+    fn limits(running: &[(&str, usize)], total: usize, max_jobs: usize) -> Vec<usize> {
+        let l = load(running, total);
+        running
+            .iter()
+            .map(|(n, r)| node_limit(n, *r, &l, max_jobs))
+            .collect()
+    }
+
+    #[test]
+    fn a_single_node_keeps_max_jobs() {
+        assert_eq!(limits(&[("a", 3)], 10, 500), vec![500]);
+        assert_eq!(node_limit("a", 0, &ClusterLoad::default(), 7), 7);
+    }
+
+    #[test]
+    fn parts_add_up_to_the_total_and_differ_by_one_at_most() {
+        for total in 0..40 {
+            let l = limits(&[("a", 0), ("b", 5), ("c", 1)], total, 500);
+            assert_eq!(l.iter().sum::<usize>(), total, "{total}: {l:?}");
+            assert!(l.iter().max().unwrap() - l.iter().min().unwrap() <= 1);
+        }
+    }
+
+    #[test]
+    fn the_remainder_goes_to_the_busiest_so_nothing_moves_when_balanced() {
+        // 3/3/4 of 10 stays as it is.
+        assert_eq!(
+            limits(&[("a", 3), ("b", 4), ("c", 3)], 10, 500),
+            vec![3, 4, 3]
+        );
+        // A node joins 2/2/2: the first by name keeps 2, the others give one each.
+        assert_eq!(
+            limits(&[("a", 2), ("b", 2), ("c", 2), ("d", 0)], 6, 500),
+            vec![2, 2, 1, 1]
+        );
+    }
+
+    #[test]
+    fn more_jobs_than_slots_gives_max_jobs_everywhere() {
+        assert_eq!(
+            limits(&[("a", 500), ("b", 500), ("c", 0)], 3000, 500),
+            vec![500, 500, 500]
+        );
+    }
+
+    #[test]
+    fn a_node_missing_from_the_snapshot_counts_itself() {
+        let l = load(&[("a", 4), ("b", 4)], 8);
+        // c just joined and is not listed yet: 8 over 3.
+        assert_eq!(node_limit("c", 0, &l, 500), 2);
+    }
+}

@@ -1,0 +1,100 @@
+//! The job server's acceptor tasks: each waits in couch_jobs' `accept` for a pending job
+//! scheduled no later than now, asks job_sup to start a job actor for it and tells the job
+//! server ([`JobServerMsg::Accepted`]), or ends when told to retire (this node's part of
+//! the cluster's jobs shrank, see [`super::balance`]) between two waits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ractor::ActorRef;
+use rand::Rng;
+
+use crate::jobs::{AcceptOpts, JobsError};
+
+use super::job_server::JobServerMsg;
+use super::job_sup::JobSupRef;
+use super::share::ShareKey;
+use crate::replicator::job::REP_JOBS;
+use crate::replicator::job::actor::JobArgs;
+use crate::replicator::job::record::RepJobRecord;
+use crate::replicator::node::context::NodeCtx;
+
+/// How long one accept call waits before the acceptor sleeps its jitter.
+const ACCEPT_WAIT: Duration = Duration::from_secs(5);
+/// The earliest eligible jobs an acceptor picks among: few enough that a job eligible early
+/// does not jump the jobs scheduled before it, enough (about a second of trims at 10,000
+/// jobs) that one database's jobs do not start in id order together
+/// (docs/decisions/2026-11-26-accept-candidates.md).
+const ACCEPT_CANDIDATES: usize = 64;
+/// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
+const HANDOFF_ATTEMPTS: u32 = 50;
+
+/// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
+pub(super) async fn acceptor(
+    ctx: NodeCtx,
+    job_sup: JobSupRef,
+    server: ActorRef<JobServerMsg>,
+    id: u64,
+    retire: Arc<AtomicBool>,
+) {
+    let jitter = (ctx.settings().startup_jitter.as_millis() as u64).max(1);
+    loop {
+        if retire.load(Ordering::Relaxed) {
+            let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
+            return;
+        }
+        let opts = AcceptOpts::default()
+            .max_sched_time(ctx.now_secs())
+            .timeout(ACCEPT_WAIT)
+            .candidates(ACCEPT_CANDIDATES);
+        match ctx.jobs().accept(REP_JOBS, opts).await {
+            Ok((job, data)) => {
+                let record = match RepJobRecord::from_data(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Unreadable data cannot be run: finish it so it does not come back.
+                        tracing::warn!(job = %job.id, error = %e, "unreadable job data");
+                        let _ = ctx.jobs().finish(&job, None).await;
+                        continue;
+                    }
+                };
+                let continuous = record.continuous;
+                let group = match &record.origin.db_name {
+                    Some(db) => ShareKey::Db(db.clone()),
+                    None => ShareKey::Transient,
+                };
+                for _ in 0..HANDOFF_ATTEMPTS {
+                    let args = JobArgs {
+                        ctx: ctx.clone(),
+                        job: job.clone(),
+                        record: record.clone(),
+                    };
+                    if let Ok(actor) = job_sup.start_child(job.id.clone(), args).await {
+                        let _ = server.send_message(JobServerMsg::Accepted {
+                            acceptor: id,
+                            actor,
+                            job_id: job.id.clone(),
+                            continuous,
+                            group: group.clone(),
+                        });
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // The lock stays with nobody: the activity monitor re-enqueues the job.
+                tracing::warn!(job = %job.id, "no job_sup to start an accepted job");
+                let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
+                return;
+            }
+            Err(JobsError::NotFound) => {
+                let ms = rand::rng().random_range(1..=jitter);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
