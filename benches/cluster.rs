@@ -110,11 +110,25 @@ async fn part1() -> BenchResult<()> {
     };
     let endpoints = cluster.endpoints();
     let (raw_n, raw_t) = raw_txns(&endpoints).await?;
+    // One commit `Txn` in flight at a time (the design before pipelining), for comparison;
+    // under its own key prefix so both runs start from an empty store.
+    let serial = EtcdConfig {
+        pipeline: 1,
+        ..EtcdConfig::new(endpoints.clone()).with_prefix("bench-serial/")
+    };
+    let serial = EtcdStore::connect(&serial).await?;
+    let jobs = Jobs::new(Db::new(Arc::new(serial.clone())), JobsOptions::default());
+    let (serial_n, serial_t) = cycles(&jobs).await?;
+    println!("etcd engine, pipeline 1: {}", serial.stats().summary());
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
     sequential(&store).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
-    println!("etcd engine: {}", store.stats().summary());
+    println!(
+        "etcd engine, pipeline {}: {}",
+        couch_replicator::store::etcd::DEFAULT_PIPELINE,
+        store.stats().summary()
+    );
     let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
     let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();
     println!(
@@ -132,6 +146,12 @@ async fn part1() -> BenchResult<()> {
         format!("job cycles add/accept/update/finish, {WORKERS} workers"),
         cycles_n,
         cycle_rate
+    );
+    println!(
+        "{:<60} {:>10} {:>12.0}",
+        format!("job cycles, one commit Txn in flight, {WORKERS} workers"),
+        serial_n,
+        serial_n as f64 / serial_t.as_secs_f64()
     );
     println!(
         "RESULT jobs_cycles_etcd_over_raw_txn = {:.3}",

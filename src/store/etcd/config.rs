@@ -10,6 +10,11 @@ use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions, OpenS
 use super::errors::read_error;
 use crate::store::StoreError;
 
+/// Commit `Txn`s in flight per process by default: enough to keep a 3-member cluster busy
+/// (measured in docs/decisions/2026-11-26-etcd-store.md), few enough that a mispredicted
+/// clock wastes little.
+pub const DEFAULT_PIPELINE: usize = 4;
+
 /// The settings of the etcd engine (`serve --etcd-endpoints`, `[couch_jobs] etcd_*`).
 #[derive(Clone)]
 pub struct EtcdConfig {
@@ -30,6 +35,8 @@ pub struct EtcdConfig {
     pub request_timeout: Duration,
     /// Connecting fails after this.
     pub connect_timeout: Duration,
+    /// Commit `Txn`s one process keeps in flight at most (1: each waits for the previous).
+    pub pipeline: usize,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -57,6 +64,7 @@ impl EtcdConfig {
             key_file: None,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            pipeline: DEFAULT_PIPELINE,
         }
     }
 
