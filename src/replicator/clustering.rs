@@ -127,7 +127,9 @@ impl Server for Clustering {
     type Args = ();
 
     async fn init(&self, myself: ActorRef<ClusterMsg>, _: ()) -> Result<ClusterState, BoxError> {
+        let began = tokio::time::Instant::now();
         self.membership.beat(true).await?;
+        self.ctx.node_lease().renew(began);
         let watcher = {
             let me = myself.clone();
             let db = self.ctx.jobs().db().clone();
@@ -215,7 +217,9 @@ impl Server for Clustering {
                 }
             }
             ClusterMsg::Heartbeat => {
+                let began = tokio::time::Instant::now();
                 let beat = self.membership.beat(false).await?;
+                self.ctx.node_lease().renew(began);
                 if let Some((dead, requeued)) = &beat.removed {
                     tracing::warn!(node = self.ctx.node(), %dead, requeued,
                         "removed dead neighbour and re-enqueued its jobs");

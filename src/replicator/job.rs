@@ -23,11 +23,13 @@
 //! A killed actor runs no hook: its state is dropped (which aborts the replication) and the
 //! activity monitor re-enqueues the job once its updates stop.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
 use serde_json::json;
 use supervisors::{BoxError, ExitReason, Observable, Server};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::jobs::{Job, JobsError};
@@ -42,7 +44,8 @@ use super::context::{NodeCtx, ids};
 use super::event_bus::ReplicatorEvent;
 use super::job_observe;
 use super::job_record::{HistoryKind, JobError, RepJobRecord, RepState};
-use super::job_runner::{self, Runner};
+use super::job_lease::{self, Lease};
+use super::job_runner::{self, Runner, Watchdog};
 use super::rep_job::{REP_JOBS, parse_rep};
 use crate::telemetry::Series;
 
@@ -65,6 +68,8 @@ pub enum JobMsg {
     Observe(RpcReplyPort<JobObservation>),
     /// Trimmed by the job server: stop, and go back to pending this much later.
     Rotate(Duration),
+    /// The job's lease ran out (`job_lease.rs`): the replication was aborted.
+    LeaseLost,
 }
 
 /// What [`JobMsg::Observe`] answers.
@@ -123,6 +128,8 @@ pub struct JobActorState {
     /// How long a stopped job waits before it is eligible again (default `interval`).
     resubmit_delay: Option<Duration>,
     timer: Option<tokio::task::JoinHandle<()>>,
+    /// Since when this node may still run the replication without another node taking it.
+    lease: Arc<Lease>,
     /// `replication_job{job_id, rep_id, source, target}`: entered by every message handler
     /// and, through them, by the engine's tasks (changes reader, workers, checkpointer).
     span: tracing::Span,
@@ -148,7 +155,9 @@ impl Server for JobActor {
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
         let span = job_observe::job_span(args.ctx.node(), &args.job.id, &args.record);
+        let lease = Arc::new(Lease::new(args.ctx.settings().job_timeout));
         Ok(JobActorState {
+            lease,
             span,
             ctx: args.ctx,
             job: args.job,
@@ -202,6 +211,13 @@ async fn handle_msg(
                 Err(err.into())
             }
         },
+        JobMsg::LeaseLost => {
+            // Already aborted; the terminate hook puts the job back to pending if the lock
+            // is still ours (the store answers again), else it finds the lock gone.
+            st.runner = None;
+            myself.stop(None);
+            Ok(())
+        }
         JobMsg::Rotate(delay) => {
             st.resubmit_delay = Some(delay);
             myself.stop(None);
@@ -316,6 +332,7 @@ async fn claim(
     }
     let data = record.to_data();
     let job = st.job.clone();
+    let began = Instant::now();
     let claimed = jobs
         .db()
         .run(|tx| {
@@ -333,6 +350,7 @@ async fn claim(
         Err(JobsError::Halt) | Err(JobsError::NotFound) => return halt(myself, st).map(|()| false),
         Err(e) => return Err(e.into()),
         Ok(Ok(job)) => {
+            st.lease.renew(began);
             st.job = job;
             st.record = record;
             return Ok(true);
@@ -377,7 +395,17 @@ fn launch(
     let on_end = Box::new(move |result| {
         let _ = me.send_message(JobMsg::Done(Box::new(result)));
     });
-    st.runner = Some(Runner::start(spec, engine, on_end));
+    let (ctx, me, job_id) = (st.ctx.clone(), myself.clone(), st.job.id.clone());
+    let watchdog = Watchdog {
+        lease: st.lease.clone(),
+        node_lease: st.ctx.node_lease().clone(),
+        on_lost: Box::new(move || {
+            // Published here, not by the actor, which may be blocked in a store call.
+            ctx.publish(ReplicatorEvent::Stopped { job_id });
+            let _ = me.send_message(JobMsg::LeaseLost);
+        }),
+    };
+    st.runner = Some(Runner::start(spec, engine, on_end, watchdog));
     // Changed stats are written at most once a second, so `_active_tasks` follows progress
     // as CouchDB's task status does; an idle job's tick writes nothing (see `tick`).
     let period = st.ctx.settings().stats_update_interval.min(PROGRESS_PERIOD);
@@ -431,14 +459,15 @@ async fn tick(
     heal(st, now);
     let changed = st.record.rep_stats.as_ref() != Some(&stats) || errors(&st.record) != before;
     // An idle job's stats do not move; rewriting them every tick was most of what 500 idle
-    // running jobs cost the store. It still writes at half the activity timeout, or
-    // couch_jobs would re-enqueue it as dead.
-    let keepalive = (st.ctx.settings().job_timeout / 2).as_secs().max(1) as i64;
-    if !force && !changed && now - st.record.last_updated < keepalive {
+    // running jobs cost the store. It still writes once its lease is a third of the activity
+    // timeout old, or couch_jobs would re-enqueue it as dead and the lease would run out.
+    let keepalive = job_lease::keepalive_after(st.ctx.settings().job_timeout);
+    if !force && !changed && st.lease.age() < keepalive {
         return Ok(());
     }
     put_stats(st, &stats);
     st.record.last_updated = now;
+    let began = Instant::now();
     match st
         .ctx
         .jobs()
@@ -446,6 +475,7 @@ async fn tick(
         .await
     {
         Ok(job) => {
+            st.lease.renew(began);
             st.job = job;
             Ok(())
         }

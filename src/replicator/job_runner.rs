@@ -18,11 +18,22 @@ use crate::replication::{self, Context, ReplicationError, ReplicationSpec, Repli
 
 use super::connection_pool::{PoolMsg, endpoint_key};
 use super::context::{NodeCtx, ids};
+use super::job_lease::Lease;
 use super::rate_limiter::RateLimiterMsg;
 use crate::replication::Aimd;
 
 /// How a replication that ended on its own (not stopped) is reported to the job.
 pub(super) type OnEnd = Box<dyn FnOnce(Result<ReplicationStats, ReplicationError>) + Send>;
+
+/// The job's lease, and what to tell the job when it runs out (the replication is then
+/// already aborted).
+pub(super) struct Watchdog {
+    /// The job's lease (renewed by its updates).
+    pub(super) lease: Arc<Lease>,
+    /// The node's (renewed by its heartbeats: a neighbour re-enqueues a dead node's jobs).
+    pub(super) node_lease: Arc<Lease>,
+    pub(super) on_lost: Box<dyn FnOnce() + Send>,
+}
 
 /// The engine context for a job owned by `owner`: the node's 429 limiter table, the
 /// connections leased for both endpoints (which lowers `spec`'s `http_connections` to the
@@ -94,11 +105,41 @@ impl Drop for Runner {
 
 impl Runner {
     /// Starts the engine; `on_end` hears how it ended unless [`Self::stop`] came first.
-    pub(super) fn start(spec: ReplicationSpec, engine: Context, on_end: OnEnd) -> Self {
+    /// Aborts it when `watchdog`'s lease runs out.
+    pub(super) fn start(
+        spec: ReplicationSpec,
+        engine: Context,
+        on_end: OnEnd,
+        watchdog: Watchdog,
+    ) -> Self {
         let handle = replication::start(spec, engine);
         let progress = handle.progress();
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(wait_end(handle, stop_rx, on_end).in_current_span());
+        let task = tokio::spawn(
+            async move {
+                let Watchdog {
+                    lease,
+                    node_lease,
+                    on_lost,
+                } = watchdog;
+                tokio::select! {
+                    stats = wait_end(handle, stop_rx, on_end) => stats,
+                    // Whichever runs out first: the job's own or the node's.
+                    () = first(lease.expired(), node_lease.expired()) => {
+                        // `wait_end` and the engine handle it owns are dropped here, which
+                        // aborts the replication without a final checkpoint.
+                        tracing::warn!(
+                            job_lease_age_ms = lease.age().as_millis() as u64,
+                            node_lease_age_ms = node_lease.age().as_millis() as u64,
+                            "job lease ran out (store unreachable?); replication aborted"
+                        );
+                        on_lost();
+                        None
+                    }
+                }
+            }
+            .in_current_span(),
+        );
         Self {
             stop: Some(stop_tx),
             progress,
@@ -122,6 +163,14 @@ impl Runner {
             Ok(Ok(Some(final_stats))) => final_stats,
             _ => stats,
         }
+    }
+}
+
+/// Resolves when either future does.
+async fn first(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+    tokio::select! {
+        () = a => {}
+        () = b => {}
     }
 }
 

@@ -15,6 +15,7 @@ pub mod event_bus;
 pub mod frontend;
 pub mod handle;
 pub mod job;
+mod job_lease;
 pub(crate) mod job_observe;
 pub mod job_record;
 mod job_runner;
