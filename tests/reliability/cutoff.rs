@@ -137,10 +137,16 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                 .await
                 .unwrap();
         }
-        let on_n1 = wait_for(30, "n1 running jobs and every target copied", || async {
+        let seen = Mutex::new(String::new());
+        let on_n1 = wait_for(60, "n1 running jobs and every job running", || async {
             let (running, _) = replay(&log.lock().unwrap());
             let n1_jobs = running.get("n1").cloned().unwrap_or_default();
             let total: usize = running.values().map(HashSet::len).sum();
+            let now = format!("n1 runs {}, both {total}", n1_jobs.len());
+            if *seen.lock().unwrap() != now {
+                eprintln!("{now}");
+                *seen.lock().unwrap() = now;
+            }
             (total == JOBS && !n1_jobs.is_empty()).then_some(n1_jobs)
         })
         .await;
