@@ -110,16 +110,24 @@ async fn part1() -> BenchResult<()> {
     };
     let endpoints = cluster.endpoints();
     let (raw_n, raw_t) = raw_txns(&endpoints).await?;
-    // One commit `Txn` in flight at a time (the design before pipelining), for comparison;
-    // under its own key prefix so both runs start from an empty store.
-    let serial = EtcdConfig {
-        pipeline: 1,
-        ..EtcdConfig::new(endpoints.clone()).with_prefix("bench-serial/")
-    };
-    let serial = EtcdStore::connect(&serial).await?;
-    let jobs = Jobs::new(Db::new(Arc::new(serial.clone())), JobsOptions::default());
-    let (serial_n, serial_t) = cycles(&jobs).await?;
-    println!("etcd engine, pipeline 1: {}", serial.stats().summary());
+    // Other pipeline depths than the default (1: one commit `Txn` in flight at a time, the
+    // design before pipelining), for comparison; each under its own key prefix so that
+    // every run starts from an empty store.
+    let mut depths = Vec::new();
+    for depth in [1, 2, 4] {
+        if depth == couch_replicator::store::etcd::DEFAULT_PIPELINE {
+            continue;
+        }
+        let config = EtcdConfig {
+            pipeline: depth,
+            ..EtcdConfig::new(endpoints.clone()).with_prefix(format!("bench-p{depth}/"))
+        };
+        let other = EtcdStore::connect(&config).await?;
+        let jobs = Jobs::new(Db::new(Arc::new(other.clone())), JobsOptions::default());
+        let (n, t) = cycles(&jobs).await?;
+        println!("etcd engine, pipeline {depth}: {}", other.stats().summary());
+        depths.push((depth, n, n as f64 / t.as_secs_f64()));
+    }
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
     sequential(&store).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
@@ -147,12 +155,14 @@ async fn part1() -> BenchResult<()> {
         cycles_n,
         cycle_rate
     );
-    println!(
-        "{:<60} {:>10} {:>12.0}",
-        format!("job cycles, one commit Txn in flight, {WORKERS} workers"),
-        serial_n,
-        serial_n as f64 / serial_t.as_secs_f64()
-    );
+    for (depth, n, rate) in depths {
+        println!(
+            "{:<60} {:>10} {:>12.0}",
+            format!("job cycles, {depth} commit Txns in flight, {WORKERS} workers"),
+            n,
+            rate
+        );
+    }
     println!(
         "RESULT jobs_cycles_etcd_over_raw_txn = {:.3}",
         cycle_rate / raw_rate.max(f64::MIN_POSITIVE)

@@ -10,10 +10,11 @@ use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions, OpenS
 use super::errors::read_error;
 use crate::store::StoreError;
 
-/// Commit `Txn`s in flight per process by default: enough to keep a 3-member cluster busy
-/// (measured in docs/decisions/2026-11-26-etcd-store.md), few enough that a mispredicted
-/// clock wastes little.
-pub const DEFAULT_PIPELINE: usize = 4;
+/// Commit `Txn`s in flight per process by default. Measured (docs/decisions/
+/// 2026-11-26-etcd-store.md): deeper pipelines lost to one `Txn` in flight, because each read
+/// conflict fails the `Txn`s behind it (their predicted clock) and batches get smaller, so
+/// 1 until a design that survives conflicts.
+pub const DEFAULT_PIPELINE: usize = 1;
 
 /// The settings of the etcd engine (`serve --etcd-endpoints`, `[couch_jobs] etcd_*`).
 #[derive(Clone)]
