@@ -23,7 +23,7 @@ use supervisors::{BoxError, ExitReason, Observable, Server};
 use super::context::{NodeCtx, ids};
 use super::event_bus::{ClusterStatus, ReplicatorEvent};
 use super::job_server::JobServerMsg;
-use super::membership::Membership;
+use super::membership::{Membership, REQUEUE_PER_TRANSACTION};
 
 /// Messages of the clustering actor.
 #[derive(Debug)]
@@ -221,6 +221,10 @@ impl Server for Clustering {
                 let beat = self.membership.beat(false).await?;
                 self.ctx.node_lease().renew(began);
                 if let Some((dead, requeued)) = &beat.removed {
+                    let mut requeued = *requeued;
+                    if requeued == REQUEUE_PER_TRANSACTION {
+                        requeued += self.membership.requeue_rest_of(dead).await?;
+                    }
                     tracing::warn!(node = self.ctx.node(), %dead, requeued,
                         "removed dead neighbour and re-enqueued its jobs");
                     state.removed.push(dead.clone());

@@ -101,6 +101,9 @@ mod tests {
         let t0 = Instant::now();
         lease.expired().await;
         assert_eq!(t0.elapsed(), Duration::from_secs(8));
-        assert_eq!(lease_ttl(Duration::from_secs(1)), Duration::from_millis(500));
+        assert_eq!(
+            lease_ttl(Duration::from_secs(1)),
+            Duration::from_millis(500)
+        );
     }
 }

@@ -88,119 +88,123 @@ fn replay(log: &[Event]) -> (HashMap<&'static str, HashSet<String>>, Vec<Duratio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
-    deadline(120, "a node cut off etcd stops its jobs before another runs them", async {
-        let Some(cluster) = EtcdCluster::start(3).await else {
-            return;
-        };
-        let pouch = Pouch::start().await;
-        let pouch = &pouch;
-        futures::stream::iter(0..JOBS)
-            .for_each_concurrent(8, |i| async move {
-                pouch.create_db(&format!("s{i}")).await;
-                pouch.put_docs(&format!("s{i}"), "a", 3).await;
-            })
-            .await;
-        let mut relays = Vec::new();
-        for endpoint in cluster.endpoints() {
-            let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-            relays.push(Relay::start(port).await.unwrap());
-        }
-        let via_relays = relays
-            .iter()
-            .map(|r| format!("http://127.0.0.1:{}", r.port))
-            .collect();
-        let mut cut_config = EtcdConfig::new(via_relays);
-        cut_config.request_timeout = Duration::from_secs(2);
-        cut_config.connect_timeout = Duration::from_secs(1);
-        let store1 = EtcdStore::connect(&cut_config).await.unwrap();
-        let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
-            .await
-            .unwrap();
-        let n1 = node(&Db::new(Arc::new(store1)), "n1", settings()).await;
-        let n2 = node(&Db::new(Arc::new(store2)), "n2", settings()).await;
-        let log: Log = Arc::default();
-        let recorders = [record(&log, "n1", &n1), record(&log, "n2", &n2)];
-        for i in 0..JOBS {
-            let rep = json!({"source": pouch.url(&format!("s{i}")),
+    deadline(
+        120,
+        "a node cut off etcd stops its jobs before another runs them",
+        async {
+            let Some(cluster) = EtcdCluster::start(3).await else {
+                return;
+            };
+            let pouch = Pouch::start().await;
+            let pouch = &pouch;
+            futures::stream::iter(0..JOBS)
+                .for_each_concurrent(8, |i| async move {
+                    pouch.create_db(&format!("s{i}")).await;
+                    pouch.put_docs(&format!("s{i}"), "a", 3).await;
+                })
+                .await;
+            let mut relays = Vec::new();
+            for endpoint in cluster.endpoints() {
+                let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+                relays.push(Relay::start(port).await.unwrap());
+            }
+            let via_relays = relays
+                .iter()
+                .map(|r| format!("http://127.0.0.1:{}", r.port))
+                .collect();
+            let mut cut_config = EtcdConfig::new(via_relays);
+            cut_config.request_timeout = Duration::from_secs(2);
+            cut_config.connect_timeout = Duration::from_secs(1);
+            let store1 = EtcdStore::connect(&cut_config).await.unwrap();
+            let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
+                .await
+                .unwrap();
+            let n1 = node(&Db::new(Arc::new(store1)), "n1", settings()).await;
+            let n2 = node(&Db::new(Arc::new(store2)), "n2", settings()).await;
+            let log: Log = Arc::default();
+            let recorders = [record(&log, "n1", &n1), record(&log, "n2", &n2)];
+            for i in 0..JOBS {
+                let rep = json!({"source": pouch.url(&format!("s{i}")),
                              "target": pouch.url(&format!("t{i}")),
                              "create_target": true, "continuous": true,
                              "checkpoint_interval": 500});
-            let submit_to = if i % 2 == 0 { &n1 } else { &n2 };
-            submit_to
-                .add(NewJob {
-                    kind: JobKind::Persistent {
-                        db_name: "_replicator".into(),
-                        doc_id: format!("r{i}"),
-                    },
-                    rep,
-                })
-                .await
-                .unwrap();
-        }
-        let seen = Mutex::new(String::new());
-        let on_n1 = wait_for(60, "n1 running jobs and every job running", || async {
-            let (running, _) = replay(&log.lock().unwrap());
-            let n1_jobs = running.get("n1").cloned().unwrap_or_default();
-            let total: usize = running.values().map(HashSet::len).sum();
-            let now = format!("n1 runs {}, both {total}", n1_jobs.len());
-            if *seen.lock().unwrap() != now {
-                eprintln!("{now}");
-                *seen.lock().unwrap() = now;
+                let submit_to = if i % 2 == 0 { &n1 } else { &n2 };
+                submit_to
+                    .add(NewJob {
+                        kind: JobKind::Persistent {
+                            db_name: "_replicator".into(),
+                            doc_id: format!("r{i}"),
+                        },
+                        rep,
+                    })
+                    .await
+                    .unwrap();
             }
-            (total == JOBS && !n1_jobs.is_empty()).then_some(n1_jobs)
-        })
-        .await;
-        for i in 0..JOBS {
-            pouch
-                .wait_count(&format!("t{i}"), 3, Duration::from_secs(20))
-                .await;
-        }
-        eprintln!("before the cut: n1 runs {} of {JOBS} jobs", on_n1.len());
-        let cut_at = Instant::now();
-        for r in &relays {
-            r.block();
-        }
-        // Work keeps arriving while n1 is cut off.
-        for i in 0..JOBS {
-            pouch.put_docs(&format!("s{i}"), "b", 3).await;
-        }
-        let moved_at = wait_for(40, "n2 running every job", || async {
-            let (running, _) = replay(&log.lock().unwrap());
-            let n1_left = running.get("n1").map_or(0, HashSet::len);
-            let n2_runs = running.get("n2").map_or(0, HashSet::len);
-            (n1_left == 0 && n2_runs == JOBS).then(|| cut_at.elapsed())
-        })
-        .await;
-        for i in 0..JOBS {
-            pouch
-                .wait_count(&format!("t{i}"), 6, Duration::from_secs(20))
-                .await;
-        }
-        let (_, gaps) = replay(&log.lock().unwrap());
-        let n1_stops: Vec<Duration> = log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(at, node, started, _)| *node == "n1" && !*started && *at > cut_at)
-            .map(|(at, ..)| *at - cut_at)
-            .collect();
-        eprintln!(
-            "n1 stopped its jobs {:?} after the cut; n2 ran all {JOBS} after {moved_at:?}; \
+            let seen = Mutex::new(String::new());
+            let on_n1 = wait_for(60, "n1 running jobs and every job running", || async {
+                let (running, _) = replay(&log.lock().unwrap());
+                let n1_jobs = running.get("n1").cloned().unwrap_or_default();
+                let total: usize = running.values().map(HashSet::len).sum();
+                let now = format!("n1 runs {}, both {total}", n1_jobs.len());
+                if *seen.lock().unwrap() != now {
+                    eprintln!("{now}");
+                    *seen.lock().unwrap() = now;
+                }
+                (total == JOBS && !n1_jobs.is_empty()).then_some(n1_jobs)
+            })
+            .await;
+            for i in 0..JOBS {
+                pouch
+                    .wait_count(&format!("t{i}"), 3, Duration::from_secs(20))
+                    .await;
+            }
+            eprintln!("before the cut: n1 runs {} of {JOBS} jobs", on_n1.len());
+            let cut_at = Instant::now();
+            for r in &relays {
+                r.block();
+            }
+            // Work keeps arriving while n1 is cut off.
+            for i in 0..JOBS {
+                pouch.put_docs(&format!("s{i}"), "b", 3).await;
+            }
+            let moved_at = wait_for(40, "n2 running every job", || async {
+                let (running, _) = replay(&log.lock().unwrap());
+                let n1_left = running.get("n1").map_or(0, HashSet::len);
+                let n2_runs = running.get("n2").map_or(0, HashSet::len);
+                (n1_left == 0 && n2_runs == JOBS).then(|| cut_at.elapsed())
+            })
+            .await;
+            for i in 0..JOBS {
+                pouch
+                    .wait_count(&format!("t{i}"), 6, Duration::from_secs(20))
+                    .await;
+            }
+            let (_, gaps) = replay(&log.lock().unwrap());
+            let n1_stops: Vec<Duration> = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(at, node, started, _)| *node == "n1" && !*started && *at > cut_at)
+                .map(|(at, ..)| *at - cut_at)
+                .collect();
+            eprintln!(
+                "n1 stopped its jobs {:?} after the cut; n2 ran all {JOBS} after {moved_at:?}; \
              stop-to-start gaps of the moved jobs: {gaps:?}",
-            n1_stops
-        );
-        assert_eq!(gaps.len(), on_n1.len(), "every job of n1 moved once");
-        let c = Couch::new(&format!("http://127.0.0.1:{}", pouch.port));
-        for i in 0..JOBS {
-            let leaves = c.assert_same(&format!("s{i}"), &c, &format!("t{i}")).await;
-            assert_eq!(leaves, 6);
-        }
-        for r in recorders {
-            r.abort();
-        }
-        n2.shutdown().await;
-        n1.kill().await;
-        drop(relays);
-    })
+                n1_stops
+            );
+            assert_eq!(gaps.len(), on_n1.len(), "every job of n1 moved once");
+            let c = Couch::new(&format!("http://127.0.0.1:{}", pouch.port));
+            for i in 0..JOBS {
+                let leaves = c.assert_same(&format!("s{i}"), &c, &format!("t{i}")).await;
+                assert_eq!(leaves, 6);
+            }
+            for r in recorders {
+                r.abort();
+            }
+            n2.shutdown().await;
+            n1.kill().await;
+            drop(relays);
+        },
+    )
     .await;
 }

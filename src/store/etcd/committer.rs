@@ -217,7 +217,8 @@ fn seen_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Seen {
         if i == 0 {
             seen.counter = kv.map_or(0, |kv| Clock::decode(kv.value(), kv.mod_revision()).counter);
         } else if let Some(key) = adds.get(i - 1) {
-            seen.adds.insert(key.clone(), kv.map(|kv| kv.value().to_vec()));
+            seen.adds
+                .insert(key.clone(), kv.map(|kv| kv.value().to_vec()));
         }
     }
     seen
@@ -239,11 +240,7 @@ enum Outcome {
 }
 
 /// The basis of the next `Txn`: the tip's prediction, read first when it has none.
-async fn reserve(
-    shared: &Shared,
-    plan: &WritePlan,
-    adds: &[Vec<u8>],
-) -> Result<Basis, StoreError> {
+async fn reserve(shared: &Shared, plan: &WritePlan, adds: &[Vec<u8>]) -> Result<Basis, StoreError> {
     for _ in 0..REBUILDS {
         if let Some(basis) = shared.tip.reserve(plan, adds) {
             return Ok(basis);

@@ -36,8 +36,8 @@ mod watches;
 
 pub use config::{DEFAULT_PIPELINE, EtcdConfig};
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use etcd_client::{Client, GetOptions, GetResponse, KvClient};
 use futures::FutureExt;

@@ -88,7 +88,9 @@ impl Tip {
             state.adds.retain(|k, _| adds.contains(k));
         }
         for key in adds {
-            state.adds.insert(key.clone(), plan.added_value(key, &bases));
+            state
+                .adds
+                .insert(key.clone(), plan.added_value(key, &bases));
         }
         Some(Basis {
             epoch: state.epoch,
