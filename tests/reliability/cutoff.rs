@@ -3,8 +3,8 @@
 //! continuous jobs, its relays are blocked (open connections dropped, new ones closed): `n1`
 //! must stop those replications before the activity timeout lets `n2` take them, `n2` must
 //! then run every job, and every target must end equal to its source. Both nodes' start and
-//! stop events are recorded with their times; at no instant may one job run on both.
-//! Skips when etcd is not installed.
+//! stop events are recorded with their times; at no instant may one job run on both, also
+//! after `n1` reaches etcd again. Skips when etcd is not installed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -119,29 +119,28 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
             let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
                 .await
                 .unwrap();
+            // n1 alone first, so that it runs every job when the cut comes (with both up,
+            // whichever node accepts first may take them all).
             let n1 = node(&Db::new(Arc::new(store1)), "n1", settings()).await;
-            let n2 = node(&Db::new(Arc::new(store2)), "n2", settings()).await;
             let log: Log = Arc::default();
-            let recorders = [record(&log, "n1", &n1), record(&log, "n2", &n2)];
+            let mut recorders = vec![record(&log, "n1", &n1)];
             for i in 0..JOBS {
                 let rep = json!({"source": pouch.url(&format!("s{i}")),
                              "target": pouch.url(&format!("t{i}")),
                              "create_target": true, "continuous": true,
                              "checkpoint_interval": 500});
-                let submit_to = if i % 2 == 0 { &n1 } else { &n2 };
-                submit_to
-                    .add(NewJob {
-                        kind: JobKind::Persistent {
-                            db_name: "_replicator".into(),
-                            doc_id: format!("r{i}"),
-                        },
-                        rep,
-                    })
-                    .await
-                    .unwrap();
+                n1.add(NewJob {
+                    kind: JobKind::Persistent {
+                        db_name: "_replicator".into(),
+                        doc_id: format!("r{i}"),
+                    },
+                    rep,
+                })
+                .await
+                .unwrap();
             }
             let seen = Mutex::new(String::new());
-            let on_n1 = wait_for(60, "n1 running jobs and every job running", || async {
+            let on_n1 = wait_for(60, "n1 running every job", || async {
                 let (running, _) = replay(&log.lock().unwrap());
                 let n1_jobs = running.get("n1").cloned().unwrap_or_default();
                 let total: usize = running.values().map(HashSet::len).sum();
@@ -150,7 +149,7 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                     eprintln!("{now}");
                     *seen.lock().unwrap() = now;
                 }
-                (total == JOBS && !n1_jobs.is_empty()).then_some(n1_jobs)
+                (n1_jobs.len() == JOBS).then_some(n1_jobs)
             })
             .await;
             for i in 0..JOBS {
@@ -158,6 +157,8 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                     .wait_count(&format!("t{i}"), 3, Duration::from_secs(20))
                     .await;
             }
+            let n2 = node(&Db::new(Arc::new(store2)), "n2", settings()).await;
+            recorders.push(record(&log, "n2", &n2));
             eprintln!("before the cut: n1 runs {} of {JOBS} jobs", on_n1.len());
             let cut_at = Instant::now();
             for r in &relays {
@@ -193,10 +194,30 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                 n1_stops
             );
             assert_eq!(gaps.len(), on_n1.len(), "every job of n1 moved once");
+            // n1 reaches etcd again: it finds itself removed and its jobs' locks gone, so
+            // nothing it does may start a job n2 runs (the replay below checks again).
+            for r in &relays {
+                r.unblock();
+            }
+            tokio::time::sleep(Duration::from_secs(ACTIVITY_TIMEOUT_SEC + 1)).await;
+            for i in 0..JOBS {
+                pouch.put_docs(&format!("s{i}"), "c", 3).await;
+            }
+            for i in 0..JOBS {
+                pouch
+                    .wait_count(&format!("t{i}"), 9, Duration::from_secs(20))
+                    .await;
+            }
+            let (running, _) = replay(&log.lock().unwrap());
+            let total: usize = running.values().map(HashSet::len).sum();
+            assert_eq!(
+                total, JOBS,
+                "every job runs once after the heal: {running:?}"
+            );
             let c = Couch::new(&format!("http://127.0.0.1:{}", pouch.port));
             for i in 0..JOBS {
                 let leaves = c.assert_same(&format!("s{i}"), &c, &format!("t{i}")).await;
-                assert_eq!(leaves, 6);
+                assert_eq!(leaves, 9);
             }
             for r in recorders {
                 r.abort();
