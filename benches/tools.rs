@@ -8,9 +8,12 @@
 //! target (what operators verify; needs `COUCHDB_PEER_SCRIPT`, else skipped with a message)
 //! and pouchdb-server `--in-memory` ones, and prints `RESULT verify_docs_per_s_over_replicate`
 //! (CouchDB) and `RESULT verify_docs_per_s_over_replicate_pouchdb`. `BENCH_SERVERS=couchdb` or
-//! `pouchdb` runs one kind. `BENCH_WORKERS` / `BENCH_BATCH` apply to both (CouchDB's defaults
+//! `pouchdb` runs one kind. Then the whole-server part (`tools/all_dbs.rs`, CouchDB only):
+//! `RESULT all_dbs_seconds_ours_over_couchdb`. `BENCH_PARTS=verify` or `all_dbs` runs one part. `BENCH_WORKERS` / `BENCH_BATCH` apply to both (CouchDB's defaults
 //! 4 / 500).
 
+#[path = "tools/all_dbs.rs"]
+mod all_dbs;
 #[allow(dead_code)]
 #[path = "replication/data.rs"]
 mod data;
@@ -128,12 +131,21 @@ async fn measured<T>(
 
 async fn run() -> Result<(), String> {
     let kinds = std::env::var("BENCH_SERVERS").unwrap_or_else(|_| "couchdb,pouchdb".into());
-    for kind in kinds.split(',') {
-        if kind == "couchdb" && std::env::var_os("COUCHDB_PEER_SCRIPT").is_none() {
+    let parts = std::env::var("BENCH_PARTS").unwrap_or_else(|_| "verify,all_dbs".into());
+    let couch = std::env::var_os("COUCHDB_PEER_SCRIPT").is_some();
+    for kind in kinds.split(',').filter(|_| parts.contains("verify")) {
+        if kind == "couchdb" && !couch {
             println!("couchdb: skipped (set COUCHDB_PEER_SCRIPT to the CouchDB 3.4.3 peer script)");
             continue;
         }
         run_on(kind).await?;
+    }
+    if parts.contains("all_dbs") {
+        if couch {
+            all_dbs::run().await?;
+        } else {
+            println!("all_dbs: skipped (set COUCHDB_PEER_SCRIPT to the CouchDB 3.4.3 peer script)");
+        }
     }
     Ok(())
 }

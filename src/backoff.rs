@@ -7,7 +7,7 @@
 //! drawn uniformly from zero to the current delay, which keeps many retrying clients from
 //! colliding again in lockstep (the "full jitter" of AWS's backoff study, also what
 //! FoundationDB's own retry loop does). The replicator's job-level penalty (hours, persisted
-//! in the job) is a policy of its own in `replicator::backoff`.
+//! in the job) is a policy of its own in `replicator::job::error_backoff`.
 
 use std::time::Duration;
 

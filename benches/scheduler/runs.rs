@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::jobs::JobsOptions;
-use couch_replicator::replicator::job_server::JobServerMsg;
-use couch_replicator::replicator::rep_job::persistent_job_id;
-use couch_replicator::replicator::share::{ShareKey, ShareParams, share_error};
+use couch_replicator::replicator::job::view::persistent_job_id;
+use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
+use couch_replicator::replicator::scheduler::share::{ShareKey, ShareParams, share_error};
 use couch_replicator::replicator::{
     JobKind, NewJob, NodeType, Replicator, ReplicatorConfig, ReplicatorSettings,
 };

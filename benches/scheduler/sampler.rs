@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use couch_replicator::replicator::job_server::JobServerMsg;
+use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
 use couch_replicator::telemetry::{NodeMetrics, Series};
 use ractor::ActorRef;
 use serde_json::{Value, json};

@@ -12,11 +12,19 @@ pub fn env_num(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Runs `bench` on a multi-threaded runtime; `what` names it in failure messages.
+/// Runs `bench` on a multi-threaded runtime; `what` names it in failure messages. With
+/// `RUST_LOG` set, the crate's tracing goes to stderr (e.g. `couch_replicator=trace` shows
+/// every request of the replication client with its time).
 pub fn run_main<F>(what: &str, bench: F)
 where
     F: Future<Output = Result<(), String>>,
 {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

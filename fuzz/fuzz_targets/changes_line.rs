@@ -1,7 +1,7 @@
 //! Fuzzes the continuous `_changes` feed-line parser: never a panic; errors name the line.
 #![no_main]
 
-use couch_replicator::replication::changes::parse_feed_line;
+use couch_replicator::replication::changes::reader::parse_feed_line;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

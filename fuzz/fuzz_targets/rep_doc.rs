@@ -2,7 +2,7 @@
 //! must never panic; a refusal always carries a reason.
 #![no_main]
 
-use couch_replicator::replicator::rep_doc::{classify_change, parse_rep_doc};
+use couch_replicator::replicator::replicator_db::request::{classify_change, parse_rep_doc};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! Fuzzes the `POST /_replicate` body parser: never a panic; a refusal always has a reason.
 #![no_main]
 
-use couch_replicator::replicator::rep_doc::parse_replicate_body;
+use couch_replicator::replicator::replicator_db::request::parse_replicate_body;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

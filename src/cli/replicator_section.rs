@@ -11,9 +11,9 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use couch_replicator::replication::ReplicationOptions;
-use couch_replicator::replication::auth::AuthPolicy;
-use couch_replicator::replication::option_values::ranged;
-use couch_replicator::replication::tls::TlsOptions;
+use couch_replicator::replication::http::auth::AuthPolicy;
+use couch_replicator::replication::http::tls::TlsOptions;
+use couch_replicator::replication::options::values::ranged;
 use couch_replicator::replicator::{NodeType, ReplicatorSettings};
 
 use super::config_file::ConfigFile;
@@ -315,7 +315,7 @@ fn tls(cfg: &ConfigFile, notes: &mut Vec<String>) -> Result<TlsOptions, String> 
     // Fail at start, not at the first https replication, when a file is unusable.
     #[cfg(feature = "tls")]
     if t.verify || t.has_client_cert() {
-        couch_replicator::replication::tls::connector(&t)
+        couch_replicator::replication::http::tls::connector(&t)
             .map_err(|e| format!("[replicator] {e}"))?;
     }
     Ok(t)

@@ -18,14 +18,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
-use couch_replicator::replicator::doc_processor::{DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::replicator_db::doc_processor::{
+    DocProcessorConfig, ReplicatorDb,
+};
 use couch_replicator::replicator::{Frontend, NodeType, Replicator, ReplicatorConfig, ServiceFn};
 use couch_replicator::store::Db;
 
 use couch_replicator::http::auth::AuthSettings;
 use couch_replicator::http::couchdb_auth::CouchDbAuth;
 use couch_replicator::http::password::{MAX_ITERATIONS, Prf};
-use couch_replicator::replication::tls::TlsOptions;
+use couch_replicator::replication::http::tls::TlsOptions;
 
 use super::auth_couchdb;
 use super::config_file::ConfigFile;

@@ -100,7 +100,7 @@ async fn run_one(a: &VerifyArgs) -> Result<bool, String> {
 async fn run_all(a: &VerifyArgs) -> Result<bool, String> {
     let ctx = replication::Context::default();
     // The options every database shares (the name is only there to make a database URL).
-    let db = |server: &str| replication::server::db_url(server, "any");
+    let db = |server: &str| replication::endpoint::server::db_url(server, "any");
     let base = spec_for(a, &db(&a.source), &db(&a.target))?;
     let dbs = verify::all_dbs::list(&a.source, &a.include, &ctx, &base.options)
         .await
@@ -108,8 +108,8 @@ async fn run_all(a: &VerifyArgs) -> Result<bool, String> {
     let mut complete = true;
     let mut out = Vec::with_capacity(dbs.len());
     for db in &dbs {
-        let src = replication::server::db_url(&a.source, db);
-        let tgt = replication::server::db_url(&a.target, db);
+        let src = replication::endpoint::server::db_url(&a.source, db);
+        let tgt = replication::endpoint::server::db_url(&a.target, db);
         let spec = spec_for(a, &src, &tgt)?;
         let entry = match with_progress(&spec, a.deep).await {
             Ok(r) => {

@@ -14,7 +14,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::HttpResult;
 use super::mask::masked;
-use crate::replicator::server_job::{ALL_DBS_FIELD, ServerSpec, server_job_id};
+use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerSpec, server_job_id};
 
 /// Whether a `POST /_replicate` body asks for a whole-server replication.
 pub(crate) fn is_all_dbs(body: &Value) -> bool {

@@ -23,7 +23,7 @@ use super::cookie::{self, SessionSettings, SessionUsers};
 use super::couchdb_auth::{CouchDbAuth, Credential, Verdict};
 use super::error::HttpError;
 use super::password::{Prf, StoredPassword, same_bytes};
-use crate::replicator::rep_doc::UserCtx;
+use crate::replicator::replicator_db::request::UserCtx;
 
 /// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
 #[derive(Clone)]

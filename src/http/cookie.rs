@@ -15,7 +15,7 @@ use sha2::Sha256;
 
 use super::error::HttpError;
 use super::password::same_bytes;
-use crate::replicator::rep_doc::UserCtx;
+use crate::replicator::replicator_db::request::UserCtx;
 
 /// Cookie signing settings. `Debug` hides the secret.
 #[derive(Clone)]

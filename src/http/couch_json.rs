@@ -4,8 +4,8 @@
 //! state (the shape tests compare them); URLs carry no credentials, as in CouchDB.
 
 use crate::replication::ReplicationStats;
-use crate::replication::stats::{CouchStats, seq_text};
-use crate::replicator::rep_job::iso8601;
+use crate::replication::pipeline::stats::{CouchStats, seq_text};
+use crate::replicator::job::view::iso8601;
 use crate::replicator::{HistoryKind, JobView, RepState};
 use serde::Serialize;
 

@@ -20,7 +20,7 @@ use rand::RngCore as _;
 use serde::Deserialize;
 use sha2::Sha256;
 
-use crate::replicator::rep_doc::UserCtx;
+use crate::replicator::replicator_db::request::UserCtx;
 
 /// Where and how callers are checked.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use axum::http::header::WWW_AUTHENTICATE;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::replicator::rep_doc::InvalidRepDoc;
+use crate::replicator::replicator_db::request::InvalidRepDoc;
 
 /// An error reply.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::replication::endpoint::redact_str;
+use crate::replication::endpoint::database::redact_str;
 
 const SECRET_KEYS: [&str; 4] = ["password", "authorization", "cookie", "proxy-authorization"];
 

@@ -21,8 +21,8 @@ use super::error::{HttpError, HttpResult};
 use super::mask::masked;
 use crate::replication::{Context, RepId, ReplicationError, ReplicationSpec, compute_id};
 use crate::replicator::handle::failure;
-use crate::replicator::rep_doc::{ReplicateRequest, UserCtx, parse_replicate_body};
-use crate::replicator::rep_job::transient_job_id;
+use crate::replicator::job::view::transient_job_id;
+use crate::replicator::replicator_db::request::{ReplicateRequest, UserCtx, parse_replicate_body};
 use crate::replicator::{JobError, JobKind, JobView, NewJob, RepState, ReplicatorError, WaitFor};
 use std::time::Duration;
 

@@ -14,7 +14,7 @@ use super::auth::Caller;
 use super::couch_json::{SchedulerDoc, SchedulerJob};
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
-use crate::replicator::server_job::is_server_group;
+use crate::replicator::server_job::spec::is_server_group;
 use crate::replicator::{JobView, RepState};
 
 /// CouchDB's default page size of `_scheduler/jobs` and `_scheduler/docs`.

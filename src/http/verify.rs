@@ -18,7 +18,7 @@ use super::mask::masked;
 use super::replicate::json_body;
 use crate::replication::verify::{VerifyOptions, request, verify};
 use crate::replication::{Context, ReplicationError};
-use crate::replicator::rep_doc::{ReplicateRequest, parse_replicate_body};
+use crate::replicator::replicator_db::request::{ReplicateRequest, parse_replicate_body};
 
 /// `POST /_verify`: 200 with the report (`complete` says the verdict), 400 for a bad body,
 /// 404 when a database is missing, 502 when an endpoint fails otherwise.

@@ -1,7 +1,7 @@
 //! The replication error type and its classification (CouchDB's replicator error outcomes, docs/architecture.md#errors): which failures are worth
 //! retrying with backoff (transient) and which will never succeed unchanged (permanent).
 //! Messages never contain credentials: every URL in them is rendered through
-//! [`crate::replication::endpoint::Endpoint`]'s redacting display.
+//! [`crate::replication::endpoint::database::Endpoint`]'s redacting display.
 
 /// Whether retrying the replication later can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The errors the replicator handle and its actors return to callers.
 
-use super::job_record::JobError;
-use super::settings::SettingsError;
+use super::job::record::JobError;
+use super::node::settings::SettingsError;
 use crate::jobs::JobsError;
 use crate::replication::ReplicationError;
 

@@ -15,17 +15,17 @@ use supervisors::SupervisorRef;
 use crate::jobs::{Background, Jobs, JobsError, JobsOptions, Subscribed};
 use crate::store::Db;
 
-use super::collision;
-use super::context::{NodeCtx, ids};
 use super::error::{ReplicatorError, ReplicatorResult};
-use super::event_bus::{EventBusMsg, EventReceiver, subscribe};
-use super::job_record::{JobError, RepJobRecord};
-use super::job_sup::JobSupRef;
-use super::rep_job::{
+use super::job::collision;
+use super::job::record::{JobError, RepJobRecord};
+use super::job::view::{
     JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep, persistent_job_id,
     transient_job_id,
 };
-use super::settings::ReplicatorSettings;
+use super::node::context::{NodeCtx, ids};
+use super::node::event_bus::{EventBusMsg, EventReceiver, subscribe};
+use super::node::settings::ReplicatorSettings;
+use super::scheduler::job_sup::JobSupRef;
 use crate::telemetry::Series;
 
 /// How long [`Replicator::wait`] pauses before subscribing again when a subscription ended
@@ -238,7 +238,7 @@ impl Replicator {
 
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
     pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
-        let clustering = super::clustering::Clustering::from_ctx(self.ctx.clone());
+        let clustering = super::cluster::actor::Clustering::from_ctx(self.ctx.clone());
         Ok(clustering.membership.members().await?)
     }
 
@@ -346,7 +346,7 @@ impl Replicator {
             .map_err(|e| not_found(e, id))?;
         self.metrics().inc(Series::JobsRemoves);
         self.ctx
-            .publish(super::event_bus::ReplicatorEvent::Stopped {
+            .publish(super::node::event_bus::ReplicatorEvent::Stopped {
                 job_id: view.job_id.clone(),
             });
         self.wait_local_actor_gone(&view.job_id).await;
@@ -361,9 +361,11 @@ impl Replicator {
         let Some(actor) = sup.which_child(job_id) else {
             return;
         };
-        let _ = actor.send_message(super::job::JobMsg::CheckLock);
+        let _ = actor.send_message(super::job::actor::JobMsg::CheckLock);
         // Waits on this actor's own exit: a new actor for the same job id may start meanwhile.
-        let _ = actor.wait(Some(2 * super::job_sup::JOB_SHUTDOWN)).await;
+        let _ = actor
+            .wait(Some(2 * super::scheduler::job_sup::JOB_SHUTDOWN))
+            .await;
     }
 
     /// One job by job id or replication id.

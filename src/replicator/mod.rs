@@ -1,45 +1,30 @@
-//! The replicator: the `rest_for_one` actor tree reproducing `couch_replicator_sup` (docs/architecture.md, "The supervision tree"), and [`Replicator`], the handle a host embeds. The pure policy modules (AIMD
-//! intervals, job backoff, job-server rotation) are kept apart from the actors that apply
-//! them.
+//! The replicator: the `rest_for_one` actor tree reproducing `couch_replicator_sup`
+//! (docs/architecture.md, "The supervision tree"), and [`Replicator`], the handle a host
+//! embeds. One folder per concept; the pure policies (job backoff, rotation, fair share) sit
+//! beside the actors that apply them:
+//!
+//! - [`node`]: one node's tree, its start, shared context, settings and node-wide services.
+//! - [`job`]: one replication job: its record, view and id, its actor and backoff.
+//! - [`scheduler`]: the job server, its rotation and fair share, and the job supervisor.
+//! - [`cluster`]: membership of the nodes sharing one store.
+//! - [`replicator_db`]: `_replicator` documents and replication requests.
+//! - [`server_job`]: whole-server replication jobs.
+//! - [`handle`] and [`error`]: the embedding API and its errors.
 
-pub mod backoff;
-pub mod churn;
-pub mod clustering;
-pub mod collision;
-pub mod connection_pool;
-pub mod context;
-pub mod doc_processor;
-pub mod doc_writeback;
+pub mod cluster;
 pub mod error;
-pub mod event_bus;
-pub mod frontend;
 pub mod handle;
 pub mod job;
-mod job_lease;
-pub(crate) mod job_observe;
-pub mod job_record;
-mod job_runner;
-pub mod job_server;
-pub(crate) mod job_sup;
-pub mod membership;
-pub mod rate_limiter;
-pub mod rep_doc;
-pub mod rep_job;
-mod rotation;
+pub mod node;
+pub mod replicator_db;
+pub mod scheduler;
 pub mod server_job;
-mod server_worker;
-pub(crate) mod settings;
-pub mod share;
-pub mod share_plan;
-mod start;
-pub mod tree;
-pub(crate) mod validate_ddoc;
 
 pub use error::{ReplicatorError, ReplicatorResult};
-pub use event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
-pub use frontend::{Frontend, ServiceFn, ServiceFuture};
 pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
-pub use job_record::{HistoryKind, JobError, RepJobRecord};
-pub use rep_job::{JobKind, JobView, RepState};
-pub use server_job::{DbProgress, ServerJobView, ServerSpec, ServerState};
-pub use settings::{NodeType, ReplicatorSettings, SettingsError};
+pub use job::record::{HistoryKind, JobError, RepJobRecord};
+pub use job::view::{JobKind, JobView, RepState};
+pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
+pub use node::frontend::{Frontend, ServiceFn, ServiceFuture};
+pub use node::settings::{NodeType, ReplicatorSettings, SettingsError};
+pub use server_job::spec::{DbProgress, ServerJobView, ServerSpec, ServerState};

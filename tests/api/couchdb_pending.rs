@@ -22,7 +22,7 @@ use crate::support::deadline;
 use crate::support::http::{ADMIN, Node, fast_settings};
 use couch_replicator::http::HttpConfig;
 use couch_replicator::replicator::ReplicatorSettings;
-use couch_replicator::replicator::doc_processor::DocProcessor;
+use couch_replicator::replicator::replicator_db::doc_processor::DocProcessor;
 use serde_json::{Value, json};
 
 /// The database our doc processor follows: a name CouchDB does not take for a replicator

@@ -12,7 +12,9 @@ use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
 use crate::support::http::{ADMIN, Node};
 use couch_replicator::http::HttpConfig;
-use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::replicator_db::doc_processor::{
+    DocProcessor, DocProcessorConfig, ReplicatorDb,
+};
 use serde_json::{Map, Value, json};
 
 /// The type skeleton of a JSON value: objects keep their keys, arrays become the set of their

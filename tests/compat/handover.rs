@@ -7,7 +7,7 @@
 use crate::support::couch::{Couch, numbered_docs};
 use crate::support::couchdb::CouchPeer;
 use crate::support::{deadline, wait_for};
-use couch_replicator::replication::rep_id::checkpoint_ids;
+use couch_replicator::replication::id::rep_id::checkpoint_ids;
 use couch_replicator::replication::{
     Context, ReplicationSpec, ReplicationStats, compute_id, replicate, start,
 };

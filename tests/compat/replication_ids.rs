@@ -6,7 +6,7 @@
 //! made is in `tests/fixtures/README.md`).
 
 use couch_replicator::replication::ReplicationSpec;
-use couch_replicator::replication::rep_id::{base_id_on_host, replication_id};
+use couch_replicator::replication::id::rep_id::{base_id_on_host, replication_id};
 use serde_json::Value;
 
 fn fixture(name: &str) -> Value {

@@ -15,7 +15,7 @@ use crate::support::{deadline, wait_for};
 use axum::http::Method;
 use couch_replicator::replication::Aimd;
 use couch_replicator::replicator::HistoryKind;
-use couch_replicator::replicator::rate_limiter::RateLimiterMsg;
+use couch_replicator::replicator::node::limiter_actor::RateLimiterMsg;
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };

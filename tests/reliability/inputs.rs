@@ -5,8 +5,8 @@
 
 use couch_replicator::jobs::Keys;
 use couch_replicator::jobs::job_data::{JobRow, decode_activity, decode_data};
-use couch_replicator::replication::changes::parse_feed_line;
-use couch_replicator::replicator::rep_doc::{
+use couch_replicator::replication::changes::reader::parse_feed_line;
+use couch_replicator::replicator::replicator_db::request::{
     DocAction, classify_change, parse_rep_doc, parse_replicate_body,
 };
 use proptest::prelude::*;

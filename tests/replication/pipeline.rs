@@ -211,3 +211,70 @@ async fn checkpoint_never_passes_a_batch_the_target_has_not_written() {
     let last = changes["last_seq"].as_u64().unwrap();
     assert_eq!(checkpointed_seq(&c, &p).await, Some(last));
 }
+
+/// The continuous feed requests (`style=` marks a job's own; the shared watch sends none).
+fn own_feeds(p: &FaultProxy) -> usize {
+    p.requests_to("_changes?feed=continuous&style=").len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_job_streams_its_own_feed_while_its_source_is_busy() {
+    use couch_replicator::replication::http::transport::Transports;
+    let (_a, c, p) = behind_proxy(0, 0).await;
+    let ctx = Context {
+        transports: Some(std::sync::Arc::new(Transports::new(
+            Duration::from_secs(30),
+            4,
+            8,
+        ))),
+        ..Context::default()
+    };
+    let mut s = spec_between(&p.db_url("src"), &p.db_url("tgt"));
+    s.options.continuous = true;
+    let job = start(s, ctx);
+    let arrived = |n: u64| {
+        let c = c.clone();
+        async move {
+            let (_, info) = c.db_info("tgt").await;
+            (info["doc_count"].as_u64() == Some(n)).then_some(())
+        }
+    };
+    // Quiet: writes a second and a half apart are read through the watch, one read each.
+    for i in 0..2u64 {
+        c.put_doc("src", &format!("quiet{i}"), &json!({})).await;
+        wait_for(20, "a quiet write copied", || arrived(i + 1)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert_eq!(
+        own_feeds(&p),
+        0,
+        "a quiet source gets no feed of the job's own"
+    );
+    // Busy: a write every 50 ms for 1.5 s.
+    for i in 0..30u64 {
+        c.put_doc("src", &format!("busy{i:02}"), &json!({"n": i}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for(20, "every busy write copied", || arrived(32)).await;
+    assert_eq!(
+        own_feeds(&p),
+        1,
+        "a busy source gets one feed of the job's own"
+    );
+    // The feed closes once the source is quiet again: the next write is read through the
+    // watch (a normal read), not carried by a feed still open.
+    let reads = || p.requests_to("_changes?feed=normal").len();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let before = reads();
+    c.put_doc("src", "after", &json!({})).await;
+    wait_for(20, "a write after the busy spell copied", || arrived(33)).await;
+    assert!(
+        reads() > before,
+        "the write after the busy spell was read through the watch"
+    );
+    assert_eq!(own_feeds(&p), 1, "no new feed for a single write");
+    job.stop();
+    let stats = deadline(20, "the job stops", job.wait()).await.unwrap();
+    assert_eq!(stats.docs_written, 33, "{stats:?}");
+}

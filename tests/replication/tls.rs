@@ -11,7 +11,7 @@ use crate::support::couch::{Couch, numbered_docs};
 use crate::support::deadline;
 use crate::support::server::PouchServer;
 use crate::support::tls::{CLIENT_KEY_PASSWORD, TestPki, TlsProxy};
-use couch_replicator::replication::tls::TlsOptions;
+use couch_replicator::replication::http::tls::TlsOptions;
 use couch_replicator::replication::{Context, Endpoint, ReplicationSpec, replicate};
 use serde_json::{Value, json};
 

@@ -9,13 +9,13 @@ use std::time::Duration;
 use crate::support::replicator::*;
 use couch_replicator::replication::RateInterval;
 use couch_replicator::replication::RateLimiter;
-use couch_replicator::replicator::clustering::ClusterMsg;
-use couch_replicator::replicator::connection_pool::{ConnectionPool, Lease, PoolMsg};
-use couch_replicator::replicator::event_bus::{
+use couch_replicator::replicator::cluster::actor::ClusterMsg;
+use couch_replicator::replicator::node::connection_pool::{ConnectionPool, Lease, PoolMsg};
+use couch_replicator::replicator::node::event_bus::{
     ClusterStatus, EventBus, EventBusMsg, ReplicatorEvent, subscribe,
 };
-use couch_replicator::replicator::job_server::JobServerMsg;
-use couch_replicator::replicator::rate_limiter::{RateLimiterMsg, RateLimiterServer};
+use couch_replicator::replicator::node::limiter_actor::{RateLimiterMsg, RateLimiterServer};
+use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
 use couch_replicator::replicator::{NewJob, NodeType, ReplicatorSettings};
 use ractor::{ActorRef, call};
 use supervisors::{BoxError, Server, observe};

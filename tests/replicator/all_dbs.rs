@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::replicator_db::doc_processor::{
+    DocProcessor, DocProcessorConfig, ReplicatorDb,
+};
 use couch_replicator::replicator::{Replicator, ServerJobView, ServerState};
 use serde_json::{Value, json};
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::support::http::{Node, Pouch};
 use couch_replicator::replication::Endpoint;
-use couch_replicator::replication::client::{ClientConfig, HttpClient};
-use couch_replicator::replication::stats::CouchStats;
-use couch_replicator::replicator::doc_processor::{
+use couch_replicator::replication::http::client::{ClientConfig, HttpClient};
+use couch_replicator::replication::pipeline::stats::CouchStats;
+use couch_replicator::replicator::replicator_db::doc_processor::{
     DocProcessor, DocProcessorConfig, DocStats, ReplicatorDb, Terminal, write_state,
 };
 use couch_replicator::replicator::{RepState, Replicator};

@@ -7,7 +7,9 @@ use crate::support::couch::Couch;
 use crate::support::deadline;
 use crate::support::http::{Node, Pouch};
 use crate::support::verify as fixture;
-use couch_replicator::replicator::doc_processor::{DocProcessor, DocProcessorConfig, ReplicatorDb};
+use couch_replicator::replicator::replicator_db::doc_processor::{
+    DocProcessor, DocProcessorConfig, ReplicatorDb,
+};
 use serde_json::json;
 use std::time::Duration;
 

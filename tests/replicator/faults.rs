@@ -6,8 +6,8 @@ use crate::support::deadline;
 use std::time::Duration;
 
 use crate::support::replicator::*;
-use couch_replicator::replicator::job::JobMsg;
-use couch_replicator::replicator::rep_job::REP_JOBS;
+use couch_replicator::replicator::job::actor::JobMsg;
+use couch_replicator::replicator::job::view::REP_JOBS;
 use couch_replicator::replicator::{HistoryKind, JobError};
 use couch_replicator::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,

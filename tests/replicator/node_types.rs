@@ -12,8 +12,10 @@ use std::time::Duration;
 use crate::support::replicator::{Pouch, Store, jobs_config, test_settings};
 use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
 use couch_replicator::jobs::{JobsOptions, TokioClock};
-use couch_replicator::replicator::doc_processor::{DocProcessorConfig, ReplicatorDb};
-use couch_replicator::replicator::frontend::ServiceMsg;
+use couch_replicator::replicator::node::frontend::ServiceMsg;
+use couch_replicator::replicator::replicator_db::doc_processor::{
+    DocProcessorConfig, ReplicatorDb,
+};
 use couch_replicator::replicator::{
     Frontend, JobKind, NewJob, NodeType, RepState, Replicator, ReplicatorConfig, ServiceFn,
 };

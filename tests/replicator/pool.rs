@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::support::replicator::*;
 use crate::support::tcp_count::TcpCounter;
 use crate::support::{deadline, wait_for};
-use couch_replicator::replicator::connection_pool::PoolMsg;
+use couch_replicator::replicator::node::connection_pool::PoolMsg;
 use couch_replicator::replicator::{NewJob, ReplicatorSettings, WaitFor};
 use supervisors::observe;
 

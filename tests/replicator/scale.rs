@@ -69,7 +69,9 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
         let started = Instant::now();
         let server = n
             .tree()
-            .which_child::<couch_replicator::replicator::job_server::JobServerMsg>("job_server")
+            .which_child::<couch_replicator::replicator::scheduler::job_server::JobServerMsg>(
+                "job_server",
+            )
             .unwrap();
         let reporter = tokio::spawn(async move {
             loop {

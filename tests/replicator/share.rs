@@ -2,7 +2,7 @@
 //! many continuous jobs each, two slots. Rotation stops the over-served database's jobs first
 //! and lets them back later, so the 900-share database gets most of the running time. (The
 //! exact convergence to the configured ratio is unit-tested on controlled time in
-//! `src/replicator/share_tests.rs`; here couch_jobs' random pick among eligible jobs adds
+//! `src/replicator/scheduler/share_tests.rs`; here couch_jobs' random pick among eligible jobs adds
 //! noise, so the test checks the direction with a wide margin.)
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::support::deadline;
 use crate::support::replicator::*;
-use couch_replicator::replicator::job_server::JobServerMsg;
-use couch_replicator::replicator::share::ShareKey;
+use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
+use couch_replicator::replicator::scheduler::share::ShareKey;
 use couch_replicator::replicator::{NewJob, ReplicatorSettings};
 use supervisors::observe;
 

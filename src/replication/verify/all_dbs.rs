@@ -1,10 +1,10 @@
 //! `verify --all-dbs`: the databases of a source server to check (its `_all_dbs`, read by
-//! [`crate::replication::server`]), system databases (names starting with `_`) left out
+//! [`crate::replication::endpoint::server`]), system databases (names starting with `_`) left out
 //! unless asked for by name.
 
 use crate::replication::error::Result;
-use crate::replication::pipeline::Context;
-use crate::replication::{ReplicationOptions, server};
+use crate::replication::pipeline::run::Context;
+use crate::replication::{ReplicationOptions, endpoint::server};
 
 /// The source server's databases to verify: every one from `_all_dbs` except system
 /// databases, plus the system databases named in `include` that exist.

@@ -13,12 +13,12 @@ use tokio::task::JoinSet;
 
 use super::deep;
 use super::report::{FIRST_IDS, MissingDoc, Progress, Tally, VerifyReport};
-use crate::replication::changes::{Batch, ChangesReader};
-use crate::replication::client::HttpClient;
+use crate::replication::changes::reader::{Batch, ChangesReader};
 use crate::replication::error::{ReplicationError, Result};
-use crate::replication::pipeline::{Context, clients, open_db};
-use crate::replication::revs_diff::revs_diff;
-use crate::replication::stats::Counters;
+use crate::replication::http::client::HttpClient;
+use crate::replication::pipeline::revs_diff::revs_diff;
+use crate::replication::pipeline::run::{Context, clients, open_db};
+use crate::replication::pipeline::stats::Counters;
 use crate::replication::{Filter, ReplicationSpec};
 
 /// How a verification runs.

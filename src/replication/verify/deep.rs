@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::report::DifferentLeaf;
-use crate::replication::client::{HttpClient, Req};
 use crate::replication::error::{ReplicationError, Result};
+use crate::replication::http::client::{HttpClient, Req};
 
 /// What a `_bulk_get` answered for one revision: its body, or the error it gave.
 type Leaf = std::result::Result<Map<String, Value>, String>;

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use super::check::{VerifyOptions, verify};
-use crate::replication::pipeline::Context;
+use crate::replication::pipeline::run::Context;
 use crate::replication::{ReplicationError, ReplicationSpec};
 
 /// What `fields["verify"]` asks for; `Err` names what is wrong with it.

@@ -1,0 +1,271 @@
+//! Endpoint authentication (CouchDB's couch_replicator_httpc.erl `auth_plugins`): a `_session` cookie when the server
+//! grants one, refreshed on 401/403 or after `session_refresh_interval_sec`, else HTTP basic.
+//! Takes the endpoint's credentials; gives the header to put on each request.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use tokio::sync::Mutex;
+
+use super::session_cache::{SessionCache, Slot, Verdict};
+use crate::replication::endpoint::database::{Credentials, Endpoint};
+
+/// How endpoints authenticate (`[replicator] auth_plugins`, `session_refresh_interval_sec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AuthPolicy {
+    /// Try a `_session` cookie first (`couch_replicator_auth_session` listed); else Basic only.
+    pub session: bool,
+    /// Refresh a cookie after this long (CouchDB: 550 s).
+    pub refresh: Duration,
+}
+
+impl Default for AuthPolicy {
+    fn default() -> Self {
+        Self {
+            session: true,
+            refresh: Duration::from_secs(550),
+        }
+    }
+}
+/// Do not refresh again within this window after a refresh.
+const MIN_REFRESH_GAP: Duration = Duration::from_secs(5);
+
+enum Mode {
+    /// Not decided yet: try `_session` first.
+    Unknown,
+    Basic,
+    Session {
+        cookie: String,
+        at: Instant,
+    },
+}
+
+/// Per-endpoint authentication state. `Debug` shows only the mode, never the secrets.
+pub(crate) struct Auth {
+    creds: Option<Credentials>,
+    basic: Option<String>,
+    root: String,
+    refresh: Duration,
+    mode: Mutex<Mode>,
+    /// The node's shared verdict for these credentials, if the client is on shared transports.
+    shared: Option<Slot>,
+    /// The last login was answered 401 (see [`Auth::login_refused`]).
+    refused: AtomicBool,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.mode.try_lock().as_deref() {
+            Ok(Mode::Unknown) => "unknown",
+            Ok(Mode::Basic) => "basic",
+            Ok(Mode::Session { .. }) => "session",
+            Err(_) => "busy",
+        };
+        f.debug_struct("Auth")
+            .field("user", &self.creds.as_ref().map(|c| c.username.as_str()))
+            .field("mode", &mode)
+            .finish()
+    }
+}
+
+impl Auth {
+    /// Authentication for an endpoint under `policy`.
+    pub(crate) fn with_policy(ep: &Endpoint, policy: AuthPolicy) -> Self {
+        let basic = ep.credentials.as_ref().map(|c| {
+            let raw = format!("{}:{}", c.username, c.password);
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(raw)
+            )
+        });
+        Self {
+            creds: ep.credentials.clone(),
+            basic,
+            root: ep.server_root(),
+            refresh: policy.refresh,
+            mode: Mutex::new(if policy.session {
+                Mode::Unknown
+            } else {
+                Mode::Basic
+            }),
+            shared: None,
+            refused: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the server refused these credentials at `_session`: an endpoint's 401 is then
+    /// CouchDB's `replication_auth_error`, not a database the user may not open.
+    pub(crate) fn login_refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Shares logins with every other client of the same server and credentials through
+    /// `cache`: a fresh cookie (or "no sessions here") found there is used without a login.
+    pub fn share_through(&mut self, cache: &SessionCache) {
+        if let Some(creds) = &self.creds {
+            self.shared = Some(cache.slot(&self.root, creds));
+        }
+    }
+
+    /// The header to send, obtaining or refreshing a session cookie when due.
+    pub async fn header(&self, http: &reqwest::Client) -> Option<(&'static str, String)> {
+        let creds = self.creds.as_ref()?;
+        let mut mode = self.mode.lock().await;
+        let due = match &*mode {
+            Mode::Unknown => true,
+            Mode::Session { at, .. } => at.elapsed() > self.refresh,
+            Mode::Basic => false,
+        };
+        if due {
+            *mode = self.obtain(http, creds).await;
+        }
+        match &*mode {
+            Mode::Session { cookie, .. } => Some(("cookie", cookie.clone())),
+            _ => self.basic.clone().map(|b| ("authorization", b)),
+        }
+    }
+
+    /// Called on 401/403: refresh the cookie unless it was just refreshed. Returns true when
+    /// a retry with a new cookie makes sense.
+    pub(crate) async fn on_rejected(&self, http: &reqwest::Client) -> bool {
+        let Some(creds) = self.creds.as_ref() else {
+            return false;
+        };
+        let mut mode = self.mode.lock().await;
+        let Mode::Session { cookie: used, at } = &*mode else {
+            return false;
+        };
+        let Some(slot) = &self.shared else {
+            if at.elapsed() <= MIN_REFRESH_GAP {
+                return false;
+            }
+            *mode = self.login(http, creds).await;
+            return matches!(*mode, Mode::Session { .. });
+        };
+        let mut shared = slot.lock().await;
+        // Another client may already have replaced the cookie that was just refused.
+        if let Some(Verdict::Session { cookie, at }) = &*shared
+            && cookie != used
+        {
+            *mode = Mode::Session {
+                cookie: cookie.clone(),
+                at: *at,
+            };
+            return true;
+        }
+        if at.elapsed() <= MIN_REFRESH_GAP {
+            return false;
+        }
+        *mode = self.login(http, creds).await;
+        *shared = Some(self.verdict_of(&mode));
+        matches!(*mode, Mode::Session { .. })
+    }
+
+    /// A login, or the shared verdict when a fresh one exists (then no request is made).
+    async fn obtain(&self, http: &reqwest::Client, creds: &Credentials) -> Mode {
+        let Some(slot) = &self.shared else {
+            return self.login(http, creds).await;
+        };
+        let mut shared = slot.lock().await;
+        match &*shared {
+            Some(Verdict::Session { cookie, at }) if at.elapsed() <= self.refresh => {
+                return Mode::Session {
+                    cookie: cookie.clone(),
+                    at: *at,
+                };
+            }
+            Some(Verdict::Basic { at, refused }) if at.elapsed() <= self.refresh => {
+                self.refused.store(*refused, Ordering::Relaxed);
+                return Mode::Basic;
+            }
+            _ => {}
+        }
+        let mode = self.login(http, creds).await;
+        *shared = Some(self.verdict_of(&mode));
+        mode
+    }
+
+    async fn login(&self, http: &reqwest::Client, creds: &Credentials) -> Mode {
+        let body = serde_json::json!({"name": creds.username, "password": creds.password});
+        let resp = http
+            .post(format!("{}_session", self.root))
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .body(body.to_string())
+            .send()
+            .await;
+        let refused = resp
+            .as_ref()
+            .is_ok_and(|r| r.status() == reqwest::StatusCode::UNAUTHORIZED);
+        self.refused.store(refused, Ordering::Relaxed);
+        let cookie = resp.ok().filter(|r| r.status().is_success()).and_then(|r| {
+            r.headers()
+                .get_all("set-cookie")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find(|v| v.starts_with("AuthSession="))
+                .and_then(|v| v.split(';').next())
+                .map(str::to_owned)
+        });
+        match cookie {
+            Some(cookie) => Mode::Session {
+                cookie,
+                at: Instant::now(),
+            },
+            None => Mode::Basic,
+        }
+    }
+}
+
+impl Auth {
+    /// What to share of a login's outcome.
+    fn verdict_of(&self, mode: &Mode) -> Verdict {
+        match mode {
+            Mode::Session { cookie, at } => Verdict::Session {
+                cookie: cookie.clone(),
+                at: *at,
+            },
+            Mode::Unknown | Mode::Basic => Verdict::Basic {
+                at: Instant::now(),
+                refused: self.login_refused(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let ep = Endpoint::parse("http://bob:pa55word@127.0.0.1:5984/db").unwrap();
+        let a = Auth::with_policy(&ep, AuthPolicy::default());
+        let shown = format!("{a:?}");
+        assert!(shown.contains("bob"), "{shown}");
+        assert!(
+            !shown.contains("pa55word") && !shown.contains("Basic"),
+            "{shown}"
+        );
+    }
+
+    #[tokio::test]
+    async fn basic_only_policy_never_asks_for_a_session() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let ep = Endpoint::parse(&format!("http://bob:pw@127.0.0.1:{port}/db")).unwrap();
+        let policy = AuthPolicy {
+            session: false,
+            ..AuthPolicy::default()
+        };
+        let a = Auth::with_policy(&ep, policy);
+        let (k, v) = a.header(&reqwest::Client::new()).await.unwrap();
+        assert_eq!(k, "authorization");
+        assert!(v.starts_with("Basic "));
+        // A session login would have connected (and waited for an answer) before `header`
+        // returned; the wait only bounds the check that nothing did.
+        let accepted = tokio::time::timeout(Duration::from_millis(200), l.accept()).await;
+        assert!(accepted.is_err(), "a connection was made");
+    }
+}

@@ -1,0 +1,579 @@
+//! The HTTP client of one endpoint (CouchDB's couch_replicator_httpc.erl): pooled reqwest client with gzip and an
+//! inactivity timeout of `connection_timeout`, at most `http_connections` requests in flight,
+//! retries with doubling sleeps (250 ms, 500 ms, ...) for connection errors, timeouts, 408 and
+//! 5xx up to `retries_per_request` (bounded by 60 s since the first failure), and 429 handled
+//! through the [`RateLimiter`] hook without consuming retries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::{Method, StatusCode};
+use tokio::sync::Semaphore;
+
+use crate::backoff::Backoff;
+
+use super::auth::{Auth, AuthPolicy};
+use super::coalesce::Coalescer;
+pub use super::response::Resp;
+use super::tls::TlsOptions;
+use super::transport::{TransportKey, Transports};
+use crate::replication::changes::watch::Watches;
+use crate::replication::endpoint::database::Endpoint;
+use crate::replication::error::{ReplicationError, Result};
+use crate::replication::rate_limit::limiter::{RateKey, RateLimiter};
+use crate::telemetry::{NodeMetrics, Series};
+
+/// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
+/// scratch (system roots, providers): ~150 ms of CPU per client, and jobs build clients at
+/// every start, so a node rotating many jobs spent its time there. `None` if it cannot be
+/// built (each client then sets up its own and reports the error).
+#[cfg(feature = "tls")]
+fn shared_tls() -> Option<native_tls::TlsConnector> {
+    static TLS: std::sync::OnceLock<Option<native_tls::TlsConnector>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| native_tls::TlsConnector::new().ok())
+        .clone()
+}
+
+/// First retry sleep.
+const FIRST_WAIT: Duration = Duration::from_millis(250);
+/// Give up retrying once the first failure is older than this (`health_threshold / 2`).
+const RETRY_WINDOW: Duration = Duration::from_secs(60);
+
+/// Client settings taken from the replication options.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Inactivity timeout per read.
+    pub connection_timeout: Duration,
+    /// Overall request timeout.
+    pub request_timeout: Option<Duration>,
+    /// Retries for retryable failures.
+    pub retries_per_request: u32,
+    /// Concurrent requests.
+    pub http_connections: usize,
+    /// Optional proxy URL.
+    pub proxy: Option<String>,
+    /// TCP_NODELAY.
+    pub tcp_nodelay: bool,
+    /// Where requests, responses and connections are counted.
+    pub metrics: Arc<NodeMetrics>,
+    /// TLS settings for an `https` endpoint.
+    pub tls: TlsOptions,
+    /// Session cookie or Basic.
+    pub auth: AuthPolicy,
+}
+
+/// A request to send: relative path (with query), optional body.
+#[derive(Debug, Clone)]
+pub struct Req {
+    /// HTTP method.
+    pub method: Method,
+    /// Path under the database, already encoded, with query string.
+    pub path: String,
+    /// Body (cheap to clone for retries).
+    pub body: Option<Bytes>,
+    /// Content-Type of the body.
+    pub content_type: std::borrow::Cow<'static, str>,
+    /// Accept header.
+    pub accept: &'static str,
+    /// Extra headers.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Req {
+    /// A GET of `path`.
+    pub fn get(path: impl Into<String>) -> Self {
+        Self::new(Method::GET, path, None)
+    }
+
+    /// A request with a JSON body.
+    pub fn json(method: Method, path: impl Into<String>, body: impl Into<Bytes>) -> Self {
+        Self::new(method, path, Some(body.into()))
+    }
+
+    fn new(method: Method, path: impl Into<String>, body: Option<Bytes>) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            body,
+            content_type: "application/json".into(),
+            accept: "application/json",
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// HTTP access to one endpoint.
+pub struct HttpClient {
+    http: Arc<reqwest::Client>,
+    /// The endpoint's bound on buffered requests across jobs (shared clients only).
+    gate: Option<Arc<Semaphore>>,
+    /// The identical reads in flight across jobs (shared clients only).
+    reads: Option<Arc<Coalescer<Resp>>>,
+    /// The databases watched across jobs (shared clients only).
+    watches: Option<Arc<Watches>>,
+    ep: Endpoint,
+    auth: Auth,
+    limiter: Arc<dyn RateLimiter>,
+    cfg: ClientConfig,
+    slots: Semaphore,
+    /// 429s, timeouts, 408/5xx and connection failures so far: the pipeline's window
+    /// shrinks when this moves.
+    congestion: AtomicU64,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HttpClient({})", self.ep)
+    }
+}
+
+impl Drop for HttpClient {
+    fn drop(&mut self) {
+        self.cfg.metrics.inc(Series::ConnectionCloses);
+    }
+}
+
+impl HttpClient {
+    /// Builds the client for an endpoint with its own connection pool.
+    pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
+        let builder = reqwest::Client::builder().pool_max_idle_per_host(cfg.http_connections);
+        let http = Arc::new(build_http(&ep, &cfg, builder)?);
+        Ok(Self::assemble(http, None, ep, cfg, limiter))
+    }
+
+    /// Builds the client for an endpoint on the shared client of its transport key (see
+    /// [`Transports`]): its sockets are shared with every other client of that key, and
+    /// `http_connections` only bounds this client's own requests in flight.
+    pub fn shared(
+        ep: Endpoint,
+        cfg: ClientConfig,
+        limiter: Arc<dyn RateLimiter>,
+        transports: &Transports,
+    ) -> Result<Self> {
+        let shared = transports.client(transport_key(&ep, &cfg), |b| build_http(&ep, &cfg, b))?;
+        let mut c = Self::assemble(shared.http, Some(shared.gate), ep, cfg, limiter);
+        c.reads = Some(shared.reads);
+        c.watches = Some(shared.watches);
+        c.auth.share_through(transports.sessions());
+        Ok(c)
+    }
+
+    fn assemble(
+        http: Arc<reqwest::Client>,
+        gate: Option<Arc<Semaphore>>,
+        ep: Endpoint,
+        cfg: ClientConfig,
+        limiter: Arc<dyn RateLimiter>,
+    ) -> Self {
+        let auth = Auth::with_policy(&ep, cfg.auth);
+        let slots = Semaphore::new(cfg.http_connections.max(1));
+        cfg.metrics.inc(Series::ConnectionCreates);
+        Self {
+            http,
+            gate,
+            reads: None,
+            watches: None,
+            ep,
+            auth,
+            limiter,
+            cfg,
+            slots,
+            congestion: AtomicU64::new(0),
+        }
+    }
+
+    /// How many 429s, timeouts, 408/5xx answers and connection failures this client met.
+    pub(crate) fn congestion(&self) -> u64 {
+        self.congestion.load(Ordering::Relaxed)
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// The error for a 401 from this endpoint: the server refused the credentials at
+    /// `_session` (CouchDB's `replication_auth_error`), or the user may not open the database
+    /// (CouchDB's reason, with the URL as CouchDB shows it: no credentials).
+    pub fn unauthorized(&self) -> ReplicationError {
+        let user = self.ep.credentials.as_ref().map(|c| c.username.as_str());
+        match user {
+            Some(user) if self.auth.login_refused() => ReplicationError::AuthFailed(format!(
+                "{}_session refused the credentials of user {user} for {}",
+                self.ep.server_root(),
+                self.ep.couch_url()
+            )),
+            _ => ReplicationError::Unauthorized(self.ep.couch_url()),
+        }
+    }
+
+    /// The error for a 403 from this endpoint (its URL as CouchDB shows it: no credentials).
+    pub fn forbidden(&self) -> ReplicationError {
+        ReplicationError::Forbidden(self.ep.couch_url())
+    }
+
+    /// The table of shared change watches, on a shared client (see [`crate::replication::changes::watch`]).
+    pub fn watches(&self) -> Option<&Arc<Watches>> {
+        self.watches.as_ref()
+    }
+
+    /// `GET path` like [`HttpClient::send`], but jobs of the same shared transport that read
+    /// the same path with the same credentials at the same time share one request (see
+    /// [`super::coalesce`]): for start-up reads such as the database info.
+    pub async fn read_shared(&self, path: &str) -> Result<Arc<Resp>> {
+        let Some(reads) = &self.reads else {
+            return self.send(&Req::get(path)).await.map(Arc::new);
+        };
+        let req = Req::get(path);
+        reads.read(&self.ep, path, || self.send(&req)).await
+    }
+
+    /// Sends a request and reads the whole body, retrying as D.6 says. Returns any status the
+    /// retry rules do not consume (2xx, 3xx, 4xx other than 408/429).
+    pub async fn send(&self, req: &Req) -> Result<Resp> {
+        match self.run(req, true).await? {
+            Outcome::Full(r) => Ok(r),
+            Outcome::Stream(_) => Err(ReplicationError::BadResponse(
+                "unexpected streamed response".into(),
+            )),
+        }
+    }
+
+    /// Sends a request and returns the response once its headers arrived (the body is read
+    /// by the caller, e.g. a streamed `_changes` feed). Retries only up to the headers.
+    pub(crate) async fn send_streaming(&self, req: &Req) -> Result<reqwest::Response> {
+        match self.run(req, false).await? {
+            Outcome::Stream(r) => Ok(r),
+            Outcome::Full(_) => Err(ReplicationError::BadResponse(
+                "unexpected buffered response".into(),
+            )),
+        }
+    }
+
+    async fn run(&self, req: &Req, buffer: bool) -> Result<Outcome> {
+        let key = RateKey::new(self.ep.url(), req.method.as_str());
+        let mut attempt: u32 = 0;
+        let mut wait = Backoff::new(FIRST_WAIT, Duration::from_secs(300));
+        let mut first_failure: Option<Instant> = None;
+        let mut reauthed = false;
+        let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
+        loop {
+            let pause = self.limiter.interval(&key);
+            if pause >= self.limiter.max_interval() {
+                return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
+            }
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            let result = {
+                let _slot = self
+                    .slots
+                    .acquire()
+                    .await
+                    .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+                // A streamed response (a continuous feed) may stay open for hours: only
+                // buffered requests pass the endpoint's gate.
+                let _gate = if buffer {
+                    self.pass_gate().await?
+                } else {
+                    None
+                };
+                self.cfg.metrics.inc(Series::Requests);
+                let sent = Instant::now();
+                let out = self.attempt(req, buffer).await;
+                // Round trips decide a replication over a long link: this is where to see them.
+                tracing::trace!(%what, status = ?out.as_ref().map(Outcome::status).ok(),
+                    ms = sent.elapsed().as_secs_f64() * 1e3, "request");
+                out
+            };
+            self.count_response(result.as_ref().map(Outcome::status).ok(), buffer);
+            let retry_reason = match result {
+                Ok(out) => {
+                    let status = out.status();
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        self.congestion.fetch_add(1, Ordering::Relaxed);
+                        let next = self.limiter.failure(&key);
+                        if next >= self.limiter.max_interval() {
+                            return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
+                        }
+                        tracing::debug!(%what, interval_ms = next.as_millis() as u64, "429, backing off");
+                        continue;
+                    }
+                    self.limiter.success(&key);
+                    if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
+                        && !reauthed
+                    {
+                        reauthed = true;
+                        if self.auth.on_rejected(&self.http).await {
+                            continue;
+                        }
+                    }
+                    if status == StatusCode::REQUEST_TIMEOUT || status.is_server_error() {
+                        format!("HTTP {status}")
+                    } else {
+                        return Ok(out);
+                    }
+                }
+                Err(e) => e,
+            };
+            self.congestion.fetch_add(1, Ordering::Relaxed);
+            let first = *first_failure.get_or_insert_with(Instant::now);
+            if attempt >= self.cfg.retries_per_request || first.elapsed() > RETRY_WINDOW {
+                return Err(ReplicationError::HttpRequestFailed(format!(
+                    "{what}: {retry_reason}"
+                )));
+            }
+            attempt += 1;
+            NodeMetrics::add(&self.cfg.metrics.request_retries, 1);
+            tracing::debug!(%what, attempt, reason = %retry_reason, "retrying request");
+            wait.wait().await;
+        }
+    }
+
+    /// One try. Err(text) = retryable transport failure.
+    /// Sends `req` once with a streamed body (which cannot be replayed, hence no retries):
+    /// the caller falls back to a buffered, retried path when this fails.
+    pub(crate) async fn send_once(&self, req: &Req, body: reqwest::Body) -> Result<Resp> {
+        let key = RateKey::new(self.ep.url(), req.method.as_str());
+        let pause = self.limiter.interval(&key);
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
+        let _gate = self.pass_gate().await?;
+        let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
+        let failed = |e: String| ReplicationError::HttpRequestFailed(format!("{what}: {e}"));
+        let rb = self
+            .builder(req)
+            .await
+            .header("content-type", req.content_type.as_ref())
+            .body(body);
+        self.cfg.metrics.inc(Series::Requests);
+        let resp = rb.send().await;
+        self.count_response(resp.as_ref().map(reqwest::Response::status).ok(), true);
+        let resp = resp.map_err(|e| failed(describe(&e)))?;
+        let status = resp.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            self.congestion.fetch_add(1, Ordering::Relaxed);
+            self.limiter.failure(&key);
+        } else {
+            self.limiter.success(&key);
+        }
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| failed(describe(&e)))?;
+        Ok(Resp {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// Waits for a permit of the endpoint's gate (none on a private client).
+    async fn pass_gate(&self) -> Result<Option<tokio::sync::SemaphorePermit<'_>>> {
+        match &self.gate {
+            None => Ok(None),
+            Some(g) => g
+                .acquire()
+                .await
+                .map(Some)
+                .map_err(|_| ReplicationError::WorkerDied("endpoint gate closed".into())),
+        }
+    }
+
+    /// Counts one response as CouchDB does: 429 belongs to the rate limiter, 408 and 5xx
+    /// are failures, any other status a success; a transport error (`None`) is a connection
+    /// failure, and for a streamed request also a failed streaming response.
+    fn count_response(&self, status: Option<StatusCode>, buffered: bool) {
+        let m = &self.cfg.metrics;
+        let (ok, failed) = if buffered {
+            (Series::ResponsesSuccess, Series::ResponsesFailure)
+        } else {
+            (
+                Series::StreamResponsesSuccess,
+                Series::StreamResponsesFailure,
+            )
+        };
+        match status {
+            Some(StatusCode::TOO_MANY_REQUESTS) => {}
+            Some(s) if s == StatusCode::REQUEST_TIMEOUT || s.is_server_error() => m.inc(failed),
+            Some(_) => m.inc(ok),
+            None => {
+                m.inc(Series::ConnectionWorkerCrashes);
+                if !buffered {
+                    m.inc(failed);
+                }
+            }
+        }
+    }
+
+    /// The request with the endpoint's headers, credentials and timeout, without a body.
+    async fn builder(&self, req: &Req) -> reqwest::RequestBuilder {
+        let mut rb = self
+            .http
+            .request(req.method.clone(), self.ep.join(&req.path))
+            .header("accept", req.accept);
+        for (k, v) in &self.ep.headers {
+            rb = rb.header(k.as_str(), v.as_str());
+        }
+        for (k, v) in &req.headers {
+            rb = rb.header(*k, v.as_str());
+        }
+        if let Some((k, v)) = self.auth.header(&self.http).await {
+            rb = rb.header(k, v);
+        }
+        if let Some(t) = self.cfg.request_timeout {
+            rb = rb.timeout(t);
+        }
+        rb
+    }
+
+    async fn attempt(&self, req: &Req, buffer: bool) -> Result<Outcome, String> {
+        let mut rb = self.builder(req).await;
+        if let Some(body) = &req.body {
+            rb = rb
+                .header("content-type", req.content_type.as_ref())
+                .body(body.clone());
+        }
+        let resp = rb.send().await.map_err(|e| describe(&e))?;
+        if !buffer {
+            return Ok(Outcome::Stream(resp));
+        }
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| describe(&e))?;
+        Ok(Outcome::Full(Resp {
+            status,
+            headers,
+            body,
+        }))
+    }
+}
+
+/// The reqwest client of an endpoint: everything but the pool sizing, which `b` carries.
+fn build_http(
+    ep: &Endpoint,
+    cfg: &ClientConfig,
+    b: reqwest::ClientBuilder,
+) -> Result<reqwest::Client> {
+    let mut b = b
+        .gzip(!is_loopback(ep))
+        .read_timeout(cfg.connection_timeout)
+        .connect_timeout(cfg.connection_timeout)
+        .tcp_nodelay(cfg.tcp_nodelay)
+        .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
+    #[cfg(feature = "tls")]
+    if ep.parsed_url().scheme() == "https" {
+        let tls = super::tls::connector(&cfg.tls)
+            .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: {e}")))?;
+        b = b.tls_backend_preconfigured(tls);
+    } else if let Some(tls) = shared_tls() {
+        // Only an https proxy uses it.
+        b = b.tls_backend_preconfigured(tls);
+    }
+    b = match &cfg.proxy {
+        Some(p) => b.proxy(
+            reqwest::Proxy::all(p)
+                .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
+        ),
+        None => b.no_proxy(),
+    };
+    b.build().map_err(|e| {
+        ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
+    })
+}
+
+/// Everything [`build_http`] reads: clients with equal keys are interchangeable.
+fn transport_key(ep: &Endpoint, cfg: &ClientConfig) -> TransportKey {
+    let url = ep.parsed_url();
+    TransportKey {
+        scheme: url.scheme().to_owned(),
+        host: url.host_str().unwrap_or("").to_owned(),
+        port: url.port_or_known_default().unwrap_or(0),
+        proxy: cfg.proxy.clone(),
+        connection_timeout: cfg.connection_timeout,
+        tcp_nodelay: cfg.tcp_nodelay,
+        gzip: !is_loopback(ep),
+        tls: cfg.tls.clone(),
+    }
+}
+
+enum Outcome {
+    Full(Resp),
+    Stream(reqwest::Response),
+}
+
+impl Outcome {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Full(r) => r.status,
+            Self::Stream(r) => r.status(),
+        }
+    }
+}
+
+/// Whether the endpoint is on this machine. Compression is then not asked for: there is no
+/// bandwidth to save, and gzip costs CPU on both ends (on a single-threaded server such as
+/// pouchdb-server it is a large share of a `_bulk_get`).
+fn is_loopback(ep: &Endpoint) -> bool {
+    match ep.parsed_url().host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+fn strip_query(p: &str) -> &str {
+    p.split('?').next().unwrap_or(p)
+}
+
+/// A transport error as text, without the URL (ours carry no credentials, but keep it short).
+pub fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connection refused or failed"
+    } else if e.is_body() || e.is_decode() {
+        "connection closed while reading the body"
+    } else {
+        "request failed"
+    };
+    // The whole chain: the cause an operator needs ("certificate verify failed", "handshake
+    // failure") is usually several sources down.
+    let mut causes: Vec<String> = Vec::new();
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(inner) = src {
+        let text = inner.to_string();
+        if !causes.iter().any(|c| c.contains(&text)) {
+            causes.push(text);
+        }
+        src = inner.source();
+    }
+    if causes.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} ({})", causes.join(": "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_is_asked_for_only_off_this_machine() {
+        let ep = |u: &str| Endpoint::parse(u).unwrap();
+        assert!(is_loopback(&ep("http://127.0.0.1:5984/db")));
+        assert!(is_loopback(&ep("http://127.8.0.1:5984/db")));
+        assert!(is_loopback(&ep("http://[::1]:5984/db")));
+        assert!(is_loopback(&ep("http://LocalHost:5984/db")));
+        assert!(!is_loopback(&ep("http://10.0.0.1:5984/db")));
+        assert!(!is_loopback(&ep("https://couch.example.com/db")));
+    }
+}

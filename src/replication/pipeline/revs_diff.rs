@@ -1,0 +1,165 @@
+//! `_revs_diff` on the target: which of the changed revisions it lacks, and their possible
+//! ancestors (for `atts_since`). Also the statistical skipping of CouchDB 3.3: while nearly
+//! every revision turns out missing (an initial copy), skip the call and assume all missing.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::replication::changes::reader::Change;
+use crate::replication::error::{ReplicationError, Result};
+use crate::replication::http::client::{HttpClient, Req};
+
+/// A document's revisions the target is missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Missing {
+    /// Document id.
+    pub id: String,
+    /// Missing revisions.
+    pub revs: Vec<String>,
+    /// Revisions the target has that may be ancestors (for `atts_since`).
+    pub possible_ancestors: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct DiffEntry {
+    #[serde(default)]
+    missing: Vec<String>,
+    #[serde(default)]
+    possible_ancestors: Vec<String>,
+}
+
+/// Asks the target which revisions of `changes` it is missing.
+pub async fn revs_diff(target: &HttpClient, changes: &[Change]) -> Result<Vec<Missing>> {
+    let mut body = Map::with_capacity(changes.len());
+    for c in changes {
+        let entry = body
+            .entry(c.id.clone())
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(a) = entry {
+            a.extend(c.revs.iter().map(|r| Value::String(r.clone())));
+        }
+    }
+    let resp = target
+        .send(&Req::json(
+            Method::POST,
+            "_revs_diff",
+            Value::Object(body).to_string(),
+        ))
+        .await?;
+    if !resp.status.is_success() {
+        return Err(ReplicationError::HttpRequestFailed(format!(
+            "{}: _revs_diff answered {}",
+            target.endpoint(),
+            resp.status
+        )));
+    }
+    let mut map: HashMap<String, DiffEntry> = resp.json("_revs_diff")?;
+    // Keep the feed's order so writes follow the source's sequence order.
+    let mut out = Vec::new();
+    for c in changes {
+        if let Some(e) = map.remove(&c.id)
+            && !e.missing.is_empty()
+        {
+            out.push(Missing {
+                id: c.id.clone(),
+                revs: e.missing,
+                possible_ancestors: e.possible_ancestors,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Everything in the batch, assumed missing (used when `_revs_diff` is skipped).
+pub fn all_missing(changes: &[Change]) -> Vec<Missing> {
+    changes
+        .iter()
+        .map(|c| Missing {
+            id: c.id.clone(),
+            revs: c.revs.clone(),
+            possible_ancestors: Vec::new(),
+        })
+        .collect()
+}
+
+/// CouchDB 3.3's `_revs_diff` skipping: an exponential moving average (decay 0.4) of the
+/// missing fraction; skip while it is above 0.95, but call at least every 37 s.
+#[derive(Debug)]
+pub struct DiffSkipper {
+    avg: f64,
+    last_call: Option<Instant>,
+}
+
+impl Default for DiffSkipper {
+    fn default() -> Self {
+        Self {
+            avg: 0.0,
+            last_call: None,
+        }
+    }
+}
+
+impl DiffSkipper {
+    const DECAY: f64 = 0.4;
+    const THRESHOLD: f64 = 0.95;
+    const MAX_GAP: Duration = Duration::from_secs(37);
+
+    /// A skipper for a target that held nothing when the replication started (created by it,
+    /// or without documents or deletions): every revision is missing there, so the first
+    /// batches skip `_revs_diff` too, saving a round trip each (what decides over a long
+    /// link). The periodic call after `MAX_GAP` still checks the guess.
+    pub fn for_empty_target() -> Self {
+        Self {
+            avg: 1.0,
+            last_call: Some(Instant::now()),
+        }
+    }
+
+    /// Whether the next batch should call `_revs_diff`.
+    pub fn should_call(&self) -> bool {
+        self.avg <= Self::THRESHOLD || self.last_call.is_none_or(|t| t.elapsed() >= Self::MAX_GAP)
+    }
+
+    /// Records a `_revs_diff` result: `missing` of `checked` revisions were missing.
+    pub fn record(&mut self, checked: u64, missing: u64) {
+        if checked == 0 {
+            return;
+        }
+        let frac = missing as f64 / checked as f64;
+        self.avg = Self::DECAY * frac + (1.0 - Self::DECAY) * self.avg;
+        self.last_call = Some(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipping_starts_only_after_a_run_of_all_missing() {
+        let mut s = DiffSkipper::default();
+        assert!(s.should_call());
+        for _ in 0..3 {
+            s.record(100, 100);
+        }
+        assert!(s.should_call(), "average still below 0.95 after 3 batches");
+        for _ in 0..5 {
+            s.record(100, 100);
+        }
+        assert!(!s.should_call());
+        s.record(100, 0);
+        assert!(s.should_call());
+    }
+
+    #[test]
+    fn an_empty_target_skips_until_a_diff_finds_revisions_present() {
+        let mut s = DiffSkipper::for_empty_target();
+        assert!(!s.should_call());
+        s.record(100, 0);
+        assert!(s.should_call());
+    }
+}

@@ -1,0 +1,225 @@
+//! Writing to the target (CouchDB's couch_replicator_worker.erl): `_bulk_docs` with `new_edits=false` for JSON documents
+//! (the raw bytes are spliced into the body, never re-encoded), split in halves on 413 down to
+//! single documents; per-document errors are counted, not fatal. Documents fetched as
+//! `multipart/related` are written one by one with `PUT doc?new_edits=false`.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::future::BoxFuture;
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+
+use crate::replication::endpoint::database::encode_doc_id;
+use crate::replication::error::{ReplicationError, Result};
+use crate::replication::http::client::{HttpClient, Req};
+
+/// Flush a `_bulk_docs` request once its body would exceed this (CouchDB main: 4 MiB).
+pub const BULK_DOCS_BUFFER: usize = 4 * 1024 * 1024;
+
+/// What a write achieved.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WriteResult {
+    /// Documents the target accepted.
+    pub written: u64,
+    /// Documents it rejected (or that were too large).
+    pub failures: u64,
+    /// Of the failures, single-document writes answered 412 (`missing_stub`: the source
+    /// left out an attachment the target lacks); the caller fetches those again in full.
+    pub missing_stub: u64,
+}
+
+impl std::ops::AddAssign for WriteResult {
+    fn add_assign(&mut self, o: Self) {
+        self.written += o.written;
+        self.failures += o.failures;
+        self.missing_stub += o.missing_stub;
+    }
+}
+
+#[derive(Deserialize)]
+struct DocResult {
+    #[serde(default)]
+    error: Option<String>,
+}
+
+fn bulk_body(docs: &[Bytes]) -> Bytes {
+    let len: usize = docs.iter().map(|d| d.len() + 1).sum::<usize>() + 32;
+    let mut b = BytesMut::with_capacity(len);
+    b.put_slice(b"{\"new_edits\":false,\"docs\":[");
+    for (i, d) in docs.iter().enumerate() {
+        if i > 0 {
+            b.put_u8(b',');
+        }
+        b.put_slice(d);
+    }
+    b.put_slice(b"]}");
+    b.freeze()
+}
+
+/// Writes JSON documents, chunked by [`BULK_DOCS_BUFFER`].
+pub async fn write_docs(target: &HttpClient, docs: &[Bytes]) -> Result<WriteResult> {
+    let mut total = WriteResult::default();
+    let mut start = 0;
+    let mut size = 0;
+    for (i, d) in docs.iter().enumerate() {
+        if size + d.len() > BULK_DOCS_BUFFER && i > start {
+            total += bulk_docs(target, &docs[start..i]).await?;
+            start = i;
+            size = 0;
+        }
+        size += d.len() + 1;
+    }
+    if start < docs.len() {
+        total += bulk_docs(target, &docs[start..]).await?;
+    }
+    Ok(total)
+}
+
+/// One `_bulk_docs` request, halving on 413.
+pub fn bulk_docs<'a>(
+    target: &'a HttpClient,
+    docs: &'a [Bytes],
+) -> BoxFuture<'a, Result<WriteResult>> {
+    Box::pin(async move {
+        let mut req = Req::json(Method::POST, "_bulk_docs", bulk_body(docs));
+        req.headers
+            .push(("x-couch-full-commit", "false".to_owned()));
+        let resp = target.send(&req).await?;
+        match resp.status {
+            StatusCode::CREATED | StatusCode::OK | StatusCode::EXPECTATION_FAILED => {
+                // CouchDB lists only failures for new_edits=false; PouchDB lists every doc.
+                let results: Vec<DocResult> = resp.json("_bulk_docs")?;
+                let failures = results.iter().filter(|r| r.error.is_some()).count() as u64;
+                for r in results.iter().filter_map(|r| r.error.as_deref()) {
+                    tracing::debug!(error = r, "target rejected a document");
+                }
+                Ok(WriteResult {
+                    written: docs.len() as u64 - failures.min(docs.len() as u64),
+                    failures,
+                    ..Default::default()
+                })
+            }
+            StatusCode::PAYLOAD_TOO_LARGE if docs.len() > 1 => {
+                let (a, b) = docs.split_at(docs.len() / 2);
+                let mut r = bulk_docs(target, a).await?;
+                r += bulk_docs(target, b).await?;
+                Ok(r)
+            }
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                tracing::debug!("a single document is too large for the target");
+                Ok(WriteResult {
+                    failures: 1,
+                    ..Default::default()
+                })
+            }
+            s => Err(ReplicationError::BulkDocsFailed(format!(
+                "{}: _bulk_docs answered {s}",
+                target.endpoint()
+            ))),
+        }
+    })
+}
+
+/// Builds a `multipart/related` body: the JSON part then each attachment part.
+pub(crate) fn related_body(
+    json: &Bytes,
+    parts: &[(Vec<(String, String)>, Bytes)],
+    boundary: &str,
+) -> Bytes {
+    let mut b = BytesMut::with_capacity(
+        json.len() + parts.iter().map(|p| p.1.len() + 200).sum::<usize>() + 200,
+    );
+    b.put_slice(format!("--{boundary}\r\nContent-Type: application/json\r\n\r\n").as_bytes());
+    b.put_slice(json);
+    for (headers, data) in parts {
+        b.put_slice(format!("\r\n--{boundary}\r\n").as_bytes());
+        for (k, v) in headers {
+            b.put_slice(format!("{k}: {v}\r\n").as_bytes());
+        }
+        b.put_slice(format!("Content-Length: {}\r\n\r\n", data.len()).as_bytes());
+        b.put_slice(data);
+    }
+    b.put_slice(format!("\r\n--{boundary}--").as_bytes());
+    b.freeze()
+}
+
+/// Streams one `multipart/related` document (`ctype` carries its boundary) into
+/// `PUT {id}?new_edits=false`, once: a transport failure is an error for the caller to
+/// retry on its buffered path.
+pub(crate) async fn put_related_stream(
+    target: &HttpClient,
+    id: &str,
+    ctype: &str,
+    body: reqwest::Body,
+) -> Result<WriteResult> {
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        Bytes::new(),
+    );
+    req.body = None;
+    req.content_type = ctype.to_owned().into();
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
+    let resp = target.send_once(&req, body).await?;
+    single_result(target, resp.status)
+}
+
+/// Writes one JSON document with `PUT {id}?new_edits=false` (design documents go one by one,
+/// so a validation rejection is reported for that document alone).
+pub async fn put_json(target: &HttpClient, id: &str, doc: &Bytes) -> Result<WriteResult> {
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        doc.clone(),
+    );
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
+    let resp = target.send(&req).await?;
+    single_result(target, resp.status)
+}
+
+/// The outcome of a single-document write: rejections are counted, not fatal.
+fn single_result(target: &HttpClient, status: StatusCode) -> Result<WriteResult> {
+    match status.as_u16() {
+        200..=202 => Ok(WriteResult {
+            written: 1,
+            ..Default::default()
+        }),
+        412 => Ok(WriteResult {
+            failures: 1,
+            missing_stub: 1,
+            ..Default::default()
+        }),
+        400 | 401 | 403 | 409 | 413 | 415 => {
+            tracing::debug!(status = status.as_u16(), "target rejected a document");
+            Ok(WriteResult {
+                failures: 1,
+                ..Default::default()
+            })
+        }
+        s => Err(ReplicationError::DocWriteFailed(format!(
+            "{}: PUT of a document answered {s}",
+            target.endpoint()
+        ))),
+    }
+}
+
+/// `PUT doc?new_edits=false` as `multipart/related`.
+pub async fn put_multipart(
+    target: &HttpClient,
+    id: &str,
+    json: &Bytes,
+    parts: &[(Vec<(String, String)>, Bytes)],
+) -> Result<WriteResult> {
+    let boundary = uuid::Uuid::new_v4().simple().to_string();
+    let mut req = Req::json(
+        Method::PUT,
+        format!("{}?new_edits=false", encode_doc_id(id)),
+        related_body(json, parts, &boundary),
+    );
+    req.content_type = format!("multipart/related; boundary=\"{boundary}\"").into();
+    req.headers
+        .push(("x-couch-full-commit", "false".to_owned()));
+    let resp = target.send(&req).await?;
+    single_result(target, resp.status)
+}

@@ -1,0 +1,9 @@
+//! The nodes sharing one store: membership rows, heartbeats and the neighbour rules as store
+//! transactions ([`membership`]), and the actor that runs them and publishes stability
+//! ([`actor`]).
+//!
+//! The clustering actor takes [`actor::ClusterMsg`]: `Changed` (membership moved),
+//! `Heartbeat`, `Quiet` (the stability period passed) and `Observe`.
+
+pub mod actor;
+pub mod membership;

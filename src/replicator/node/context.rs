@@ -1,0 +1,146 @@
+//! What every actor of one node's replicator tree shares: the couch_jobs handle, the
+//! settings, the node's name and uuid, the layer prefix for the replicator's own keys, and a
+//! lookup of the tree's children, the node's metrics (so later children reach earlier ones through the
+//! supervisor, and always the current instance after a restart).
+
+use std::sync::Arc;
+
+use supervisors::{ChildHandle, Children};
+
+use crate::jobs::Jobs;
+use crate::replicator::job::lease::Lease;
+use crate::store::tuple;
+use crate::telemetry::NodeMetrics;
+
+use super::event_bus::{EventBusMsg, ReplicatorEvent, publish};
+use super::settings::ReplicatorSettings;
+
+/// Child ids of the tree, in start order.
+pub mod ids {
+    /// The event bus.
+    pub(crate) const EVENT_BUS: &str = "event_bus";
+    /// Node membership.
+    pub(crate) const CLUSTERING: &str = "clustering";
+    /// Per-endpoint connection budget.
+    pub(crate) const CONNECTION_POOL: &str = "connection_pool";
+    /// AIMD 429 limiter.
+    pub(crate) const RATE_LIMITER: &str = "rate_limiter";
+    /// Acceptors and running jobs.
+    pub(crate) const JOB_SERVER: &str = "job_server";
+    /// The dynamic supervisor of job actors.
+    pub(crate) const JOB_SUP: &str = "job_sup";
+}
+
+/// Sub-space tag of the collision index (CouchDB 4.x's couch_replicator_jobs.erl: `(LayerPrefix, 54, RepId)`).
+pub(crate) const REP_IDS: i64 = 54;
+/// Sub-space tag of node membership (our own; CouchDB 4.x had none).
+pub const NODES: i64 = 55;
+
+/// One node's shared context. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct NodeCtx {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    jobs: Jobs,
+    settings: ReplicatorSettings,
+    node: String,
+    server_uuid: String,
+    prefix: Vec<u8>,
+    children: Children,
+    metrics: Arc<NodeMetrics>,
+    /// Renewed by each heartbeat that committed: once it runs out, a neighbour may declare
+    /// this node dead and re-enqueue its jobs, so they must have stopped (`job/lease.rs`).
+    node_lease: Arc<Lease>,
+}
+
+impl NodeCtx {
+    /// A context for `node`; `children` is the tree's lookup table.
+    pub fn new(
+        jobs: Jobs,
+        settings: ReplicatorSettings,
+        node: String,
+        server_uuid: String,
+        prefix: Vec<u8>,
+        children: Children,
+    ) -> Self {
+        let settings_timeout = settings.job_timeout;
+        Self {
+            inner: Arc::new(Inner {
+                jobs,
+                settings,
+                node,
+                server_uuid,
+                prefix,
+                children,
+                metrics: Arc::default(),
+                node_lease: Arc::new(Lease::new(settings_timeout)),
+            }),
+        }
+    }
+
+    /// The couch_jobs handle.
+    pub fn jobs(&self) -> &Jobs {
+        &self.inner.jobs
+    }
+
+    /// `[replicator]` settings.
+    pub fn settings(&self) -> &ReplicatorSettings {
+        &self.inner.settings
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The uuid that goes into replication ids.
+    pub fn server_uuid(&self) -> &str {
+        &self.inner.server_uuid
+    }
+
+    /// The tree's children.
+    pub fn children(&self) -> &Children {
+        &self.inner.children
+    }
+
+    /// The node's lease on its membership (renewed by heartbeats).
+    pub(crate) fn node_lease(&self) -> &Arc<Lease> {
+        &self.inner.node_lease
+    }
+
+    /// This node's metrics.
+    pub fn metrics(&self) -> &Arc<NodeMetrics> {
+        &self.inner.metrics
+    }
+
+    /// A handle on a sibling actor.
+    pub fn child<M: ractor::Message>(&self, id: &str) -> ChildHandle<M> {
+        self.inner.children.handle(id)
+    }
+
+    /// Publishes on the node's event bus (dropped if the bus is down).
+    pub fn publish(&self, ev: ReplicatorEvent) {
+        let bus = self.inner.children.get::<EventBusMsg>(ids::EVENT_BUS);
+        publish(bus.as_ref(), ev);
+    }
+
+    /// The layer prefix the replicator's own keys live under.
+    pub fn prefix(&self) -> &[u8] {
+        &self.inner.prefix
+    }
+
+    /// `prefix ‖ pack((tag, ..))`: a key in one of the replicator's own sub-spaces.
+    pub fn key<T: tuple::TuplePack>(&self, t: &T) -> Vec<u8> {
+        let mut k = self.inner.prefix.clone();
+        tuple::pack_into(t, &mut k);
+        k
+    }
+
+    /// Current UNIX seconds on the jobs clock.
+    pub fn now_secs(&self) -> i64 {
+        self.inner.jobs.clock().now_secs()
+    }
+}

@@ -1,0 +1,576 @@
+//! doc_processor (CouchDB's couch_replicator_doc_processor.erl; CouchDB 4.x's couch_replicator.erl frontend): turns the documents of configured `_replicator`
+//! databases (URLs of CouchDB/PouchDB servers) into persistent jobs, and writes terminal
+//! states back to them.
+//!
+//! One follower task per database reads its `_changes` feed (`feed=longpoll`,
+//! `include_docs=true`) and, per row, as [`request::classify_change`] decides: creates or
+//! updates the job `db|doc_id` through the [`Replicator`] handle, removes it when the
+//! document is deleted, or writes `failed` with the reason when the document is invalid. When
+//! the database disappears (404) every job of that database is removed; when it comes back,
+//! it is read again from the start. A writer task watches the handle's events (and rescans
+//! jobs periodically, because a job may finish on another node) and writes `completed` (with
+//! stats) or `failed` (with the reason) to the document, retrying on conflicts; no other
+//! state is ever written (`update_docs = false`). A completed document that asks for
+//! `"verify"` is verified first, apart, and written with the report.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Map, Value, json};
+use tokio::task::JoinSet;
+
+use crate::replication::endpoint::database::encode_query;
+use crate::replication::http::client::{ClientConfig, HttpClient, Req};
+use crate::replication::{Aimd, Endpoint, ReplicationError, ReplicationSpec, verify};
+
+use super::request::{self, DocAction};
+use super::validate_ddoc;
+pub use super::writeback::{DocStats, Terminal, write_state};
+use super::writeback::{write_server_state, write_state_if};
+use crate::replicator::job::record::RepJobRecord;
+use crate::replicator::job::view::{REP_JOBS, persistent_job_id, rep_fields};
+use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerSpec};
+use crate::replicator::{
+    JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent,
+};
+use crate::telemetry::Series;
+
+/// One `_replicator` database to follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicatorDb {
+    /// The name its jobs carry (`database` in `_scheduler/docs`); ends with `_replicator`.
+    pub name: String,
+    /// The database URL (credentials allowed; they are never shown).
+    pub url: String,
+}
+
+impl ReplicatorDb {
+    /// A database named after its URL's path (`http://h/a%2F_replicator` → `a/_replicator`).
+    pub fn from_url(url: &str) -> Result<Self, ReplicationError> {
+        let ep = Endpoint::parse(url)?;
+        let path = ep.parsed_url().path().trim_start_matches('/');
+        let name = percent_encoding::percent_decode_str(path)
+            .decode_utf8_lossy()
+            .into_owned();
+        Ok(Self {
+            name,
+            url: url.to_owned(),
+        })
+    }
+}
+
+/// How the processor polls.
+#[derive(Debug, Clone)]
+pub struct DocProcessorConfig {
+    /// The databases to follow.
+    pub dbs: Vec<ReplicatorDb>,
+    /// `timeout` of each longpoll `_changes` request.
+    pub poll_timeout: Duration,
+    /// Wait after an error or while a database is missing.
+    pub retry_delay: Duration,
+    /// Period of the terminal-state rescan (jobs finished on other nodes).
+    pub rescan_interval: Duration,
+    /// TLS to `https` replicator databases (the node's `[replicator]` TLS settings).
+    pub tls: crate::replication::http::tls::TlsOptions,
+}
+
+impl Default for DocProcessorConfig {
+    fn default() -> Self {
+        Self {
+            dbs: Vec::new(),
+            poll_timeout: Duration::from_secs(10),
+            retry_delay: Duration::from_secs(2),
+            rescan_interval: Duration::from_secs(5),
+            tls: Default::default(),
+        }
+    }
+}
+
+/// The running processor; [`DocProcessor::stop`] ends its tasks.
+pub struct DocProcessor {
+    tasks: JoinSet<()>,
+}
+
+impl DocProcessor {
+    /// Starts one follower per database and the writer.
+    pub fn start(rep: Arc<Replicator>, cfg: DocProcessorConfig) -> Result<Self, ReplicationError> {
+        let mut tasks = JoinSet::new();
+        let mut dbs = Vec::new();
+        for db in &cfg.dbs {
+            let client = Arc::new(db_client(&db.url, &cfg)?);
+            dbs.push((db.name.clone(), client));
+        }
+        for (name, client) in &dbs {
+            let f = Follower {
+                rep: rep.clone(),
+                name: name.clone(),
+                client: client.clone(),
+                cfg: cfg.clone(),
+            };
+            tasks.spawn(f.run());
+        }
+        let w = Writer {
+            rep,
+            dbs,
+            cfg,
+            written: HashSet::new(),
+        };
+        tasks.spawn(w.run());
+        Ok(Self { tasks })
+    }
+
+    /// Stops every task (at its next await point; a write in flight may be lost and is
+    /// redone by the next processor's rescan).
+    pub async fn stop(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, ReplicationError> {
+    let ep = Endpoint::parse(url)?;
+    HttpClient::new(
+        ep,
+        ClientConfig {
+            // The longpoll answers within `poll_timeout`; leave room for a slow server.
+            connection_timeout: cfg.poll_timeout * 2 + Duration::from_secs(5),
+            request_timeout: None,
+            retries_per_request: 3,
+            http_connections: 4,
+            proxy: None,
+            tcp_nodelay: true,
+            // The processor's own reads and writes are not replication traffic: CouchDB's
+            // `requests`/`responses` count only replications' requests.
+            metrics: Arc::default(),
+            tls: cfg.tls.clone(),
+            auth: Default::default(),
+        },
+        Arc::new(Aimd::new()),
+    )
+}
+
+/// Follows one database's `_changes`.
+struct Follower {
+    rep: Arc<Replicator>,
+    name: String,
+    client: Arc<HttpClient>,
+    cfg: DocProcessorConfig,
+}
+
+impl Follower {
+    async fn run(self) {
+        let mut since = Value::from(0);
+        let mut seen = false;
+        let mut validated = false;
+        let metrics = self.rep.metrics().clone();
+        loop {
+            match self.poll(&since).await {
+                Ok(Some((rows, last_seq))) => {
+                    if !seen {
+                        // Found (again): it is read from the start.
+                        metrics.inc(Series::DocsDbsFound);
+                        metrics.inc(Series::DbScans);
+                    }
+                    seen = true;
+                    if !validated {
+                        validated = self.install_validation().await;
+                    }
+                    metrics.couch.add(Series::DocsDbChanges, rows.len() as u64);
+                    let mut done = true;
+                    for row in rows {
+                        if !self.handle_row(&row).await {
+                            done = false;
+                            break;
+                        }
+                    }
+                    // A row the replicator could not take is read again (with the rows after
+                    // it; handling a row twice changes nothing) after the retry delay.
+                    if done {
+                        since = last_seq;
+                        continue;
+                    }
+                }
+                Ok(None) => {
+                    // Still `seen` until every job is gone, so a failed removal is retried.
+                    if seen {
+                        metrics.inc(Series::DocsDbsDeleted);
+                        tracing::info!(db = %self.name, "_replicator database deleted");
+                        seen = !self.remove_all().await;
+                    }
+                    validated = false;
+                    since = Value::from(0);
+                }
+                Err(e) => {
+                    metrics.inc(Series::ChangesManagerDeaths);
+                    tracing::warn!(db = %self.name, error = %e, "reading _changes failed");
+                }
+            }
+            tokio::time::sleep(self.cfg.retry_delay).await;
+        }
+    }
+
+    /// Installs the validate design document; true when there is nothing more to try (done,
+    /// or refused by the server, which is logged).
+    async fn install_validation(&self) -> bool {
+        match validate_ddoc::install(&self.client).await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(db = %self.name, "the validate design document was refused");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(db = %self.name, error = %e, "installing the validate design document failed");
+                false
+            }
+        }
+    }
+
+    /// One longpoll; `None` when the database does not exist.
+    async fn poll(&self, since: &Value) -> Result<Option<(Vec<Value>, Value)>, ReplicationError> {
+        let since = match since {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let path = format!(
+            "_changes?feed=longpoll&include_docs=true&style=main_only&timeout={}&since={}",
+            self.cfg.poll_timeout.as_millis(),
+            encode_query(&since)
+        );
+        let r = self.client.send(&Req::get(path)).await?;
+        match r.status {
+            StatusCode::OK => {
+                let v: Value = r.json("_changes")?;
+                let rows = v
+                    .get("results")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let last = v.get("last_seq").cloned().unwrap_or(Value::from(0));
+                Ok(Some((rows, last)))
+            }
+            StatusCode::NOT_FOUND => Ok(None),
+            s => Err(ReplicationError::BadResponse(format!(
+                "{}: _changes answered {s}",
+                self.client.endpoint()
+            ))),
+        }
+    }
+
+    /// Handles one row; false when the replicator could not take it (retry later).
+    async fn handle_row(&self, row: &Value) -> bool {
+        let deleted = row.get("deleted").and_then(Value::as_bool) == Some(true);
+        let doc = match (row.get("doc"), row.get("id")) {
+            (_, Some(id)) if deleted => json!({"_id": id, "_deleted": true}),
+            (Some(d @ Value::Object(_)), _) => d.clone(),
+            _ => return true,
+        };
+        if let Some(done) = self.server_doc(&doc).await {
+            return done;
+        }
+        match request::classify_change(&doc) {
+            DocAction::Skip | DocAction::Terminal { .. } => true,
+            DocAction::Remove { doc_id } => self.remove(&doc_id).await,
+            DocAction::Schedule(d) => {
+                let mut body = doc.clone();
+                if let Some(m) = body.as_object_mut() {
+                    // Fields older replicators (or `update_docs`) wrote are not options.
+                    m.retain(|k, _| !k.starts_with("_replication_"));
+                }
+                let job = NewJob {
+                    kind: JobKind::Persistent {
+                        db_name: self.name.clone(),
+                        doc_id: d.doc_id.clone(),
+                    },
+                    rep: body,
+                };
+                match self.rep.add(job).await {
+                    Ok(v) => {
+                        tracing::debug!(job = %v.job_id, "replication document scheduled");
+                        true
+                    }
+                    Err(ReplicatorError::BadRequest(reason)) => {
+                        self.write_failed(&d.doc_id, reason).await;
+                        true
+                    }
+                    Err(e) => {
+                        tracing::warn!(db = %self.name, doc = %d.doc_id, error = %e,
+                            "adding the replication job failed; will retry");
+                        false
+                    }
+                }
+            }
+            DocAction::Fail { doc_id, reason, .. } => {
+                // The document was edited into something invalid: its old job goes too.
+                if !self.remove(&doc_id).await {
+                    return false;
+                }
+                self.write_failed(&doc_id, reason.0).await;
+                true
+            }
+        }
+    }
+
+    async fn write_failed(&self, doc_id: &str, reason: String) {
+        match write_state(&self.client, doc_id, Terminal::Failed(reason)).await {
+            Ok(true) => self.rep.metrics().inc(Series::DocsFailedStateUpdates),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(db = %self.name, doc = %doc_id, error = %e, "writing `failed` failed")
+            }
+        }
+    }
+
+    /// A whole-server document (`"all_dbs": true`) becomes the server job `db|doc_id`
+    /// (`Some(handled)`); `None` for any other document. Its progress is shown by
+    /// `_scheduler/all_dbs`; its outcome is written back by the writer's rescan.
+    async fn server_doc(&self, doc: &Value) -> Option<bool> {
+        if doc.get(ALL_DBS_FIELD) != Some(&Value::Bool(true)) {
+            return None;
+        }
+        let doc_id = doc.get("_id").and_then(Value::as_str)?;
+        let id = persistent_job_id(&self.name, doc_id);
+        let owner = doc.get("owner").and_then(Value::as_str).map(str::to_owned);
+        let added = match ServerSpec::from_body(doc) {
+            Ok(spec) => self.rep.put_server_job(&id, spec, owner, false).await,
+            Err(e) => Err(e),
+        };
+        Some(match added {
+            Ok(_) => true,
+            Err(ReplicatorError::BadRequest(reason)) => {
+                self.write_failed(doc_id, reason).await;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "adding the server job failed; will retry");
+                false
+            }
+        })
+    }
+
+    /// Removes a document's job; false when the replicator could not be asked.
+    async fn remove(&self, doc_id: &str) -> bool {
+        let id = persistent_job_id(&self.name, doc_id);
+        // The document may have asked for a whole-server copy.
+        match self.rep.cancel_server_job(&id).await {
+            Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "removing the server job failed; will retry");
+                return false;
+            }
+        }
+        match self.rep.cancel(&id).await {
+            Ok(_) | Err(ReplicatorError::NotFound(_)) => true,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "removing the job failed; will retry");
+                false
+            }
+        }
+    }
+
+    /// Removes every job of this database; false if some could not be removed yet.
+    async fn remove_all(&self) -> bool {
+        let Ok(jobs) = self.rep.list().await else {
+            return false;
+        };
+        let mut all = true;
+        for j in jobs
+            .iter()
+            .filter(|j| j.database.as_deref() == Some(self.name.as_str()))
+        {
+            if let Some(doc_id) = &j.doc_id {
+                all &= self.remove(doc_id).await;
+            }
+        }
+        all
+    }
+}
+
+/// Writes terminal job states back to documents.
+struct Writer {
+    rep: Arc<Replicator>,
+    dbs: Vec<(String, Arc<HttpClient>)>,
+    cfg: DocProcessorConfig,
+    /// `(job id, last_updated)` already written, so a rescan does not re-read documents.
+    written: HashSet<(String, i64)>,
+}
+
+impl Writer {
+    async fn run(mut self) {
+        let mut events = self.rep.subscribe();
+        let mut tick = tokio::time::interval(self.cfg.rescan_interval);
+        loop {
+            let wake = async {
+                match events.as_mut() {
+                    Some(rx) => rx.recv().await.map(|e| match e {
+                        ReplicatorEvent::Finished { job_id, .. }
+                        | ReplicatorEvent::Failed { job_id, .. } => Some(job_id),
+                        _ => None,
+                    }),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = wake => match ev {
+                    // A job of this node ended: write just that one.
+                    Some(Some(job_id)) => {
+                        if let Ok(j) = self.rep.get(&job_id).await {
+                            self.write_if_ours(j).await;
+                        }
+                    }
+                    Some(None) => {}
+                    // The bus restarted: subscribe again at the next tick.
+                    None => events = None,
+                },
+                // Jobs may end on other nodes: rescan everything now and then.
+                _ = tick.tick() => {
+                    if events.is_none() {
+                        events = self.rep.subscribe();
+                    }
+                    self.scan().await;
+                }
+            }
+        }
+    }
+
+    async fn scan(&mut self) {
+        if let Ok(jobs) = self.rep.list().await {
+            for j in jobs {
+                self.write_if_ours(j).await;
+            }
+        }
+        let Ok(servers) = self.rep.server_jobs().await else {
+            return;
+        };
+        for v in servers.iter().filter(|v| v.state.is_terminal()) {
+            let key = (v.id.clone(), v.last_updated);
+            let doc = self.dbs.iter().find_map(|(db, client)| {
+                let doc_id = v.id.strip_prefix(db.as_str())?.strip_prefix('|')?;
+                Some((client.clone(), doc_id.to_owned()))
+            });
+            let Some((client, doc_id)) = doc else {
+                continue;
+            };
+            if self.written.contains(&key) {
+                continue;
+            }
+            match write_server_state(&client, &doc_id, v).await {
+                Ok(_) => {
+                    self.written.insert(key);
+                }
+                Err(e) => {
+                    tracing::warn!(job = %v.id, error = %e, "writing the server job's state failed")
+                }
+            }
+        }
+    }
+
+    /// Writes a terminal job of one of our databases, once per (job, update).
+    async fn write_if_ours(&mut self, j: JobView) {
+        if !j.state.is_terminal() {
+            return;
+        }
+        let Some((_, client)) = self
+            .dbs
+            .iter()
+            .find(|(n, _)| j.database.as_deref() == Some(n.as_str()))
+        else {
+            return;
+        };
+        let key = (j.job_id.clone(), j.last_updated);
+        if self.written.contains(&key) {
+            return;
+        }
+        let client = client.clone();
+        if self.write_job(&client, &j).await {
+            self.written.insert(key);
+        }
+    }
+
+    /// Writes one finished job's state; true when done (written or nothing to write).
+    async fn write_job(&self, client: &Arc<HttpClient>, j: &JobView) -> bool {
+        let Some(doc_id) = &j.doc_id else {
+            return true;
+        };
+        let state = match j.state {
+            RepState::Completed => Terminal::Completed(DocStats::new(
+                &j.stats.clone().unwrap_or_default(),
+                j.start_time,
+            )),
+            RepState::Failed => Terminal::Failed(crate::replicator::handle::failure(j).to_string()),
+            _ => return true,
+        };
+        // Only if the document still asks for the replication this job ran.
+        let rep = self
+            .rep
+            .jobs()
+            .get_job_data(REP_JOBS, &j.job_id)
+            .await
+            .ok()
+            .and_then(|d| RepJobRecord::from_data(&d).ok())
+            .map(|r| r.rep);
+        if let (Terminal::Completed(stats), Some(rep)) = (&state, &rep)
+            && let Some((spec, opts)) = verify_request(rep)
+        {
+            // A verification reads both databases whole: it runs apart, and writes the
+            // state itself when done, so the other documents are not kept waiting.
+            let (client, doc_id, rep, mut stats) =
+                (client.clone(), doc_id.clone(), rep.clone(), stats.clone());
+            let (metrics, job_id) = (self.rep.metrics().clone(), j.job_id.clone());
+            tokio::spawn(async move {
+                stats.verify = Some(verify::request::report_json(&spec, &opts).await);
+                let same = |doc: &Map<String, Value>| rep == rep_fields(doc);
+                match write_state_if(&client, &doc_id, Terminal::Completed(stats), same).await {
+                    Ok(true) => metrics.inc(Series::DocsCompletedStateUpdates),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(job = %job_id, error = %e, "writing the verified state failed")
+                    }
+                }
+            });
+            return true;
+        }
+        let same = |doc: &Map<String, Value>| rep.as_ref() == Some(&rep_fields(doc));
+        let written = match state {
+            Terminal::Completed(_) => Series::DocsCompletedStateUpdates,
+            Terminal::Failed(_) => Series::DocsFailedStateUpdates,
+        };
+        match write_state_if(client, doc_id, state, same).await {
+            Ok(true) => {
+                self.rep.metrics().inc(written);
+                true
+            }
+            Ok(false) => true,
+            Err(e) => {
+                tracing::warn!(job = %j.job_id, error = %e, "writing the terminal state failed");
+                false
+            }
+        }
+    }
+}
+
+/// The verification a completed document asks for (`"verify"`), with its replication.
+fn verify_request(rep: &Map<String, Value>) -> Option<(ReplicationSpec, verify::VerifyOptions)> {
+    let opts = verify::request::requested(rep).ok()??;
+    let spec = ReplicationSpec::from_json(&Value::Object(rep.clone())).ok()?;
+    Some((spec, opts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn db_names_come_from_the_url_path() {
+        let d = ReplicatorDb::from_url("http://u:p@127.0.0.1:5984/a%2F_replicator").unwrap();
+        assert_eq!(d.name, "a/_replicator");
+        assert_eq!(
+            ReplicatorDb::from_url("http://127.0.0.1:1/_replicator")
+                .unwrap()
+                .name,
+            "_replicator"
+        );
+        assert!(ReplicatorDb::from_url("http://127.0.0.1:1/").is_err());
+    }
+}
