@@ -125,11 +125,33 @@ async fn part1() -> BenchResult<()> {
     };
     let endpoints = cluster.endpoints();
     let (raw_n, raw_t) = raw_txns(&endpoints).await?;
+    // Other pipeline depths than the default (1: one commit `Txn` in flight at a time, the
+    // design before pipelining), for comparison; each under its own key prefix so that
+    // every run starts from an empty store.
+    let mut depths = Vec::new();
+    for depth in [1, 2, 4] {
+        if depth == couch_replicator::store::etcd::DEFAULT_PIPELINE {
+            continue;
+        }
+        let config = EtcdConfig {
+            pipeline: depth,
+            ..EtcdConfig::new(endpoints.clone()).with_prefix(format!("bench-p{depth}/"))
+        };
+        let other = EtcdStore::connect(&config).await?;
+        let jobs = Jobs::new(Db::new(Arc::new(other.clone())), JobsOptions::default());
+        let (n, t) = cycles(&jobs).await?;
+        println!("etcd engine, pipeline {depth}: {}", other.stats().summary());
+        depths.push((depth, n, n as f64 / t.as_secs_f64()));
+    }
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
     sequential(&store).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
-    println!("etcd engine: {}", store.stats().summary());
+    println!(
+        "etcd engine, pipeline {}: {}",
+        couch_replicator::store::etcd::DEFAULT_PIPELINE,
+        store.stats().summary()
+    );
     let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
     let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();
     println!(
@@ -148,6 +170,14 @@ async fn part1() -> BenchResult<()> {
         cycles_n,
         cycle_rate
     );
+    for (depth, n, rate) in depths {
+        println!(
+            "{:<60} {:>10} {:>12.0}",
+            format!("job cycles, {depth} commit Txns in flight, {WORKERS} workers"),
+            n,
+            rate
+        );
+    }
     println!(
         "RESULT jobs_cycles_etcd_over_raw_txn = {:.3}",
         cycle_rate / raw_rate.max(f64::MIN_POSITIVE)

@@ -3,6 +3,7 @@
 mod support;
 
 mod reliability {
+    mod cutoff;
     mod faults;
     mod inputs;
     mod kill9;

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -56,6 +56,8 @@ struct Counts {
     to_client: AtomicU64,
     accepted: AtomicU64,
     dropped: AtomicU64,
+    /// While set, new connections are closed at once (a partition, see [`Relay::block`]).
+    blocked: AtomicBool,
 }
 
 /// One direction's bottleneck: when it is next free to send (the bandwidth cap).
@@ -91,6 +93,11 @@ impl Relay {
         let links: [Bottleneck; 2] = Default::default();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if c.blocked.load(Ordering::Relaxed) {
+                    c.dropped.fetch_add(1, Ordering::Relaxed);
+                    drop(client);
+                    continue;
+                }
                 c.accepted.fetch_add(1, Ordering::Relaxed);
                 let conn = Conn {
                     counts: c.clone(),
@@ -130,6 +137,18 @@ impl Relay {
     /// Drops every connection open now (new ones are accepted as before).
     pub fn cut(&self) {
         self.cut.send_modify(|g| *g += 1);
+    }
+
+    /// A partition: drops every open connection and closes new ones at once until
+    /// [`Relay::unblock`].
+    pub fn block(&self) {
+        self.counts.blocked.store(true, Ordering::Relaxed);
+        self.cut();
+    }
+
+    /// Ends [`Relay::block`]: new connections are relayed again.
+    pub fn unblock(&self) {
+        self.counts.blocked.store(false, Ordering::Relaxed);
     }
 
     /// `http://127.0.0.1:{port}/{path}`.

@@ -91,8 +91,24 @@ impl Nodes {
         settings: ReplicatorSettings,
         frontend: Frontend,
     ) -> Replicator {
+        self.launch(&self.db, name, settings, frontend).await
+    }
+
+    /// [`Nodes::start`] on a store handle of the node's own (`db`), e.g. one that reaches
+    /// the cluster's store through a relay that a test cuts.
+    pub async fn start_on(&self, db: &Db, name: &str, settings: ReplicatorSettings) -> Replicator {
+        self.launch(db, name, settings, Frontend::default()).await
+    }
+
+    async fn launch(
+        &self,
+        db: &Db,
+        name: &str,
+        settings: ReplicatorSettings,
+        frontend: Frontend,
+    ) -> Replicator {
         let config = ReplicatorConfig {
-            db: self.db.clone(),
+            db: db.clone(),
             jobs: JobsOptions {
                 config: self.jobs.clone(),
                 clock: self.clock.clone(),

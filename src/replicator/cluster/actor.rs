@@ -20,7 +20,7 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, ExitReason, Observable, Server};
 
-use super::membership::Membership;
+use super::membership::{Membership, REQUEUE_PER_TRANSACTION};
 use crate::replicator::node::context::{NodeCtx, ids};
 use crate::replicator::node::event_bus::{ClusterStatus, ReplicatorEvent};
 use crate::replicator::scheduler::job_server::JobServerMsg;
@@ -128,7 +128,9 @@ impl Server for Clustering {
     type Args = ();
 
     async fn init(&self, myself: ActorRef<ClusterMsg>, _: ()) -> Result<ClusterState, BoxError> {
+        let began = tokio::time::Instant::now();
         self.membership.beat(true).await?;
+        self.ctx.node_lease().renew(began);
         let watcher = {
             let me = myself.clone();
             let db = self.ctx.jobs().db().clone();
@@ -216,8 +218,14 @@ impl Server for Clustering {
                 }
             }
             ClusterMsg::Heartbeat => {
+                let began = tokio::time::Instant::now();
                 let beat = self.membership.beat(false).await?;
+                self.ctx.node_lease().renew(began);
                 if let Some((dead, requeued)) = &beat.removed {
+                    let mut requeued = *requeued;
+                    if requeued == REQUEUE_PER_TRANSACTION {
+                        requeued += self.membership.requeue_rest_of(dead).await?;
+                    }
                     tracing::warn!(node = self.ctx.node(), %dead, requeued,
                         "removed dead neighbour and re-enqueued its jobs");
                     state.removed.push(dead.clone());

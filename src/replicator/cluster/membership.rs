@@ -28,6 +28,11 @@ pub struct Beat {
     pub was_removed: bool,
 }
 
+/// A dead node's jobs re-enqueued per transaction at most: each takes three writes and a
+/// compare, and etcd refuses a `Txn` of more than 128 operations (FoundationDB's limits are
+/// far larger, but one huge transaction would also be slow to retry there).
+pub const REQUEUE_PER_TRANSACTION: usize = 25;
+
 /// One node's view of the membership rows.
 #[derive(Debug, Clone)]
 pub struct Membership {
@@ -184,7 +189,7 @@ impl Membership {
             tx.add_read_conflict_key(&self.member_key(n));
             tx.clear(&self.member_key(n));
             self.bump_version(tx);
-            let requeued = self.requeue_jobs_of(tx, n).await?;
+            let requeued = self.requeue_jobs_of(tx, n, REQUEUE_PER_TRANSACTION).await?;
             beat.removed = Some((n.clone(), requeued));
         }
         Ok(beat)
@@ -199,11 +204,31 @@ impl Membership {
             .await
     }
 
-    /// Re-enqueues the running replication jobs last stamped by `node` (their data names
-    /// the node that runs them), so they restart elsewhere now instead of after the
-    /// activity timeout. The scan is a snapshot read; each re-enqueue conflicts only on
+    /// Re-enqueues the rest of a removed node's running jobs, [`REQUEUE_PER_TRANSACTION`]
+    /// per transaction (the heartbeat that removed it took the first ones). Returns how many.
+    pub async fn requeue_rest_of(&self, node: &str) -> Result<usize, JobsError> {
+        let mut total = 0;
+        loop {
+            let n = self
+                .jobs
+                .db()
+                .run(|tx| async move {
+                    self.requeue_jobs_of(&tx, node, REQUEUE_PER_TRANSACTION)
+                        .await
+                })
+                .await?;
+            total += n;
+            if n < REQUEUE_PER_TRANSACTION {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Re-enqueues up to `limit` running replication jobs last stamped by `node` (their
+    /// data names the node that runs them), so they restart elsewhere now instead of after
+    /// the activity timeout. The scan is a snapshot read; each re-enqueue conflicts only on
     /// its own job.
-    async fn requeue_jobs_of(&self, tx: &Tx, node: &str) -> Result<usize, JobsError> {
+    async fn requeue_jobs_of(&self, tx: &Tx, node: &str, limit: usize) -> Result<usize, JobsError> {
         let (b, e) = self.jobs.keys().activity_range(REP_JOBS);
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut requeued = 0;
@@ -214,6 +239,9 @@ impl Membership {
             let runs_there = view::running_node(&data) == Some(node);
             if runs_there && self.jobs.requeue_running_tx(tx, REP_JOBS, &id).await? {
                 requeued += 1;
+                if requeued == limit {
+                    break;
+                }
             }
         }
         Ok(requeued)

@@ -4,7 +4,8 @@
 //! itself from `init`, so a failing start runs the terminate hook), `Tick` (stats timer:
 //! `update` with fresh stats, which is also the keep-alive the activity monitor watches, and
 //! healing), `CheckLock` (the same update, forced: a cancel's), `Done` (the replication
-//! ended), `Observe` (a snapshot for operators and tests).
+//! ended), `LeaseLost` (the lease watchdog aborted the replication: the store was not reached
+//! in time, `job/lease.rs`), `Observe` (a snapshot for operators and tests).
 //!
 //! Start: parse the document (invalid → `failed`), compute the replication id, then in one
 //! transaction claim it in the collision index (CouchDB 4.x's couch_replicator_jobs.erl) and mark the job `running` (node, pid,
@@ -23,10 +24,12 @@
 //! A killed actor runs no hook: its state is dropped (which aborts the replication) and the
 //! activity monitor re-enqueues the job once its updates stop.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::ActorRef;
 use supervisors::{BoxError, ExitReason, Server};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::jobs::JobsError;
@@ -34,9 +37,10 @@ use crate::replication::{self, Context, RepId, ReplicationSpec, ReplicationStats
 
 use super::collision::{self, Claim};
 use super::error_backoff::is_healed;
+use super::lease::{self, Lease};
 use super::observe;
 use super::record::{HistoryKind, JobError, RepJobRecord, RepState};
-use super::runner::{self, Runner};
+use super::runner::{self, Runner, Watchdog};
 use super::view::parse_rep;
 use crate::replicator::node::connection_pool::PoolMsg;
 use crate::replicator::node::context::{NodeCtx, ids};
@@ -64,7 +68,9 @@ impl Server for JobActor {
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
         let span = observe::job_span(args.ctx.node(), &args.job.id, &args.record);
+        let lease = Arc::new(Lease::new(args.ctx.settings().job_timeout));
         Ok(JobActorState {
+            lease,
             span,
             ctx: args.ctx,
             job: args.job,
@@ -118,6 +124,13 @@ async fn handle_msg(
                 Err(err.into())
             }
         },
+        JobMsg::LeaseLost => {
+            // Already aborted; the terminate hook puts the job back to pending if the lock
+            // is still ours (the store answers again), else it finds the lock gone.
+            st.runner = None;
+            myself.stop(None);
+            Ok(())
+        }
         JobMsg::Rotate(delay) => {
             st.resubmit_delay = Some(delay);
             myself.stop(None);
@@ -232,6 +245,7 @@ async fn claim(
     }
     let data = record.to_data();
     let job = st.job.clone();
+    let began = Instant::now();
     let claimed = jobs
         .db()
         .run(|tx| {
@@ -249,6 +263,7 @@ async fn claim(
         Err(JobsError::Halt) | Err(JobsError::NotFound) => return halt(myself, st).map(|()| false),
         Err(e) => return Err(e.into()),
         Ok(Ok(job)) => {
+            st.lease.renew(began);
             st.job = job;
             st.record = record;
             return Ok(true);
@@ -293,7 +308,17 @@ fn launch(
     let on_end = Box::new(move |result| {
         let _ = me.send_message(JobMsg::Done(Box::new(result)));
     });
-    st.runner = Some(Runner::start(spec, engine, on_end));
+    let (ctx, me, job_id) = (st.ctx.clone(), myself.clone(), st.job.id.clone());
+    let watchdog = Watchdog {
+        lease: st.lease.clone(),
+        node_lease: st.ctx.node_lease().clone(),
+        on_lost: Box::new(move || {
+            // Published here, not by the actor, which may be blocked in a store call.
+            ctx.publish(ReplicatorEvent::Stopped { job_id });
+            let _ = me.send_message(JobMsg::LeaseLost);
+        }),
+    };
+    st.runner = Some(Runner::start(spec, engine, on_end, watchdog));
     // Changed stats are written at most once a second, so `_active_tasks` follows progress
     // as CouchDB's task status does; an idle job's tick writes nothing (see `tick`).
     let period = st.ctx.settings().stats_update_interval.min(PROGRESS_PERIOD);
@@ -342,14 +367,15 @@ async fn tick(
     heal(st, now);
     let changed = st.record.rep_stats.as_ref() != Some(&stats) || errors(&st.record) != before;
     // An idle job's stats do not move; rewriting them every tick was most of what 500 idle
-    // running jobs cost the store. It still writes at half the activity timeout, or
-    // couch_jobs would re-enqueue it as dead.
-    let keepalive = (st.ctx.settings().job_timeout / 2).as_secs().max(1) as i64;
-    if !force && !changed && now - st.record.last_updated < keepalive {
+    // running jobs cost the store. It still writes once its lease is a third of the activity
+    // timeout old, or couch_jobs would re-enqueue it as dead and the lease would run out.
+    let keepalive = lease::keepalive_after(st.ctx.settings().job_timeout);
+    if !force && !changed && st.lease.age() < keepalive {
         return Ok(());
     }
     put_stats(st, &stats);
     st.record.last_updated = now;
+    let began = Instant::now();
     match st
         .ctx
         .jobs()
@@ -357,6 +383,7 @@ async fn tick(
         .await
     {
         Ok(job) => {
+            st.lease.renew(began);
             st.job = job;
             Ok(())
         }

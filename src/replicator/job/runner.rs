@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::replication::http::transport::Transports;
 use crate::replication::{self, Context, ReplicationError, ReplicationSpec, ReplicationStats};
 
+use super::lease::Lease;
 use crate::replication::Aimd;
 use crate::replicator::node::connection_pool::{PoolMsg, endpoint_key};
 use crate::replicator::node::context::{NodeCtx, ids};
@@ -23,6 +24,17 @@ use crate::replicator::node::limiter_actor::RateLimiterMsg;
 
 /// How a replication that ended on its own (not stopped) is reported to the job.
 pub(crate) type OnEnd = Box<dyn FnOnce(Result<ReplicationStats, ReplicationError>) + Send>;
+
+/// The job's lease, and what to tell the job when it runs out (the replication is then
+/// already aborted).
+pub(crate) struct Watchdog {
+    /// The job's lease (renewed by its updates).
+    pub(crate) lease: Arc<Lease>,
+    /// The node's (renewed by its heartbeats: a neighbour re-enqueues a dead node's jobs).
+    pub(crate) node_lease: Arc<Lease>,
+    /// Called once the replication was aborted for a lost lease.
+    pub(crate) on_lost: Box<dyn FnOnce() + Send>,
+}
 
 /// The engine context for a job owned by `owner`: the node's 429 limiter table, the
 /// connections leased for both endpoints (which lowers `spec`'s `http_connections` to the
@@ -94,11 +106,41 @@ impl Drop for Runner {
 
 impl Runner {
     /// Starts the engine; `on_end` hears how it ended unless [`Self::stop`] came first.
-    pub(crate) fn start(spec: ReplicationSpec, engine: Context, on_end: OnEnd) -> Self {
+    /// Aborts it when `watchdog`'s lease runs out.
+    pub(crate) fn start(
+        spec: ReplicationSpec,
+        engine: Context,
+        on_end: OnEnd,
+        watchdog: Watchdog,
+    ) -> Self {
         let handle = replication::start(spec, engine);
         let progress = handle.progress();
         let (stop_tx, stop_rx) = oneshot::channel();
-        let task = tokio::spawn(wait_end(handle, stop_rx, on_end).in_current_span());
+        let task = tokio::spawn(
+            async move {
+                let Watchdog {
+                    lease,
+                    node_lease,
+                    on_lost,
+                } = watchdog;
+                tokio::select! {
+                    stats = wait_end(handle, stop_rx, on_end) => stats,
+                    // Whichever runs out first: the job's own or the node's.
+                    () = first(lease.expired(), node_lease.expired()) => {
+                        // `wait_end` and the engine handle it owns are dropped here, which
+                        // aborts the replication without a final checkpoint.
+                        tracing::warn!(
+                            job_lease_age_ms = lease.age().as_millis() as u64,
+                            node_lease_age_ms = node_lease.age().as_millis() as u64,
+                            "job lease ran out (store unreachable?); replication aborted"
+                        );
+                        on_lost();
+                        None
+                    }
+                }
+            }
+            .in_current_span(),
+        );
         Self {
             stop: Some(stop_tx),
             progress,
@@ -122,6 +164,14 @@ impl Runner {
             Ok(Ok(Some(final_stats))) => final_stats,
             _ => stats,
         }
+    }
+}
+
+/// Resolves when either future does.
+async fn first(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+    tokio::select! {
+        () = a => {}
+        () = b => {}
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use supervisors::{ChildHandle, Children};
 
 use crate::jobs::Jobs;
+use crate::replicator::job::lease::Lease;
 use crate::store::tuple;
 use crate::telemetry::NodeMetrics;
 
@@ -50,6 +51,9 @@ struct Inner {
     prefix: Vec<u8>,
     children: Children,
     metrics: Arc<NodeMetrics>,
+    /// Renewed by each heartbeat that committed: once it runs out, a neighbour may declare
+    /// this node dead and re-enqueue its jobs, so they must have stopped (`job/lease.rs`).
+    node_lease: Arc<Lease>,
 }
 
 impl NodeCtx {
@@ -62,6 +66,7 @@ impl NodeCtx {
         prefix: Vec<u8>,
         children: Children,
     ) -> Self {
+        let settings_timeout = settings.job_timeout;
         Self {
             inner: Arc::new(Inner {
                 jobs,
@@ -71,6 +76,7 @@ impl NodeCtx {
                 prefix,
                 children,
                 metrics: Arc::default(),
+                node_lease: Arc::new(Lease::new(settings_timeout)),
             }),
         }
     }
@@ -98,6 +104,11 @@ impl NodeCtx {
     /// The tree's children.
     pub fn children(&self) -> &Children {
         &self.inner.children
+    }
+
+    /// The node's lease on its membership (renewed by heartbeats).
+    pub(crate) fn node_lease(&self) -> &Arc<Lease> {
+        &self.inner.node_lease
     }
 
     /// This node's metrics.

@@ -1,28 +1,29 @@
 //! The process's one committer: a task that sends commits as etcd `Txn`s, batching the
-//! commits that queued up while the previous `Txn` was in flight into one `Txn` when their
+//! commits that queued up while the earlier `Txn`s were in flight into one `Txn` when their
 //! read and write sets are disjoint (any order of them is then serializable, so etcd
 //! checking all their compares against the state before the batch is sound).
 //!
 //! A batch is one all-or-nothing `Txn`: every member's read compares, then the members'
 //! writes folded in batch order (so two members may write one key: the later wins, as if
 //! they had committed one after the other; blind atomic adds to one counter sum up). It
-//! advances the clock key's counter (the versionstamp) under a `MOD ==` compare and checks
-//! that the keys of atomic adds still have the values the adds were computed from. Its
-//! failure branch reads those back plus one probe per compare, so the committer learns
-//! which members really conflict: they get `Conflict`, and the rest is resent at once (as is
-//! a batch that failed only because the clock or an added key moved), without running any
-//! transaction again.
+//! advances the clock key's counter (the versionstamp) and checks that the keys of atomic
+//! adds hold the values the adds were computed from, both by value as `tip.rs` predicts, so
+//! up to `pipeline` `Txn`s are in flight at once. Its failure branch reads those back plus
+//! one probe per compare, so the committer learns which members really conflict: they get
+//! `Conflict`, and the rest is resent at once (as is a batch that failed only because the
+//! prediction was wrong), without running any transaction again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
-use tokio::sync::{mpsc, oneshot};
+use etcd_client::{Compare, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::conflicts::{Check, ReadSet, overlap};
 use super::errors::{commit_error, read_error};
-use super::plan::{Bases, WritePlan, write_spans};
+use super::plan::{WritePlan, write_spans};
+use super::tip::{self, Basis, Seen};
 use super::{Clock, Keys, MAX_REQUEST_BYTES, MAX_TXN_OPS, Shared};
 use crate::store::embedded::writes::Mutation;
 use crate::store::{CommitStamp, StoreError, commit_stamp};
@@ -105,6 +106,7 @@ impl Committer {
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Member>) {
+    let slots = Arc::new(Semaphore::new(shared.pipeline.max(1)));
     let mut queue: VecDeque<Member> = VecDeque::new();
     loop {
         if queue.is_empty() {
@@ -113,11 +115,19 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Member>) {
                 None => return,
             }
         }
+        // Wait for a free slot before forming the batch: commits that arrive meanwhile join.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         while let Ok(member) = rx.try_recv() {
             queue.push_back(member);
         }
         let batch = take_batch(&mut queue);
-        commit_batch(&shared, batch).await;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            commit_batch(&shared, batch).await;
+            drop(slot);
+        });
     }
 }
 
@@ -189,13 +199,6 @@ async fn commit_batch(shared: &Shared, batch: Vec<Member>) {
     }
 }
 
-/// The clock and the current values and mod revisions of the added keys.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Moving {
-    clock: Clock,
-    adds: Added,
-}
-
 fn get_ops(shared: &Shared, adds: &[Vec<u8>]) -> Vec<TxnOp> {
     std::iter::once(shared.keys.clock().to_vec())
         .chain(adds.iter().cloned())
@@ -204,72 +207,28 @@ fn get_ops(shared: &Shared, adds: &[Vec<u8>]) -> Vec<TxnOp> {
 }
 
 /// Reads the clock and added keys back from the responses of [`get_ops`].
-fn moving_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Moving {
-    let mut moving = Moving::default();
+fn seen_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Seen {
+    let mut seen = Seen::default();
     for (i, response) in responses.into_iter().enumerate() {
         let TxnOpResponse::Get(get) = response else {
             continue;
         };
         let kv = get.kvs().first();
         if i == 0 {
-            moving.clock = kv.map_or_else(Clock::default, |kv| {
-                Clock::decode(kv.value(), kv.mod_revision())
-            });
+            seen.counter = kv.map_or(0, |kv| Clock::decode(kv.value(), kv.mod_revision()).counter);
         } else if let Some(key) = adds.get(i - 1) {
-            let value = kv.map(|kv| (Some(kv.value().to_vec()), kv.mod_revision()));
-            moving.adds.insert(key.clone(), value.unwrap_or((None, 0)));
+            seen.adds
+                .insert(key.clone(), kv.map(|kv| kv.value().to_vec()));
         }
     }
-    moving
+    seen
 }
 
-/// The values this process last wrote to (or read back from) keys of atomic adds, with
-/// their mod revisions: used as the adds' bases without reading them first; the commit's
-/// compares catch a stale one, and its failure branch brings the current value.
-#[derive(Default)]
-pub(crate) struct AddCache(std::sync::Mutex<Added>);
-
-/// Keys of atomic adds: the value (`None` = absent) and its mod revision.
-type Added = HashMap<Vec<u8>, (Option<Vec<u8>>, i64)>;
-
-/// Entries kept at most (the hot keys are a few per job type).
-const ADD_CACHE: usize = 1024;
-
-impl AddCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Added> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, keys: &[Vec<u8>]) -> Option<Added> {
-        let cache = self.lock();
-        keys.iter()
-            .map(|k| cache.get(k).map(|v| (k.clone(), v.clone())))
-            .collect()
-    }
-
-    fn put(&self, entries: impl IntoIterator<Item = (Vec<u8>, (Option<Vec<u8>>, i64))>) {
-        let mut cache = self.lock();
-        if cache.len() > ADD_CACHE {
-            cache.clear();
-        }
-        cache.extend(entries);
-    }
-
-    pub(crate) fn clear(&self) {
-        self.lock().clear();
-    }
-}
-
-/// The clock and added keys now: from the caches when they know them all, else read.
-async fn read_moving(shared: &Shared, adds: &[Vec<u8>]) -> Result<Moving, StoreError> {
-    if let (Some(clock), Some(adds)) = (shared.cached_clock(), shared.adds.get(adds)) {
-        return Ok(Moving { clock, adds });
-    }
+/// Reads the clock and the added keys (when the tip does not know them).
+async fn read_seen(shared: &Shared, adds: &[Vec<u8>]) -> Result<Seen, StoreError> {
     let txn = Txn::new().and_then(get_ops(shared, adds));
     let resp = shared.kv().txn(txn).await.map_err(read_error)?;
-    let moving = moving_from(resp.op_responses(), adds);
-    shared.adds.put(moving.adds.clone());
-    Ok(moving)
+    Ok(seen_from(resp.op_responses(), adds))
 }
 
 /// What one `Txn` of a batch did.
@@ -280,8 +239,19 @@ enum Outcome {
     Failed(Vec<usize>),
 }
 
+/// The basis of the next `Txn`: the tip's prediction, read first when it has none.
+async fn reserve(shared: &Shared, plan: &WritePlan, adds: &[Vec<u8>]) -> Result<Basis, StoreError> {
+    for _ in 0..REBUILDS {
+        if let Some(basis) = shared.tip.reserve(plan, adds) {
+            return Ok(basis);
+        }
+        shared.tip.learn(read_seen(shared, adds).await?);
+    }
+    Err(StoreError::Conflict)
+}
+
 /// Sends `members` as one all-or-nothing `Txn`, rebuilt while only the clock or the keys of
-/// atomic adds moved.
+/// atomic adds were not what the tip predicted.
 async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, StoreError> {
     let mut plan = WritePlan::default();
     for (i, member) in members.iter().enumerate() {
@@ -289,31 +259,27 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
     }
     let adds = plan.add_keys();
     let checks: Vec<&Check> = members.iter().flat_map(|m| &m.checks).collect();
-    let mut moving = read_moving(shared, &adds).await?;
     for _ in 0..REBUILDS {
-        let counter = moving.clock.counter + 1;
-        let txn = build(shared, &plan, &checks, &adds, &moving, counter)?;
+        let basis = reserve(shared, &plan, &adds).await?;
+        let counter = basis.counter + 1;
+        let txn = match build(shared, &plan, &checks, &adds, &basis, counter) {
+            Ok(txn) => txn,
+            Err(e) => {
+                // Reserved but never sent: the prediction past it is wrong.
+                shared.tip.forget();
+                return Err(e);
+            }
+        };
         shared.stats.txns.fetch_add(1, Ordering::Relaxed);
         let resp: TxnResponse = match shared.kv().txn(txn).await {
             Ok(resp) => resp,
             Err(e) => {
-                // The clock may have moved under an unknown outcome: read it next time.
-                shared.saw_clock(None);
-                shared.adds.clear();
+                shared.tip.forget();
                 return Err(commit_error(e));
             }
         };
         if resp.succeeded() {
             let revision = resp.header().map_or(0, |h| h.revision());
-            let bases = bases_of(&moving);
-            shared.adds.put(
-                adds.iter()
-                    .map(|k| (k.clone(), (plan.added_value(k, &bases), revision))),
-            );
-            shared.saw_clock(Some(Clock {
-                counter,
-                mod_revision: revision,
-            }));
             let n = members.len();
             shared
                 .stats
@@ -329,9 +295,7 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
         }
         let mut responses = resp.op_responses();
         let probes = responses.split_off((1 + adds.len()).min(responses.len()));
-        let now = moving_from(responses, &adds);
-        shared.saw_clock(Some(now.clock));
-        shared.adds.put(now.adds.clone());
+        shared.tip.missed(basis.epoch, seen_from(responses, &adds));
         let failed = failed_members(members, &probes);
         if !failed.is_empty() {
             shared
@@ -341,7 +305,6 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
             return Ok(Outcome::Failed(failed));
         }
         shared.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
-        moving = now;
     }
     Ok(Outcome::Failed((0..members.len()).collect()))
 }
@@ -363,14 +326,6 @@ fn failed_members(members: &[Member], probes: &[TxnOpResponse]) -> Vec<usize> {
     failed
 }
 
-fn bases_of(moving: &Moving) -> Bases {
-    moving
-        .adds
-        .iter()
-        .map(|(k, (v, _))| (k.clone(), v.clone()))
-        .collect()
-}
-
 fn too_many(what: &str, n: usize) -> Result<(), StoreError> {
     if n > MAX_TXN_OPS {
         return Err(StoreError::TooLarge(format!(
@@ -380,30 +335,25 @@ fn too_many(what: &str, n: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The batch's `Txn`: every check, the keys of atomic adds unchanged and the clock where it
-/// was; then the writes and the clock advanced to `counter`; else read back the clock, the
-/// added keys and a probe per check.
+/// The batch's `Txn`: every check, the clock and the keys of atomic adds as `basis`
+/// predicts; then the writes and the clock advanced to `counter`; else read back the clock,
+/// the added keys and a probe per check.
 fn build(
     shared: &Shared,
     plan: &WritePlan,
     checks: &[&Check],
     adds: &[Vec<u8>],
-    moving: &Moving,
+    basis: &Basis,
     counter: u64,
 ) -> Result<Txn, StoreError> {
-    let bases = bases_of(moving);
     let mut compares: Vec<Compare> = checks.iter().map(|c| c.compare()).collect();
     compares.extend(adds.iter().map(|key| {
-        let seen = moving.adds.get(key).map_or(0, |(_, m)| *m);
-        Compare::mod_revision(key.clone(), CompareOp::Equal, seen)
+        let base = basis.bases.get(key).cloned().flatten();
+        tip::holds(key.clone(), &base)
     }));
     let clock = shared.keys.clock().to_vec();
-    compares.push(Compare::mod_revision(
-        clock.clone(),
-        CompareOp::Equal,
-        moving.clock.mod_revision,
-    ));
-    let mut ops = plan.ops(counter, &bases)?;
+    compares.push(tip::clock_holds(clock.clone(), basis.counter));
+    let mut ops = plan.ops(counter, &basis.bases)?;
     ops.push(TxnOp::put(clock, counter.to_be_bytes().to_vec(), None));
     let mut failure = get_ops(shared, adds);
     failure.extend(checks.iter().map(|c| c.probe()));

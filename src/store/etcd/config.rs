@@ -10,6 +10,12 @@ use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions, OpenS
 use super::errors::read_error;
 use crate::store::StoreError;
 
+/// Commit `Txn`s in flight per process by default. Measured (docs/decisions/
+/// 2026-11-26-etcd-store.md): deeper pipelines lost to one `Txn` in flight, because each read
+/// conflict fails the `Txn`s behind it (their predicted clock) and batches get smaller, so
+/// 1 until a design that survives conflicts.
+pub const DEFAULT_PIPELINE: usize = 1;
+
 /// The settings of the etcd engine (`serve --etcd-endpoints`, `[couch_jobs] etcd_*`).
 #[derive(Clone)]
 pub struct EtcdConfig {
@@ -30,6 +36,8 @@ pub struct EtcdConfig {
     pub request_timeout: Duration,
     /// Connecting fails after this.
     pub connect_timeout: Duration,
+    /// Commit `Txn`s one process keeps in flight at most (1: each waits for the previous).
+    pub pipeline: usize,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -57,6 +65,7 @@ impl EtcdConfig {
             key_file: None,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            pipeline: DEFAULT_PIPELINE,
         }
     }
 

@@ -30,13 +30,14 @@ mod conflicts;
 mod errors;
 mod plan;
 mod read_version;
+mod tip;
 mod transaction;
 mod watches;
 
-pub use config::EtcdConfig;
+pub use config::{DEFAULT_PIPELINE, EtcdConfig};
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use etcd_client::{Client, GetOptions, GetResponse, KvClient};
 use futures::FutureExt;
@@ -140,28 +141,15 @@ pub(crate) struct Shared {
     pub(crate) stats: EtcdStats,
     pub(crate) client: Client,
     pub(crate) keys: Keys,
-    /// The last clock this process saw, so commits need not read it first.
-    pub(crate) clock: Mutex<Option<Clock>>,
-    /// The same for the keys of atomic adds.
-    pub(crate) adds: committer::AddCache,
+    /// The clock and added keys as the committer predicts them.
+    pub(crate) tip: tip::Tip,
+    /// Commit `Txn`s in flight at most.
+    pub(crate) pipeline: usize,
 }
 
 impl Shared {
     pub(crate) fn kv(&self) -> KvClient {
         self.client.kv_client()
-    }
-
-    /// Keeps the newer of the cached clock and `seen`.
-    pub(crate) fn saw_clock(&self, seen: Option<Clock>) {
-        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        match (*clock, seen) {
-            (Some(old), Some(new)) if new.mod_revision < old.mod_revision => {}
-            (_, new) => *clock = new,
-        }
-    }
-
-    pub(crate) fn cached_clock(&self) -> Option<Clock> {
-        *self.clock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A read at an explicit revision (never inside a `Txn`). Served by whichever member the
@@ -209,8 +197,8 @@ impl EtcdStore {
             stats: EtcdStats::default(),
             client,
             keys: Keys::new(config.prefix.as_bytes()),
-            clock: Mutex::new(None),
-            adds: committer::AddCache::default(),
+            tip: tip::Tip::default(),
+            pipeline: config.pipeline,
         });
         read_version::read_version(&shared).await?;
         Ok(Self {

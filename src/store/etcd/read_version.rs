@@ -64,8 +64,8 @@ pub(crate) async fn read_version(shared: &Shared) -> Result<i64, StoreError> {
         .kvs()
         .first()
         .map(|kv| Clock::decode(kv.value(), kv.mod_revision()));
-    if clock.is_some() {
-        shared.saw_clock(clock);
+    if let Some(clock) = clock {
+        shared.tip.saw_clock(clock.counter);
     }
     Ok(revision)
 }

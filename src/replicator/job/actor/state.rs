@@ -1,11 +1,13 @@
 //! A job actor's messages, start arguments and state, shared by the actor's handlers
 //! ([`super`]) and the ends of its runs ([`super::ending`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
 use supervisors::Observable;
 
+use super::super::lease::Lease;
 use super::super::record::{JobError, RepJobRecord};
 use super::super::runner::Runner;
 use crate::jobs::Job;
@@ -31,6 +33,8 @@ pub enum JobMsg {
     Observe(RpcReplyPort<JobObservation>),
     /// Trimmed by the job server: stop, and go back to pending this much later.
     Rotate(Duration),
+    /// The job's lease ran out (`job/lease.rs`): the replication was aborted.
+    LeaseLost,
 }
 
 /// What [`JobMsg::Observe`] answers.
@@ -85,6 +89,8 @@ pub struct JobActorState {
     /// How long a stopped job waits before it is eligible again (default `interval`).
     pub(super) resubmit_delay: Option<Duration>,
     pub(super) timer: Option<tokio::task::JoinHandle<()>>,
+    /// Since when this node may still run the replication without another node taking it.
+    pub(super) lease: Arc<Lease>,
     /// `replication_job{job_id, rep_id, source, target}`: entered by every message handler
     /// and, through them, by the engine's tasks (changes reader, workers, checkpointer).
     pub(super) span: tracing::Span,
