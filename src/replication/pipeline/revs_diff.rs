@@ -110,13 +110,14 @@ impl DiffSkipper {
     const MAX_GAP: Duration = Duration::from_secs(37);
 
     /// A skipper for a target that held nothing when the replication started (created by it,
-    /// or without documents or deletions): every revision is missing there, so the first
-    /// batches skip `_revs_diff` too, saving a round trip each (what decides over a long
-    /// link). The periodic call after `MAX_GAP` still checks the guess.
+    /// or without documents or deletions): every revision should be missing there, so once
+    /// the first diff confirms it, batches skip `_revs_diff` at once instead of after the
+    /// six the moving average needs, saving a round trip each (what decides over a long
+    /// link). Only the batches already under way when the first diff answers call it too.
     pub fn for_empty_target() -> Self {
         Self {
             avg: 1.0,
-            last_call: Some(Instant::now()),
+            last_call: None,
         }
     }
 
@@ -157,10 +158,15 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_target_skips_until_a_diff_finds_revisions_present() {
+    fn an_empty_target_skips_once_the_first_diff_confirms_it() {
         let mut s = DiffSkipper::for_empty_target();
-        assert!(!s.should_call());
+        assert!(s.should_call(), "the first batch checks the guess");
+        s.record(100, 100);
+        assert!(!s.should_call(), "skips from the second diff on");
         s.record(100, 0);
-        assert!(s.should_call());
+        assert!(
+            s.should_call(),
+            "a diff finding revisions present ends the skipping"
+        );
     }
 }
