@@ -25,7 +25,7 @@
 //! dead band (`super::share::smooth_ratio`, `super::share::delay_factor`). Trimming
 //! stops the longest-running jobs, those of a database measured far over its part first.
 //!
-//! Several nodes ([`super::balance`]): every tick, and when a job is enqueued while this
+//! Several nodes (`balance`): every tick, and when a job is enqueued while this
 //! node is held below `max_jobs` (`Rebalance`, from a task watching the queue), the node
 //! reads its part of the cluster's jobs. It keeps acceptors only up to that part (a
 //! surplus acceptor retires after its current wait), hands the jobs over it back to the
@@ -108,7 +108,7 @@ pub struct JobServerObservation {
     /// Jobs the fair-share tables remember (running, or waiting with a priority left).
     pub share_jobs: usize,
     /// The most jobs this node runs now: `max_jobs`, or less while its part of the
-    /// cluster's jobs is smaller ([`super::balance`]).
+    /// cluster's jobs is smaller (`balance`).
     pub limit: usize,
 }
 
@@ -307,7 +307,7 @@ impl JobServer {
             .unwrap_or(0)
     }
 
-    /// Reads this node's part of the cluster's jobs ([`super::balance`]) into `st.limit`,
+    /// Reads this node's part of the cluster's jobs (`balance`) into `st.limit`,
     /// retires the acceptors beyond it and hands the running jobs beyond it back to the
     /// queue. A job is moved at most once an interval (or `min_run_time`, if shorter), so
     /// views read at slightly different times do not bounce it. Keeps the old limit when
