@@ -208,12 +208,24 @@ async fn three_serve_processes_survive_node_and_etcd_member_kills() {
                     (node, resp.map(|r| r.status().as_u16()))
                 }));
             }
-            wait_for(30, "every continuous job running", || async {
-                let jobs = cluster.jobs(0).await.ok()?;
-                let running = jobs.iter().filter(|(_, s, _)| s == "running").count();
-                (running >= persistent).then_some(())
-            })
+            // A transient job exists once its node has stored it; its target (created by the
+            // job) says it did, so the node killed below has a job to lose, not a request.
+            wait_for(
+                30,
+                "every continuous job running, every transient one started",
+                || async {
+                    let jobs = cluster.jobs(0).await.ok()?;
+                    let running = jobs.iter().filter(|(_, s, _)| s == "running").count();
+                    for k in persistent..persistent + transient {
+                        if pouch.get(&format!("t{k}")).await.0 != 200 {
+                            return None;
+                        }
+                    }
+                    (running >= persistent).then_some(())
+                },
+            )
             .await;
+            eprintln!("step: every continuous job running, every transient one started");
             let mut seen_twice = Vec::new();
             seen_twice.extend(doubled(&cluster).await);
             cluster.kill(1).await;
@@ -226,6 +238,7 @@ async fn three_serve_processes_survive_node_and_etcd_member_kills() {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             etcd.restart(0);
+            eprintln!("step: node 2 and etcd member 1 killed, member 1 restarted");
             for w in waits {
                 let (node, status) = w.await.unwrap();
                 // The killed node's own request dies with it; its job runs elsewhere.
@@ -233,15 +246,24 @@ async fn three_serve_processes_survive_node_and_etcd_member_kills() {
                     assert_eq!(status.ok(), Some(200), "transient through node {node}");
                 }
             }
+            eprintln!("step: transient replies in");
             // Every target complete, sampling the nodes all along.
+            let mut last_short = None;
             loop {
                 seen_twice.extend(doubled(&cluster).await);
-                let mut complete = true;
+                let mut short = Vec::new();
                 for k in 0..persistent + transient {
                     let want = if k < persistent { 40 } else { 30 };
-                    complete &= doc_count(&pouch, &format!("t{k}")).await == want;
+                    let have = doc_count(&pouch, &format!("t{k}")).await;
+                    if have != want {
+                        short.push((k, have, want));
+                    }
                 }
-                if complete {
+                if last_short.as_ref() != Some(&short) {
+                    eprintln!("step: targets short (k, have, want): {short:?}");
+                    last_short = Some(short.clone());
+                }
+                if short.is_empty() {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;

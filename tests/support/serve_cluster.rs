@@ -244,3 +244,19 @@ impl ServeCluster {
             .unwrap_or_default())
     }
 }
+
+impl Drop for ServeCluster {
+    /// A failing test shows the last lines each node logged: the processes and their temp
+    /// dir go with the cluster, so this is the only trace left of what they did.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for i in 0..self.nodes.len() {
+            let log = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!("--- last lines of node{} ---\n{}", i + 1, tail.join("\n"));
+        }
+    }
+}
