@@ -24,6 +24,10 @@ use super::lifecycle::{get_row, stamp_running};
 /// `RANGE_LIMIT`: how many candidates the random pick chooses among.
 pub(crate) const ACCEPT_RANGE_LIMIT: usize = 1024;
 
+/// With `earliest_first`: the fewest candidates the pick still spreads over when few jobs
+/// share the earliest scheduled time, so concurrent acceptors rarely take the same one.
+const EARLIEST_SPREAD: usize = 8;
+
 /// Default `max_sched_time`: 2^36 seconds (far future).
 pub const MAX_SCHED_TIME: i64 = 1 << 36;
 
@@ -41,6 +45,10 @@ pub struct AcceptOpts {
     /// `ACCEPT_RANGE_LIMIT`, as couch_jobs). Fewer makes the queue nearly first-in
     /// first-out by scheduled time, while concurrent acceptors still rarely pick the same job.
     pub candidates: Option<usize>,
+    /// Picks among the candidates scheduled at the earliest time only (at least
+    /// `EARLIEST_SPREAD` of them), so a job waiting since long ago is not diluted among
+    /// jobs that became eligible a moment ago.
+    pub earliest_first: bool,
 }
 
 impl AcceptOpts {
@@ -65,6 +73,12 @@ impl AcceptOpts {
     /// How many candidates the pick chooses among.
     pub(crate) fn candidate_limit(&self) -> usize {
         self.candidates.unwrap_or(ACCEPT_RANGE_LIMIT).max(1)
+    }
+
+    /// Picks among the earliest scheduled candidates only (see [`AcceptOpts::earliest_first`]).
+    pub fn earliest_first(mut self) -> Self {
+        self.earliest_first = true;
+        self
     }
 
     /// Uses the random-probe dequeue; the type's jobs must all be scheduled at time 0.
@@ -130,6 +144,9 @@ pub async fn try_accept(
         )
         .await?
     };
+    if opts.earliest_first {
+        keep_earliest(keys, &mut candidates);
+    }
     while !candidates.is_empty() {
         let pick = rng.index(candidates.len());
         let KeyValue { key, .. } = candidates.swap_remove(pick);
@@ -157,6 +174,21 @@ pub async fn try_accept(
         return Ok(Some((job, row.data)));
     }
     Ok(None)
+}
+
+/// Narrows key-ordered pending `candidates` to those at the first one's scheduled time, or to
+/// the first `EARLIEST_SPREAD` when fewer share it. Undecodable keys stay, for the pick loop
+/// to report.
+fn keep_earliest(keys: &Keys, candidates: &mut Vec<KeyValue>) {
+    let stime = |kv: &KeyValue| keys.decode_pending_key(&kv.key).ok().map(|(t, _)| t);
+    let Some(first) = candidates.first().and_then(stime) else {
+        return;
+    };
+    let same = candidates
+        .iter()
+        .take_while(|kv| stime(kv).is_none_or(|t| t == first))
+        .count();
+    candidates.truncate(same.max(EARLIEST_SPREAD));
 }
 
 /// `no_schedule` probe: the first pending key at or after a random id, or the last before it

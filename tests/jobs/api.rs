@@ -235,6 +235,44 @@ async fn accept_candidates_narrow_the_pick_to_the_earliest_scheduled() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn earliest_first_takes_long_waiting_jobs_before_recent_ones() {
+    deadline(30, "earliest first", async {
+        let (j, _) = memory_jobs();
+        j.set_type_timeout(T, 10).await.unwrap();
+        let now = j.clock().now_secs();
+        // Twenty jobs waiting since long ago, fifty eligible a second ago; ids of the recent
+        // ones sort first, so only the scheduled time can put the old ones ahead.
+        for i in 0..20 {
+            j.add(T, &format!("old{i:02}"), data(json!({})), now - 100)
+                .await
+                .unwrap();
+        }
+        for i in 0..50 {
+            j.add(T, &format!("new{i:02}"), data(json!({})), now - 1)
+                .await
+                .unwrap();
+        }
+        let opts = now0(&j).candidates(64).earliest_first();
+        // While at least 8 share the earliest time the pick is among them alone; below that
+        // it spreads over the 8 earliest, the old ones always among them.
+        let mut taken = Vec::new();
+        for _ in 0..13 {
+            taken.push(j.accept(T, opts).await.unwrap().0.id);
+        }
+        assert!(
+            taken.iter().all(|id| id.starts_with("old")),
+            "a recent job taken while 8 old ones waited: {taken:?}"
+        );
+        for _ in 0..57 {
+            j.accept(T, opts).await.unwrap();
+        }
+        assert_eq!(j.accept(T, opts).await, Err(JobsError::NotFound));
+        assert_eq!(j.accept(T, opts).await, Err(JobsError::NotFound));
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
 async fn accept_respects_max_sched_time_and_waits_for_new_jobs() {
     deadline(
         30,

@@ -25,7 +25,9 @@ const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 /// The earliest eligible jobs an acceptor picks among: few enough that a job eligible early
 /// does not jump the jobs scheduled before it, enough (about a second of trims at 10,000
 /// jobs) that one database's jobs do not start in id order together
-/// (docs/decisions/2026-11-26-accept-candidates.md).
+/// (docs/decisions/2026-11-26-accept-candidates.md); and of those, the ones scheduled
+/// earliest, so a job that never ran is not diluted among trimmed jobs made eligible early
+/// (docs/decisions/2026-11-27-accept-earliest-first.md).
 const ACCEPT_CANDIDATES: usize = 64;
 /// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
 const HANDOFF_ATTEMPTS: u32 = 50;
@@ -47,7 +49,8 @@ pub(super) async fn acceptor(
         let opts = AcceptOpts::default()
             .max_sched_time(ctx.now_secs())
             .timeout(ACCEPT_WAIT)
-            .candidates(ACCEPT_CANDIDATES);
+            .candidates(ACCEPT_CANDIDATES)
+            .earliest_first();
         match ctx.jobs().accept(REP_JOBS, opts).await {
             Ok((job, data)) => {
                 let record = match RepJobRecord::from_data(&data) {
