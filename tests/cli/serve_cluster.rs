@@ -2,8 +2,9 @@
 //! evenly over them whichever node took the request, a node that joins takes its part, a
 //! transient replication submitted to one node is listed and cancelled through another;
 //! and, on a 3-member etcd, continuous jobs from a `_replicator` database and transient
-//! ones survive the kill -9 of a node and of an etcd member with every target complete, no
-//! job on two nodes at once, and every member's `hashkv` equal at the end. Skips when etcd
+//! ones survive the kill -9 of a node and of an etcd member, and one node cut off etcd (its
+//! connections through relays blocked) while the sources change, with every target complete,
+//! no job on two nodes at once, and every member's `hashkv` equal at the end. Skips when etcd
 //! is not installed.
 
 use std::collections::{BTreeMap, HashSet};
@@ -14,6 +15,7 @@ use serde_json::{Value, json};
 
 use crate::support::etcd::EtcdCluster;
 use crate::support::http::Pouch;
+use crate::support::relay::Relay;
 use crate::support::serve_cluster::ServeCluster;
 use crate::support::{deadline, wait_for};
 
@@ -158,7 +160,7 @@ async fn doubled(cluster: &ServeCluster) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_serve_processes_survive_node_and_etcd_member_kills() {
+async fn three_serve_processes_survive_node_and_etcd_member_kills_and_a_cut_off() {
     let Some(mut etcd) = EtcdCluster::start(3).await else {
         return;
     };
@@ -169,9 +171,21 @@ async fn three_serve_processes_survive_node_and_etcd_member_kills() {
         "[replicator_dbs]\njobs_replicator = {}\n",
         pouch.db("jobs_replicator")
     );
-    let mut cluster = ServeCluster::start(bin(), &endpoints, 3, &ini)
-        .await
-        .unwrap();
+    // Node 3 reaches etcd only through relays, one per member, to be cut off later.
+    let mut relays = Vec::new();
+    for endpoint in etcd.endpoints() {
+        let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+        relays.push(Relay::start(port).await.unwrap());
+    }
+    let via_relays: Vec<String> = relays
+        .iter()
+        .map(|r| format!("http://127.0.0.1:{}", r.port))
+        .collect();
+    let mut cluster = ServeCluster::prepare(bin(), &endpoints, 3, &ini).unwrap();
+    cluster.set_endpoints(2, via_relays.join(","));
+    for i in 0..3 {
+        cluster.restart(i).await.unwrap();
+    }
     let persistent = 6;
     let transient = 3;
     for k in 0..persistent + transient {
@@ -188,8 +202,8 @@ async fn three_serve_processes_survive_node_and_etcd_member_kills() {
             .await;
     }
     deadline(
-        90,
-        "a cluster that loses a node and an etcd member",
+        150,
+        "a cluster that loses a node and an etcd member and has one cut off",
         async {
             // Transient one-shot jobs, one through each node.
             let mut waits = Vec::new();
@@ -247,13 +261,50 @@ async fn three_serve_processes_survive_node_and_etcd_member_kills() {
                 }
             }
             eprintln!("step: transient replies in");
+            // Node 3 cut off etcd while it runs jobs and the sources change: it must stop
+            // them before node 1 (the only other node left) may take them over.
+            wait_for(30, "node 3 running jobs before the cut", || async {
+                let n = cluster.local_jobs(2).await.ok()?.len();
+                (n > 0).then_some(())
+            })
+            .await;
+            for r in &relays {
+                r.block();
+            }
+            for k in 0..persistent {
+                add_docs(&pouch, &format!("s{k}"), 40, 10).await;
+            }
+            // Sampled all along: the doubled-job check is the point of this phase.
+            let cut_at = std::time::Instant::now();
+            loop {
+                seen_twice.extend(doubled(&cluster).await);
+                let on_1 = cluster.local_jobs(0).await.map_or(0, |j| j.len());
+                let on_3 = cluster.local_jobs(2).await.map_or(usize::MAX, |j| j.len());
+                if on_1 >= persistent && on_3 == 0 {
+                    break;
+                }
+                assert!(
+                    cut_at.elapsed() < Duration::from_secs(40),
+                    "40 s after the cut node 1 runs {on_1} jobs and node 3 {on_3}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            eprintln!("step: node 3 cut off, its jobs moved to node 1");
+            for r in &relays {
+                r.unblock();
+            }
+            // Node 3 reaches etcd again and finds its locks gone: still never twice.
+            for _ in 0..10 {
+                seen_twice.extend(doubled(&cluster).await);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
             // Every target complete, sampling the nodes all along.
             let mut last_short = None;
             loop {
                 seen_twice.extend(doubled(&cluster).await);
                 let mut short = Vec::new();
                 for k in 0..persistent + transient {
-                    let want = if k < persistent { 40 } else { 30 };
+                    let want = if k < persistent { 50 } else { 30 };
                     let have = doc_count(&pouch, &format!("t{k}")).await;
                     if have != want {
                         short.push((k, have, want));

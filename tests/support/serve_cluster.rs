@@ -24,6 +24,8 @@ pub struct ServeNode {
     /// `http://127.0.0.1:PORT` of its current (or last) run.
     pub base: String,
     child: Option<Child>,
+    /// This node's own etcd endpoints (e.g. through relays), instead of the cluster's.
+    endpoints: Option<String>,
 }
 
 /// N `serve` processes on one etcd.
@@ -74,6 +76,7 @@ impl ServeCluster {
                 name,
                 base: String::new(),
                 child: None,
+                endpoints: None,
             });
         }
         Ok(cluster)
@@ -86,6 +89,12 @@ impl ServeCluster {
     /// Where node `i` logs (its stderr, appended across restarts).
     pub fn log_path(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("node{}.log", i + 1))
+    }
+
+    /// Node `i` reaches etcd at `endpoints` (comma separated) from its next start on, e.g.
+    /// through relays a test can block to cut it off.
+    pub fn set_endpoints(&mut self, i: usize, endpoints: String) {
+        self.nodes[i].endpoints = Some(endpoints);
     }
 
     /// Starts node `i` (again), on a new free port, and waits until it listens.
@@ -117,8 +126,9 @@ impl ServeCluster {
                 Ok(())
             });
         }
-        if !self.endpoints.is_empty() {
-            cmd.args(["--etcd-endpoints", &self.endpoints]);
+        let endpoints = self.nodes[i].endpoints.as_ref().unwrap_or(&self.endpoints);
+        if !endpoints.is_empty() {
+            cmd.args(["--etcd-endpoints", endpoints]);
         }
         let mut child = cmd.spawn().map_err(|e| format!("spawn serve: {e}"))?;
         let stdout = child.stdout.take().ok_or("no stdout")?;

@@ -79,6 +79,7 @@ impl Server for JobActor {
             last_start: None,
             runner: None,
             done: false,
+            lease_lost: false,
             error: None,
             resubmit_delay: None,
             timer: None,
@@ -100,6 +101,11 @@ impl Server for JobActor {
         terminate_job(myself, st, reason).instrument(span).await
     }
 }
+
+/// How long the terminate hook of a job whose lease ran out tries to put it back to
+/// pending: the lease ran out because the store was not reached, and the activity monitor
+/// re-enqueues the job anyway.
+const LEASE_LOST_BUDGET: Duration = Duration::from_secs(1);
 
 async fn handle_msg(
     myself: ActorRef<JobMsg>,
@@ -128,6 +134,7 @@ async fn handle_msg(
             // Already aborted; the terminate hook puts the job back to pending if the lock
             // is still ours (the store answers again), else it finds the lock gone.
             st.runner = None;
+            st.lease_lost = true;
             myself.stop(None);
             Ok(())
         }
@@ -166,6 +173,18 @@ async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: 
                 .take()
                 .unwrap_or(JobError::Internal { reason: text });
             reschedule_on_error(&mut st, err).await
+        }
+        ExitReason::Normal | ExitReason::Shutdown if st.lease_lost => {
+            // The store was just out of reach: one short try, then the job is left to the
+            // activity monitor, so the actor (what `_replicator_jobs` lists) is gone soon
+            // after its replication.
+            match tokio::time::timeout(LEASE_LOST_BUDGET, stop_to_pending(&mut st)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::info!(job = %st.job.id, "store unreachable; job left to the activity monitor");
+                    Ok(())
+                }
+            }
         }
         ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
     };
@@ -376,12 +395,14 @@ async fn tick(
     put_stats(st, &stats);
     st.record.last_updated = now;
     let began = Instant::now();
-    match st
-        .ctx
-        .jobs()
-        .update(&st.job, Some(st.record.to_data()))
-        .await
-    {
+    // Bounded by the lease: past it the watchdog has aborted the replication and sent
+    // `LeaseLost`, which this handler, stuck on an unreachable store, would otherwise hold
+    // back for the store's whole transaction timeout.
+    let update = st.ctx.jobs().update(&st.job, Some(st.record.to_data()));
+    let Ok(updated) = tokio::time::timeout(st.lease.remaining(), update).await else {
+        return Ok(());
+    };
+    match updated {
         Ok(job) => {
             st.lease.renew(began);
             st.job = job;

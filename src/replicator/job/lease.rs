@@ -59,6 +59,11 @@ impl Lease {
         self.renewed().elapsed()
     }
 
+    /// How long the lease still lasts without a renewal (zero once it ran out).
+    pub(crate) fn remaining(&self) -> Duration {
+        (self.renewed() + self.ttl).saturating_duration_since(Instant::now())
+    }
+
     /// Resolves once the lease has run out without a renewal.
     pub(crate) async fn expired(&self) {
         loop {

@@ -86,6 +86,9 @@ pub struct JobActorState {
     /// The error that ended the run, kept typed for the terminate hook (the supervisor's
     /// exit reason only carries its text).
     pub(super) error: Option<JobError>,
+    /// The lease ran out and the replication was aborted: the store was not reached in time,
+    /// so the terminate hook tries it only briefly (`LEASE_LOST_BUDGET`).
+    pub(super) lease_lost: bool,
     /// How long a stopped job waits before it is eligible again (default `interval`).
     pub(super) resubmit_delay: Option<Duration>,
     pub(super) timer: Option<tokio::task::JoinHandle<()>>,
