@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::jobs::{AcceptOpts, Job, JobData, JobsError};
 use crate::replication::endpoint::server::{self, DbUpdates};
@@ -24,6 +25,7 @@ use super::spec::{
     DbProgress, SERVER_JOBS, ServerRecord, ServerSpec, ServerState, db_job_kind, group_of,
 };
 use crate::replicator::handle::{NewJob, Replicator};
+use crate::replicator::job::lease::Lease;
 use crate::replicator::job::view::{RepState, parse_rep, persistent_job_id};
 use crate::replicator::node::event_bus::{EventReceiver, ReplicatorEvent};
 use crate::replicator::node::frontend::{ServiceError, ServiceFn};
@@ -105,6 +107,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
         db_updates: None,
         listed: false,
         events: None,
+        lease: Arc::new(Lease::new(rep.settings().job_timeout)),
         rep,
         job,
         record,
@@ -112,6 +115,23 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
     };
     run.record.state = ServerState::Running;
     run.record.node = Some(run.rep.node().to_owned());
+    let lease = run.lease.clone();
+    // The run's own lease, as a replication job's (`job/lease.rs`): once the store has not
+    // confirmed the lock for most of an activity timeout another worker may be about to take
+    // the job, so this run stops where it is, writing nothing more anywhere (no replication
+    // added or cancelled, no target deleted).
+    tokio::select! {
+        () = run_turns(run) => {}
+        () = lease.expired() => {
+            tracing::warn!(
+                lease_age_ms = lease.age().as_millis() as u64,
+                "server job lease ran out (store unreachable?); run stopped"
+            );
+        }
+    }
+}
+
+async fn run_turns(mut run: ServerRun) {
     loop {
         match run.turn().await {
             Ok(false) => {}
@@ -163,6 +183,8 @@ struct ServerRun {
     /// This node's replicator events: a replication of ours ending here starts a turn at
     /// once (ones ending on other nodes are seen at the next turn).
     events: Option<EventReceiver>,
+    /// Renewed by every committed keep-alive update (`turn`).
+    lease: Arc<Lease>,
 }
 
 impl ServerRun {
@@ -185,11 +207,13 @@ impl ServerRun {
             .db_updates
             .map(|d| if d { "_db_updates" } else { "_all_dbs" }.to_owned());
         self.record.last_updated = self.rep.ctx.now_secs();
+        let began = Instant::now();
         self.job = self
             .rep
             .jobs()
             .update(&self.job, Some(self.record.to_data()))
             .await?;
+        self.lease.renew(began);
         Ok(self.listed
             && !self.spec.continuous()
             && self.record.dbs.values().all(|d| d.state.is_terminal()))
