@@ -37,6 +37,16 @@ async fn verify_on_couchdb_finds_what_the_target_lacks() {
     assert_eq!(r["docs_checked"], want.docs, "{r}");
     assert_eq!(r["leaves_checked"], want.leaves, "{r}");
 
+    // Pages of 4 rows, each asking CouchDB for one row sequence a page (`seq_interval`):
+    // the same verdict.
+    let mut paged = s.clone();
+    paged.options.worker_batch_size = 1;
+    paged.options.worker_processes = 1;
+    let r = run(&paged, true).await;
+    assert_eq!(missing_of(&r), want.missing, "pages of 4: {r}");
+    assert_eq!(r["docs_checked"], want.docs, "pages of 4: {r}");
+    assert_eq!(r["leaves_checked"], want.leaves, "pages of 4: {r}");
+
     let r = run(&spec(&peer, "src", "tgt"), false).await;
     assert!(
         missing_of(&r).contains(&("zz-outside".into(), fixture::rev(1, "o1"))),

@@ -2,7 +2,8 @@
 //! that gain from overlapping the source's work with theirs: a server that builds a normal
 //! feed whole before sending it (pouchdb-server does) would otherwise leave the workers idle
 //! until the last row is ready. `verify` reads this way; replications keep one streamed
-//! request, whose checkpoints and retries are built around it.
+//! request, whose checkpoints and retries are built around it. Pages ask for sparse row
+//! sequences (`seq_interval`): only each page's `last_seq` is used.
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -22,10 +23,17 @@ impl ChangesReader {
         let page = page.max(1);
         let max = self.opts.worker_batch_size.max(1);
         loop {
-            let (rows, last) = self.read_normal_page(&since, page).await?;
+            let (rows, last) = self.read_normal_page(&since, page, true).await?;
             let full = rows.len() >= page;
-            let mut changes: Vec<Change> =
-                rows.into_iter().filter_map(|r| self.to_change(r)).collect();
+            // Rows without their own sequence (`seq_interval`) are changes all the same: the
+            // page's `last_seq` is what paging and the batches go by.
+            let mut changes: Vec<Change> = rows
+                .into_iter()
+                .filter_map(|mut r| {
+                    r.seq.get_or_insert(Value::Null);
+                    self.to_change(r)
+                })
+                .collect();
             while !changes.is_empty() {
                 let rest = changes.split_off(changes.len().min(max));
                 let batch = std::mem::replace(&mut changes, rest);

@@ -200,7 +200,7 @@ impl ChangesReader {
         tx: &mpsc::Sender<Batch>,
     ) -> Result<(bool, bool)> {
         let max = self.opts.worker_batch_size.max(1);
-        let (rows, last) = self.read_normal_page(since, max).await?;
+        let (rows, last) = self.read_normal_page(since, max, false).await?;
         let full = rows.len() >= max;
         let changes: Vec<Change> = rows.into_iter().filter_map(|r| self.to_change(r)).collect();
         // A page with nothing for this job moves its sequence only once a heartbeat period
