@@ -70,7 +70,7 @@ impl ReplicatorConfig {
 /// they are checked when the job is added.
 ///
 /// ```
-/// use couch_replicator::replicator::NewJob;
+/// use couch_replicator::NewJob;
 ///
 /// let job = NewJob::transient("http://127.0.0.1:5984/a", "http://127.0.0.1:5984/b")
 ///     .continuous()
@@ -183,10 +183,9 @@ pub enum WaitFor {
 /// use std::sync::Arc;
 /// use std::time::Duration;
 ///
-/// use couch_replicator::replicator::{
-///     NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError, WaitFor,
+/// use couch_replicator::{
+///     Db, MemoryStore, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError, WaitFor,
 /// };
-/// use couch_replicator::store::{Db, memory::MemoryStore};
 ///
 /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 /// # async fn main() -> Result<(), ReplicatorError> {
