@@ -116,18 +116,16 @@ mod telemetry;
 
 // The embedding API: the replicator and its handle, job specs and views, events, settings and
 // node types, errors, and the store contract with its engines.
-pub use jobs::{
-    Clock, JobsConfig, JobsError, JobsOptions, ManualClock, SharedClock, SystemClock, TokioClock,
-};
+pub use jobs::{Clock, JobsConfig, JobsError, JobsOptions, SharedClock, SystemClock};
 pub use replication::{
     ErrorClass, Filter, ReasonTag, RepId, ReplicationError, ReplicationOptions, ReplicationStats,
 };
 pub use replicator::handle::failure as job_failure;
 pub use replicator::{
     ClusterStatus, DbProgress, EventReceiver, HistoryEvent, HistoryKind, JobError, JobKind,
-    JobOrigin, JobView, NewJob, NodeType, RepJobRecord, RepState, Replicator, ReplicatorConfig,
-    ReplicatorError, ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobView,
-    ServerSpec, ServerState, SettingsError, WaitFor,
+    JobView, NewJob, NodeType, RepState, Replicator, ReplicatorConfig, ReplicatorError,
+    ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobView, ServerSpec, ServerState,
+    SettingsError, WaitFor,
 };
 pub use store::embedded::EmbeddedStore;
 pub use store::etcd::{EtcdConfig, EtcdStore};
