@@ -68,6 +68,24 @@
 //! # }
 //! ```
 
+/// Declares a method `pub` under the `internals` feature and `pub(crate)` otherwise: the
+/// handle's hooks into internal types (couch_jobs, the supervision tree, the HTTP frontend)
+/// serve the HTTP layer, the CLI and this crate's tests, not the embedding API.
+macro_rules! internal_pub {
+    ($(#[$m:meta])* fn $($rest:tt)*) => {
+        #[cfg(feature = "internals")]
+        $(#[$m])* pub fn $($rest)*
+        #[cfg(not(feature = "internals"))]
+        $(#[$m])* pub(crate) fn $($rest)*
+    };
+    ($(#[$m:meta])* async fn $($rest:tt)*) => {
+        #[cfg(feature = "internals")]
+        $(#[$m])* pub async fn $($rest)*
+        #[cfg(not(feature = "internals"))]
+        $(#[$m])* pub(crate) async fn $($rest)*
+    };
+}
+
 // The layers are private: the embedding API below is re-exported at the root, and the binary's
 // command line lives in `cli`. The `internals` feature (for this crate's own integration tests,
 // benches and examples, through a dev-dependency on itself) makes the layers public so those
@@ -116,7 +134,11 @@ mod telemetry;
 
 // The embedding API: the replicator and its handle, job specs and views, events, settings and
 // node types, errors, and the store contract with its engines.
+pub use jobs::config::ConfigError as JobsConfigError;
 pub use jobs::{Clock, JobsConfig, JobsError, JobsOptions, SharedClock, SystemClock};
+pub use replication::http::auth::AuthPolicy;
+pub use replication::http::tls::TlsOptions;
+pub use replication::pipeline::stats::Counters;
 pub use replication::{
     ErrorClass, Filter, ReasonTag, RepId, ReplicationError, ReplicationOptions, ReplicationStats,
 };
@@ -128,7 +150,7 @@ pub use replicator::{
     SettingsError, WaitFor,
 };
 pub use store::embedded::EmbeddedStore;
-pub use store::etcd::{EtcdConfig, EtcdStore};
+pub use store::etcd::{EtcdConfig, EtcdStats, EtcdStore};
 #[cfg(feature = "fdb")]
 pub use store::fdb::FdbStore;
 pub use store::memory::MemoryStore;
@@ -136,3 +158,4 @@ pub use store::{
     CommitStamp, Db, KeyValue, RangeOptions, RetryPolicy, RetryableError, Store, StoreError,
     Transaction, Tx, Watch,
 };
+pub use telemetry::StoreStats;

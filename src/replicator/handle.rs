@@ -230,9 +230,11 @@ impl Replicator {
         self.ctx.node()
     }
 
-    /// This node's metrics.
-    pub fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
-        self.ctx.metrics()
+    internal_pub! {
+        /// This node's metrics.
+        fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
+            self.ctx.metrics()
+        }
     }
 
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
@@ -256,20 +258,26 @@ impl Replicator {
         Ok(collision::owner(&self.ctx, rep_id).await?)
     }
 
-    /// The couch_jobs handle (for hosts and tests that look deeper).
-    pub fn jobs(&self) -> &Jobs {
-        self.ctx.jobs()
+    internal_pub! {
+        /// The couch_jobs handle (for hosts and tests that look deeper).
+        fn jobs(&self) -> &Jobs {
+            self.ctx.jobs()
+        }
     }
 
-    /// The supervision tree (`replicator_sup`), for tests and hosts linking it.
-    pub fn tree(&self) -> &SupervisorRef {
-        &self.tree
+    internal_pub! {
+        /// The supervision tree (`replicator_sup`), for tests and hosts linking it.
+        fn tree(&self) -> &SupervisorRef {
+            &self.tree
+        }
     }
 
-    /// The dynamic supervisor of this node's job actors (one child per running job, keyed by
-    /// job id), for tests and hosts that inspect or stop single job actors.
-    pub fn job_sup(&self) -> &JobSupRef {
-        &self.job_sup
+    internal_pub! {
+        /// The dynamic supervisor of this node's job actors (one child per running job, keyed by
+        /// job id), for tests and hosts that inspect or stop single job actors.
+        fn job_sup(&self) -> &JobSupRef {
+            &self.job_sup
+        }
     }
 
     /// Adds a job and returns its view (state `pending`). Validates the document first
