@@ -10,11 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_replicator::replicator::{
-    NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorEvent,
+use couch_replicator::{
+    Db, EmbeddedStore, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorEvent, job_failure,
 };
-use couch_replicator::store::Db;
-use couch_replicator::store::embedded::EmbeddedStore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -67,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     break Ok(());
                 }
                 if view.state == RepState::Failed {
-                    break Err(couch_replicator::replicator::handle::failure(&view).to_string());
+                    break Err(job_failure(&view).to_string());
                 }
             }
             _ = tokio::signal::ctrl_c() => break Ok(()),

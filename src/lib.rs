@@ -4,26 +4,31 @@
 //!
 //! # Layout
 //!
-//! Dependencies point downwards only (docs/architecture.md, "Layers and the one-way rule";
-//! every file is listed in its "Map of `src/`"):
+//! The layers are private modules; what a host needs is re-exported at the crate root (see
+//! "Embedding the replicator"). Dependencies point downwards only (docs/architecture.md,
+//! "Layers and the one-way rule"; every file is listed in its "Map of `src/`"):
 //!
-//! - [`store`]: the transactional ordered key-value contract (FoundationDB's semantics) and
+//! - `store`: the transactional ordered key-value contract (FoundationDB's semantics) and
 //!   its engines: embedded on `redb` (the default), in-memory, FoundationDB (feature `fdb`).
-//! - [`jobs`]: couch_jobs, the background-jobs framework on the store.
-//! - [`replication`]: the CouchDB replication protocol engine (one replication, no actors, no
+//! - `jobs`: couch_jobs, the background-jobs framework on the store.
+//! - `replication`: the CouchDB replication protocol engine (one replication, no actors, no
 //!   scheduling), and `verify`.
-//! - [`replicator`]: the replicator application: the supervision tree of one node, its
+//! - `replicator`: the replicator application: the supervision tree of one node, its
 //!   scheduling policies and settings, the `_replicator` document processor, and
 //!   [`Replicator`], the handle a host embeds.
-//! - [`steps`]: a second job type on couch_jobs (ordered steps, each for a named node), after
+//! - `steps`: a second job type on couch_jobs (ordered steps, each for a named node), after
 //!   the job-distribution thesis in docs/architecture.md's "Sources".
-//! - [`http`]: the CouchDB-compatible HTTP API (axum).
-//! - [`telemetry`]: metrics, their renderings and log setup (a leaf every layer reports to).
-//! - [`backoff`]: exponential backoff, the one helper behind the crate's retry loops.
+//! - `http`: the CouchDB-compatible HTTP API (axum).
+//! - `telemetry`: metrics, their renderings and log setup (a leaf every layer reports to).
+//! - `backoff`: exponential backoff, the one helper behind the crate's retry loops.
+//! - [`cli`]: the `couch-replicator` command line; `src/main.rs` only calls [`cli::main`].
 //!
-//! Outside this crate: the `couch-replicator` binary (`src/main.rs`, `src/cli/`), the
-//! `supervisors` crate (OTP behaviours on ractor), `tests/` (one binary per layer),
-//! `benches/` and `examples/`.
+//! The cargo feature `internals` makes the layers public modules. It exists for this crate's
+//! own `tests/`, `benches/` and `examples/` (a dev-dependency of the crate on itself turns it on
+//! for them), which reach actor messages and internals by path; it is not a supported API.
+//!
+//! Outside this crate: the `supervisors` crate (OTP behaviours on ractor), `tests/` (one binary
+//! per layer), `benches/` and `examples/`.
 //!
 //! # Embedding the replicator
 //!
@@ -63,19 +68,94 @@
 //! # }
 //! ```
 
-pub mod backoff;
-pub mod http;
-pub mod jobs;
-pub mod replication;
-pub mod replicator;
-pub mod steps;
-pub mod store;
-pub mod telemetry;
+/// Declares a method `pub` under the `internals` feature and `pub(crate)` otherwise: the
+/// handle's hooks into internal types (couch_jobs, the supervision tree, the HTTP frontend)
+/// serve the HTTP layer, the CLI and this crate's tests, not the embedding API.
+macro_rules! internal_pub {
+    ($(#[$m:meta])* fn $($rest:tt)*) => {
+        #[cfg(feature = "internals")]
+        $(#[$m])* pub fn $($rest)*
+        #[cfg(not(feature = "internals"))]
+        $(#[$m])* pub(crate) fn $($rest)*
+    };
+    ($(#[$m:meta])* async fn $($rest:tt)*) => {
+        #[cfg(feature = "internals")]
+        $(#[$m])* pub async fn $($rest)*
+        #[cfg(not(feature = "internals"))]
+        $(#[$m])* pub(crate) async fn $($rest)*
+    };
+}
 
+// The layers are private: the embedding API below is re-exported at the root, and the binary's
+// command line lives in `cli`. The `internals` feature (for this crate's own integration tests,
+// benches and examples, through a dev-dependency on itself) makes the layers public so those
+// can reach actor messages and internals by path; it is not part of the supported API.
+#[cfg(feature = "internals")]
+pub mod backoff;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod backoff;
+pub mod cli;
+#[cfg(feature = "internals")]
+pub mod http;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod http;
+#[cfg(feature = "internals")]
+pub mod jobs;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod jobs;
+#[cfg(feature = "internals")]
+pub mod replication;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod replication;
+#[cfg(feature = "internals")]
+pub mod replicator;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod replicator;
+#[cfg(feature = "internals")]
+pub mod steps;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod steps;
+#[cfg(feature = "internals")]
+pub mod store;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod store;
+#[cfg(feature = "internals")]
+pub mod telemetry;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
+mod telemetry;
+
+// The embedding API: the replicator and its handle, job specs and views, events, settings and
+// node types, errors, and the store contract with its engines.
+pub use jobs::config::ConfigError as JobsConfigError;
+pub use jobs::{Clock, JobsConfig, JobsError, JobsOptions, SharedClock, SystemClock};
+pub use replication::http::auth::AuthPolicy;
+pub use replication::http::tls::TlsOptions;
+pub use replication::pipeline::stats::Counters;
+pub use replication::{
+    ErrorClass, Filter, ReasonTag, RepId, ReplicationError, ReplicationOptions, ReplicationStats,
+};
+pub use replicator::handle::failure as job_failure;
 pub use replicator::{
-    JobError, JobKind, JobView, NewJob, NodeType, RepState, Replicator, ReplicatorConfig,
-    ReplicatorError, ReplicatorEvent, ReplicatorSettings, ServerJobView, ServerSpec, WaitFor,
+    ClusterStatus, DbProgress, EventReceiver, HistoryEvent, HistoryKind, JobError, JobKind,
+    JobView, NewJob, NodeType, RepState, Replicator, ReplicatorConfig, ReplicatorError,
+    ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobView, ServerSpec, ServerState,
+    SettingsError, WaitFor,
 };
 pub use store::embedded::EmbeddedStore;
+pub use store::etcd::{EtcdConfig, EtcdStats, EtcdStore};
+#[cfg(feature = "fdb")]
+pub use store::fdb::FdbStore;
 pub use store::memory::MemoryStore;
-pub use store::{Db, Store, StoreError};
+pub use store::{
+    CommitStamp, Db, KeyValue, RangeOptions, RetryPolicy, RetryableError, Store, StoreError,
+    Transaction, Tx, Watch,
+};
+pub use telemetry::StoreStats;

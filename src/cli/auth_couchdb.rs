@@ -1,12 +1,12 @@
 //! `[auth_couchdb]`: the CouchDB whose `_users` and admins may call this node
-//! ([`couch_replicator::http::couchdb_auth`]). `url` (or `serve --auth-couchdb URL`) turns it
+//! ([`crate::http::couchdb_auth`]). `url` (or `serve --auth-couchdb URL`) turns it
 //! on; `cache_ttl` (seconds a checked credential is trusted, default 10, 0 = ask every time),
 //! `cache_max_entries` (default 10000) and `timeout` (seconds one check may take, default 10)
 //! tune it.
 
 use std::time::Duration;
 
-use couch_replicator::http::couchdb_auth::CouchDbAuthSettings;
+use crate::http::couchdb_auth::CouchDbAuthSettings;
 
 use super::config_file::ConfigFile;
 

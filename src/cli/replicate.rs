@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use couch_replicator::replication::{self, Endpoint, Filter, ReplicationSpec};
+use crate::replication::{self, Endpoint, Filter, ReplicationSpec};
 
 mod all_dbs;
 

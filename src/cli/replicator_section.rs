@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use couch_replicator::replication::ReplicationOptions;
-use couch_replicator::replication::http::auth::AuthPolicy;
-use couch_replicator::replication::http::tls::TlsOptions;
-use couch_replicator::replication::options::values::ranged;
-use couch_replicator::replicator::{NodeType, ReplicatorSettings};
+use crate::replication::ReplicationOptions;
+use crate::replication::http::auth::AuthPolicy;
+use crate::replication::http::tls::TlsOptions;
+use crate::replication::options::values::ranged;
+use crate::replicator::{NodeType, ReplicatorSettings};
 
 use super::config_file::ConfigFile;
 
@@ -315,8 +315,7 @@ fn tls(cfg: &ConfigFile, notes: &mut Vec<String>) -> Result<TlsOptions, String> 
     // Fail at start, not at the first https replication, when a file is unusable.
     #[cfg(feature = "tls")]
     if t.verify || t.has_client_cert() {
-        couch_replicator::replication::http::tls::connector(&t)
-            .map_err(|e| format!("[replicator] {e}"))?;
+        crate::replication::http::tls::connector(&t).map_err(|e| format!("[replicator] {e}"))?;
     }
     Ok(t)
 }

@@ -17,19 +17,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_replicator::http::{self, AppState, HttpConfig, auth::Users};
-use couch_replicator::replicator::replicator_db::doc_processor::{
-    DocProcessorConfig, ReplicatorDb,
-};
-use couch_replicator::replicator::{
+use crate::http::{self, AppState, HttpConfig, auth::Users};
+use crate::replicator::replicator_db::doc_processor::{DocProcessorConfig, ReplicatorDb};
+use crate::replicator::{
     Frontend, NodeType, Replicator, ReplicatorConfig, ServiceError, ServiceFn,
 };
-use couch_replicator::store::Db;
+use crate::store::Db;
 
-use couch_replicator::http::auth::AuthSettings;
-use couch_replicator::http::couchdb_auth::CouchDbAuth;
-use couch_replicator::http::password::{MAX_ITERATIONS, Prf};
-use couch_replicator::replication::http::tls::TlsOptions;
+use crate::http::auth::AuthSettings;
+use crate::http::couchdb_auth::CouchDbAuth;
+use crate::http::password::{MAX_ITERATIONS, Prf};
+use crate::replication::http::tls::TlsOptions;
 
 use super::auth_couchdb;
 use super::config_file::ConfigFile;
@@ -359,7 +357,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     }
     // The FDB client's network thread must stop before the process exits.
     #[cfg(feature = "fdb")]
-    couch_replicator::store::fdb::stop_network();
+    crate::store::fdb::stop_network();
     Ok(())
 }
 
@@ -465,8 +463,8 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::MemoryStore;
     use clap::Parser;
-    use couch_replicator::store::memory::MemoryStore;
 
     #[derive(Parser)]
     struct Cmd {

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_replicator::jobs::Jobs;
-use couch_replicator::steps::{
+use crate::jobs::Jobs;
+use crate::steps::{
     Action, DisabledAction, ShellAction, SleepAction, Steps, StepsConfig, StepsNode,
 };
 

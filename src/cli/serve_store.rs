@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use couch_replicator::store::embedded::EmbeddedStore;
-use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
-use couch_replicator::store::{Db, StoreError, Tx, tuple};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::etcd::{EtcdConfig, EtcdStore};
+use crate::store::{Db, StoreError, Tx, tuple};
 
 use super::config_file::ConfigFile;
 use super::serve::ServeArgs;
@@ -155,7 +155,7 @@ pub fn server_uuid(dir: &Path) -> Result<String, String> {
 fn open_local(args: &ServeArgs) -> Result<Db, String> {
     #[cfg(feature = "fdb")]
     if let Some(f) = &args.fdb_cluster_file {
-        use couch_replicator::store::fdb::{FdbStore, boot_network};
+        use crate::store::fdb::{FdbStore, boot_network};
         let path = f
             .to_str()
             .ok_or_else(|| format!("cluster file path {} is not UTF-8", f.display()))?;
@@ -246,7 +246,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_second_uuid_is_refused() {
-        let db = Db::new(Arc::new(couch_replicator::store::memory::MemoryStore::new()));
+        let db = Db::new(Arc::new(crate::store::memory::MemoryStore::new()));
         check_uuid(&db, "u1").await.unwrap();
         check_uuid(&db, "u1").await.unwrap();
         let e = check_uuid(&db, "u2").await.unwrap_err();

@@ -36,7 +36,7 @@ const LEGACY_HTTPSD: &str = "{chttpd, start_link, [https]}";
 pub struct Https {
     pub addr: SocketAddr,
     #[cfg(feature = "tls")]
-    tls: couch_replicator::http::tls::ServerTls,
+    tls: crate::http::tls::ServerTls,
 }
 
 /// A CouchDB boolean: exactly `true` or `false` (CouchDB refuses anything else).
@@ -79,7 +79,7 @@ fn build(_cfg: &ConfigFile, _addr: SocketAddr) -> Result<Https, String> {
 
 #[cfg(feature = "tls")]
 fn build(cfg: &ConfigFile, addr: SocketAddr) -> Result<Https, String> {
-    use couch_replicator::http::tls::{ServerTls, ServerTlsOptions};
+    use crate::http::tls::{ServerTls, ServerTlsOptions};
     let path = |k: &str| {
         cfg.get("ssl", k)
             .map(|v| std::path::PathBuf::from(v.trim()))
@@ -135,8 +135,8 @@ fn erlang_list(v: &str) -> Vec<String> {
 
 /// `tls_versions`, e.g. `['tlsv1.2', 'tlsv1.3']`.
 #[cfg(feature = "tls")]
-fn versions(v: &str) -> Result<Vec<couch_replicator::http::tls::TlsVersion>, String> {
-    use couch_replicator::http::tls::TlsVersion;
+fn versions(v: &str) -> Result<Vec<crate::http::tls::TlsVersion>, String> {
+    use crate::http::tls::TlsVersion;
     let names = erlang_list(v);
     if names.is_empty() {
         return Err("[ssl] tls_versions names no version".to_string());
@@ -175,7 +175,7 @@ fn ciphers(v: &str) -> Result<Vec<String>, String> {
 /// A bound HTTPS listener, ready to serve.
 pub struct HttpsListener {
     #[cfg(feature = "tls")]
-    inner: couch_replicator::http::tls::TlsListener,
+    inner: crate::http::tls::TlsListener,
     local: SocketAddr,
 }
 
@@ -183,11 +183,11 @@ impl Https {
     /// Binds at `at` (the configured address, or the one first bound when the API restarts).
     #[cfg(feature = "tls")]
     pub async fn bind(&self, at: SocketAddr) -> Result<HttpsListener, String> {
-        let tcp = couch_replicator::http::bind_listener(at)
+        let tcp = crate::http::bind_listener(at)
             .await
             .map_err(|e| format!("cannot listen for HTTPS on {at}: {e}"))?;
         let local = tcp.local_addr().map_err(|e| e.to_string())?;
-        let inner = couch_replicator::http::tls::TlsListener::new(tcp, &self.tls)
+        let inner = crate::http::tls::TlsListener::new(tcp, &self.tls)
             .map_err(|e| format!("cannot listen for HTTPS on {at}: {e}"))?;
         Ok(HttpsListener { inner, local })
     }
@@ -209,8 +209,7 @@ impl HttpsListener {
     /// Serves `router` until the server fails.
     #[cfg(feature = "tls")]
     pub async fn serve(self, router: axum::Router) -> std::io::Result<()> {
-        couch_replicator::http::tls::serve_router_tls(self.inner, router, std::future::pending())
-            .await
+        crate::http::tls::serve_router_tls(self.inner, router, std::future::pending()).await
     }
 
     #[cfg(not(feature = "tls"))]
@@ -273,7 +272,7 @@ mod tests {
     #[cfg(feature = "tls")]
     #[test]
     fn versions_are_erlang_names() {
-        use couch_replicator::http::tls::TlsVersion;
+        use crate::http::tls::TlsVersion;
         assert_eq!(
             versions("['tlsv1.3', tlsv1.2]").unwrap(),
             vec![TlsVersion::Tls1_3, TlsVersion::Tls1_2]

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use couch_replicator::replication::verify::{self, Progress, VerifyOptions, VerifyReport};
-use couch_replicator::replication::{self, Endpoint, ReplicationSpec};
+use crate::replication::verify::{self, Progress, VerifyOptions, VerifyReport};
+use crate::replication::{self, Endpoint, ReplicationSpec};
 use serde_json::{Value, json};
 
 use super::replicate::FilterArgs;

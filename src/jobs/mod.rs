@@ -67,7 +67,7 @@ impl Job {
     }
 }
 
-/// How a [`Jobs`] handle is set up.
+/// How a `Jobs` handle (couch_jobs, internal) is set up.
 #[derive(Debug, Clone)]
 pub struct JobsOptions {
     /// The layer prefix the jobs key space lives under (`prefix ‖ pack((51, ...))`).

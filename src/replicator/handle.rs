@@ -70,7 +70,7 @@ impl ReplicatorConfig {
 /// they are checked when the job is added.
 ///
 /// ```
-/// use couch_replicator::replicator::NewJob;
+/// use couch_replicator::NewJob;
 ///
 /// let job = NewJob::transient("http://127.0.0.1:5984/a", "http://127.0.0.1:5984/b")
 ///     .continuous()
@@ -183,10 +183,9 @@ pub enum WaitFor {
 /// use std::sync::Arc;
 /// use std::time::Duration;
 ///
-/// use couch_replicator::replicator::{
-///     NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError, WaitFor,
+/// use couch_replicator::{
+///     Db, MemoryStore, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError, WaitFor,
 /// };
-/// use couch_replicator::store::{Db, memory::MemoryStore};
 ///
 /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 /// # async fn main() -> Result<(), ReplicatorError> {
@@ -231,9 +230,11 @@ impl Replicator {
         self.ctx.node()
     }
 
-    /// This node's metrics.
-    pub fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
-        self.ctx.metrics()
+    internal_pub! {
+        /// This node's metrics.
+        fn metrics(&self) -> &Arc<crate::telemetry::NodeMetrics> {
+            self.ctx.metrics()
+        }
     }
 
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
@@ -257,20 +258,26 @@ impl Replicator {
         Ok(collision::owner(&self.ctx, rep_id).await?)
     }
 
-    /// The couch_jobs handle (for hosts and tests that look deeper).
-    pub fn jobs(&self) -> &Jobs {
-        self.ctx.jobs()
+    internal_pub! {
+        /// The couch_jobs handle (for hosts and tests that look deeper).
+        fn jobs(&self) -> &Jobs {
+            self.ctx.jobs()
+        }
     }
 
-    /// The supervision tree (`replicator_sup`), for tests and hosts linking it.
-    pub fn tree(&self) -> &SupervisorRef {
-        &self.tree
+    internal_pub! {
+        /// The supervision tree (`replicator_sup`), for tests and hosts linking it.
+        fn tree(&self) -> &SupervisorRef {
+            &self.tree
+        }
     }
 
-    /// The dynamic supervisor of this node's job actors (one child per running job, keyed by
-    /// job id), for tests and hosts that inspect or stop single job actors.
-    pub fn job_sup(&self) -> &JobSupRef {
-        &self.job_sup
+    internal_pub! {
+        /// The dynamic supervisor of this node's job actors (one child per running job, keyed by
+        /// job id), for tests and hosts that inspect or stop single job actors.
+        fn job_sup(&self) -> &JobSupRef {
+            &self.job_sup
+        }
     }
 
     /// Adds a job and returns its view (state `pending`). Validates the document first

@@ -22,7 +22,7 @@ pub mod server_job;
 
 pub use error::{ReplicatorError, ReplicatorResult};
 pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
-pub use job::record::{HistoryKind, JobError, RepJobRecord};
+pub use job::record::{HistoryEvent, HistoryKind, JobError, JobOrigin, RepJobRecord};
 pub use job::view::{JobKind, JobView, RepState};
 pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
 pub use node::frontend::{Frontend, ServiceError, ServiceFn, ServiceFuture};

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_replicator::replicator::{
+use crate::replicator::{
     RepState, Replicator, ReplicatorConfig, ReplicatorSettings, ServerJobView, ServerState,
 };
-use couch_replicator::store::{Db, memory::MemoryStore};
+use crate::store::{Db, memory::MemoryStore};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
