@@ -42,7 +42,7 @@ fn sample(j: &JobView) -> JobSample {
         _ => None,
     };
     JobSample {
-        job_id: j.job_id.clone(),
+        job_id: j.job_id.to_string(),
         changes_pending: n.changes_pending,
         checkpoint_lag: lag,
         docs_written: n.docs_written,
@@ -59,7 +59,7 @@ async fn refresh(st: &AppState) -> Refreshed {
     let count = |s: RepState| jobs.iter().filter(|j| j.state == s).count() as u64;
     let mine: Vec<&JobView> = jobs
         .iter()
-        .filter(|j| j.state == RepState::Running && j.node.as_deref() == Some(rep.node()))
+        .filter(|j| j.state == RepState::Running && j.node.as_ref() == Some(rep.node()))
         .collect();
     m.couch.set(Series::JobsRunning, mine.len() as u64);
     m.couch.set(Series::JobsPending, count(RepState::Pending));
@@ -156,7 +156,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 }
 
 fn check_node(st: &AppState, node: &str) -> HttpResult<()> {
-    if node == "_local" || node == st.replicator().node() {
+    if node == "_local" || node == st.replicator().node().as_str() {
         Ok(())
     } else {
         Err(HttpError::not_found(format!("no such node: {node}")))

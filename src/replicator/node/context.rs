@@ -12,6 +12,8 @@ use crate::replicator::job::lease::Lease;
 use crate::store::tuple;
 use crate::telemetry::NodeMetrics;
 
+use super::name::NodeName;
+
 use super::event_bus::{EventBusMsg, ReplicatorEvent, publish};
 use super::settings::ReplicatorSettings;
 
@@ -46,7 +48,7 @@ pub struct NodeCtx {
 struct Inner {
     jobs: Jobs,
     settings: ReplicatorSettings,
-    node: String,
+    node: NodeName,
     server_uuid: String,
     prefix: Vec<u8>,
     children: Children,
@@ -61,7 +63,7 @@ impl NodeCtx {
     pub fn new(
         jobs: Jobs,
         settings: ReplicatorSettings,
-        node: String,
+        node: NodeName,
         server_uuid: String,
         prefix: Vec<u8>,
         children: Children,
@@ -92,7 +94,7 @@ impl NodeCtx {
     }
 
     /// This node's name.
-    pub fn node(&self) -> &str {
+    pub fn node(&self) -> &NodeName {
         &self.inner.node
     }
 

@@ -13,6 +13,7 @@ pub mod context;
 pub mod event_bus;
 pub mod frontend;
 pub mod limiter_actor;
+pub(crate) mod name;
 pub(crate) mod settings;
 pub(crate) mod start;
 pub(crate) mod tree;

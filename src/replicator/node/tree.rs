@@ -17,6 +17,7 @@ use super::context::{NodeCtx, ids};
 use super::event_bus::EventBus;
 use super::frontend::{self, Frontend, FrontendService, HandleRx};
 use super::limiter_actor::RateLimiterServer;
+use super::name::NodeName;
 use super::settings::{NodeType, ReplicatorSettings};
 use crate::replicator::cluster::actor::Clustering;
 use crate::replicator::error::{ReplicatorError, ReplicatorResult};
@@ -45,7 +46,7 @@ pub struct StartedTree {
 pub async fn start(
     jobs: Jobs,
     settings: ReplicatorSettings,
-    node: String,
+    node: NodeName,
     server_uuid: String,
     prefix: Vec<u8>,
     frontend: Frontend,

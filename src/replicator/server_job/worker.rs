@@ -111,7 +111,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
         spec,
     };
     run.record.state = ServerState::Running;
-    run.record.node = Some(run.rep.node().to_owned());
+    run.record.node = Some(run.rep.node().clone());
     loop {
         match run.turn().await {
             Ok(false) => {}
@@ -391,7 +391,7 @@ async fn replication_ended(events: &mut Option<EventReceiver>, prefix: &str) {
         match rx.recv().await {
             Some(
                 ReplicatorEvent::Finished { job_id, .. } | ReplicatorEvent::Failed { job_id, .. },
-            ) if job_id.starts_with(prefix) => {
+            ) if job_id.as_str().starts_with(prefix) => {
                 return;
             }
             Some(_) => {}
