@@ -18,7 +18,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::status_page::model::queues;
-use crate::replicator::{JobView, RepState};
+use crate::replicator::{JobId, JobView, RepState};
 use crate::telemetry::job_gauges::{self, JobSample};
 use crate::telemetry::stats_json::{StatNode, stats_tree};
 use crate::telemetry::{Exposition, Series};
@@ -32,7 +32,7 @@ fn seq_number(v: &Value) -> Option<u64> {
     }
 }
 
-fn sample(j: &JobView) -> JobSample {
+fn sample(j: &JobView) -> JobSample<JobId> {
     let n = j.stats.clone().unwrap_or_default();
     let lag = match (
         seq_number(&n.through_seq),
@@ -42,7 +42,7 @@ fn sample(j: &JobView) -> JobSample {
         _ => None,
     };
     JobSample {
-        job_id: j.job_id.to_string(),
+        job_id: j.job_id.clone(),
         changes_pending: n.changes_pending,
         checkpoint_lag: lag,
         docs_written: n.docs_written,
@@ -83,7 +83,7 @@ async fn refresh(st: &AppState) -> Refreshed {
 #[derive(Default)]
 struct Refreshed {
     /// This node's running jobs.
-    samples: Vec<JobSample>,
+    samples: Vec<JobSample<JobId>>,
     /// The cluster's jobs per state.
     by_state: [(RepState, u64); 5],
     total: u64,
