@@ -23,8 +23,8 @@ use super::job::view::{
     JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep, persistent_job_id,
     transient_job_id,
 };
-use super::node::context::{NodeCtx, ids};
-use super::node::event_bus::{EventBusMsg, EventReceiver, subscribe};
+use super::node::context::NodeCtx;
+use super::node::event_bus::{EVENT_BUS, EventReceiver, subscribe};
 use super::node::name::NodeName;
 use super::node::settings::ReplicatorSettings;
 use super::scheduler::job_sup::JobSupRef;
@@ -474,7 +474,7 @@ impl Replicator {
     /// Subscribes to this node's events (dropping the receiver unsubscribes). `None` while
     /// the event bus is restarting.
     pub fn subscribe(&self) -> Option<EventReceiver> {
-        let bus = self.tree.which_child::<EventBusMsg>(ids::EVENT_BUS)?;
+        let bus = EVENT_BUS.in_tree(&self.tree)?;
         subscribe(&bus)
     }
 

@@ -21,10 +21,14 @@ use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, ExitReason, Observable, Server};
 
 use super::membership::{Membership, REQUEUE_PER_TRANSACTION};
-use crate::replicator::node::context::{NodeCtx, ids};
+use crate::replicator::node::child_id::ChildId;
+use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::event_bus::{ClusterStatus, ReplicatorEvent};
 use crate::replicator::node::name::NodeName;
-use crate::replicator::scheduler::job_server::JobServerMsg;
+use crate::replicator::scheduler::job_server::{JOB_SERVER, JobServerMsg};
+
+/// Node membership, a child of the tree.
+pub(crate) const CLUSTERING: ChildId<ClusterMsg> = ChildId::new("clustering");
 
 /// Messages of the clustering actor.
 #[derive(Debug)]
@@ -236,10 +240,7 @@ impl Server for Clustering {
                         node = %self.ctx.node(),
                         "this node was removed as dead by a neighbour; stopping its jobs"
                     );
-                    let _ = self
-                        .ctx
-                        .child::<JobServerMsg>(ids::JOB_SERVER)
-                        .cast(JobServerMsg::StopAll);
+                    let _ = self.ctx.child(JOB_SERVER).cast(JobServerMsg::StopAll);
                 }
             }
             ClusterMsg::Quiet(generation) => {

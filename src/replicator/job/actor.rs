@@ -43,8 +43,9 @@ use super::observe;
 use super::record::{HistoryKind, JobError, RepJobRecord, RepState};
 use super::runner::{self, Runner, Watchdog};
 use super::view::parse_rep;
+use crate::replicator::node::connection_pool::CONNECTION_POOL;
 use crate::replicator::node::connection_pool::PoolMsg;
-use crate::replicator::node::context::{NodeCtx, ids};
+use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::event_bus::ReplicatorEvent;
 
 mod ending;
@@ -180,7 +181,7 @@ async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: 
 
 fn release_pool(ctx: &NodeCtx, myself: &ActorRef<JobMsg>) {
     let _ = ctx
-        .child::<PoolMsg>(ids::CONNECTION_POOL)
+        .child(CONNECTION_POOL)
         .cast(PoolMsg::Release(myself.get_id()));
 }
 

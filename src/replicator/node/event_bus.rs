@@ -13,6 +13,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, Observable, Server};
 use tokio::sync::mpsc;
 
+use super::child_id::ChildId;
 use crate::replication::{RepId, ReplicationStats};
 use crate::replicator::job::id::JobId;
 use crate::replicator::job::record::JobError;
@@ -84,6 +85,9 @@ impl ReplicatorEvent {
 
 /// The receiving end of a subscription. Dropping it unsubscribes.
 pub type EventReceiver = mpsc::UnboundedReceiver<ReplicatorEvent>;
+
+/// The event bus, the tree's first child.
+pub(crate) const EVENT_BUS: ChildId<EventBusMsg> = ChildId::new("event_bus");
 
 /// Messages of the event bus.
 #[derive(Debug)]

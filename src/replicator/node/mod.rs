@@ -8,6 +8,7 @@
 //! `Cleanup`) and the `api_frontend` services ([`frontend::ServiceMsg`]: `Ended`); every actor
 //! also answers `Observe`.
 
+pub(crate) mod child_id;
 pub mod connection_pool;
 pub mod context;
 pub mod event_bus;

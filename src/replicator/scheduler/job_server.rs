@@ -57,11 +57,15 @@ use crate::replicator::job::actor::JobMsg;
 use crate::replicator::job::id::JobId;
 use crate::replicator::job::record::RepJobRecord;
 use crate::replicator::job::view::REP_JOBS;
+use crate::replicator::node::child_id::ChildId;
 use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::settings::ReplicatorSettings;
 
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;
+
+/// The job server (acceptors and running jobs), a child of the tree.
+pub(crate) const JOB_SERVER: ChildId<JobServerMsg> = ChildId::new("job_server");
 
 /// Messages of the job server.
 #[derive(Debug)]
