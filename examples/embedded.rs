@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let outcome = loop {
         tokio::select! {
             ev = events.recv() => match ev {
-                Some(ev) if ev.job_id() == Some(job.job_id.as_str()) => {
+                Some(ev) if ev.job_id() == Some(&job.job_id) => {
                     println!("event: {ev:?}");
                     match ev {
                         ReplicatorEvent::Finished { .. } => break Ok(()),

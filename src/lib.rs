@@ -144,10 +144,10 @@ pub use replication::{
 };
 pub use replicator::handle::failure as job_failure;
 pub use replicator::{
-    ClusterStatus, DbProgress, EventReceiver, HistoryEvent, HistoryKind, JobError, JobKind,
-    JobView, NewJob, NodeType, RepState, Replicator, ReplicatorConfig, ReplicatorError,
-    ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobView, ServerSpec, ServerState,
-    SettingsError, WaitFor,
+    ClusterStatus, DbProgress, EventReceiver, HistoryEvent, HistoryKind, JobError, JobId, JobKind,
+    JobRef, JobView, NewJob, NodeName, NodeType, RepState, Replicator, ReplicatorConfig,
+    ReplicatorError, ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobView,
+    ServerSpec, ServerState, SettingsError, WaitFor,
 };
 pub use store::embedded::EmbeddedStore;
 pub use store::etcd::{EtcdConfig, EtcdStats, EtcdStore};

@@ -158,7 +158,7 @@ async fn add_jobs(
     let mut index = HashMap::new();
     for i in 0..plan.jobs {
         let (db, doc) = (group(i), format!("r{i}"));
-        index.insert(persistent_job_id(db, &doc), i);
+        index.insert(persistent_job_id(db, &doc).into_string(), i);
         let kind = JobKind::Persistent {
             db_name: db.into(),
             doc_id: doc,

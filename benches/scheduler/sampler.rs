@@ -143,7 +143,7 @@ impl Who {
             Who::Ours(server, index, _) => supervisors::observe(server).await.map(|o| {
                 o.jobs
                     .iter()
-                    .filter_map(|j| index.get(&j.job_id).copied())
+                    .filter_map(|j| index.get(j.job_id.as_str()).copied())
                     .collect()
             }),
             Who::Couch { tasks: url, .. } => {

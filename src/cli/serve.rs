@@ -156,7 +156,7 @@ pub fn setup(
         .get("couchdb", "uuid")
         .map_or(server_uuid, str::to_owned);
     if let Some(n) = cfg.get("couchdb", "node_name") {
-        replicator.node = n.to_owned();
+        replicator.node = n.into();
     }
     let port: u16 = cfg
         .get("chttpd", "port")
@@ -286,7 +286,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     if shared_store {
         serve_store::check_uuid(&db, &setup.replicator.server_uuid).await?;
     }
-    let steps_setup = StepsSetup::from_config(&cfg, &setup.replicator.node)?;
+    let steps_setup = StepsSetup::from_config(&cfg, setup.replicator.node.as_str())?;
     for note in &setup.notes {
         tracing::info!("config: {note}");
     }

@@ -3,10 +3,10 @@
 //! entry. Keys, their order and value types are what a real CouchDB 3.4.3 answers for the same
 //! state (the shape tests compare them); URLs carry no credentials, as in CouchDB.
 
-use crate::replication::ReplicationStats;
 use crate::replication::pipeline::stats::{CouchStats, seq_text};
+use crate::replication::{RepId, ReplicationStats};
 use crate::replicator::job::view::iso8601;
-use crate::replicator::{HistoryKind, JobView, RepState};
+use crate::replicator::{HistoryKind, JobView, NodeName, RepState};
 use serde::Serialize;
 
 /// The stats object (`info` of a running or stopped job, of an active or completed
@@ -64,7 +64,7 @@ pub struct SchedulerJob {
     /// The `_replicator` database, null for transient jobs.
     pub database: Option<String>,
     /// The replication id.
-    pub id: Option<String>,
+    pub id: Option<RepId>,
     /// The process running it, null unless running.
     pub pid: Option<String>,
     /// Source URL.
@@ -80,14 +80,14 @@ pub struct SchedulerJob {
     /// Newest first.
     pub history: Vec<HistoryJson>,
     /// The node it belongs to.
-    pub node: String,
+    pub node: NodeName,
     /// ISO 8601.
     pub start_time: String,
 }
 
 impl SchedulerJob {
     /// The entry of `j`; `node` names this node when the job has not run anywhere yet.
-    pub fn new(j: &JobView, node: &str) -> Self {
+    pub fn new(j: &JobView, node: &NodeName) -> Self {
         let running = j.state == RepState::Running;
         Self {
             database: j.database.clone(),
@@ -108,7 +108,7 @@ impl SchedulerJob {
                     reason: h.reason.clone(),
                 })
                 .collect(),
-            node: j.node.clone().unwrap_or_else(|| node.to_owned()),
+            node: j.node.clone().unwrap_or_else(|| node.clone()),
             start_time: iso8601(j.start_time),
         }
     }
@@ -140,9 +140,9 @@ pub struct ActiveDoc {
     /// The document id.
     pub doc_id: Option<String>,
     /// The replication id.
-    pub id: Option<String>,
+    pub id: Option<RepId>,
     /// The node the job belongs to.
-    pub node: String,
+    pub node: NodeName,
     /// Source URL.
     pub source: String,
     /// Target URL.
@@ -172,7 +172,7 @@ pub struct FinishedDoc {
     /// The document id.
     pub doc_id: Option<String>,
     /// Always null, as in CouchDB.
-    pub id: Option<String>,
+    pub id: Option<RepId>,
     /// Source URL.
     pub source: String,
     /// Target URL.
@@ -210,7 +210,7 @@ fn error_info(j: &JobView) -> DocInfo {
 
 impl SchedulerDoc {
     /// The entry of `j`; `node` names this node when the job has not run anywhere yet.
-    pub fn new(j: &JobView, node: &str) -> Self {
+    pub fn new(j: &JobView, node: &NodeName) -> Self {
         match j.state {
             RepState::Completed | RepState::Failed => {
                 let failed = j.state == RepState::Failed;
@@ -236,7 +236,7 @@ impl SchedulerDoc {
                 database: j.database.clone(),
                 doc_id: j.doc_id.clone(),
                 id: j.rep_id.clone(),
-                node: j.node.clone().unwrap_or_else(|| node.to_owned()),
+                node: j.node.clone().unwrap_or_else(|| node.clone()),
                 source: j.source.clone(),
                 target: j.target.clone(),
                 state,
@@ -258,7 +258,7 @@ impl SchedulerDoc {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ActiveTask {
     /// The node running it.
-    pub node: String,
+    pub node: NodeName,
     /// The process running it.
     pub pid: Option<String>,
     /// CouchDB's process status; a job actor waiting for messages is `waiting`.
@@ -288,7 +288,7 @@ pub struct ActiveTask {
     /// Missing revisions found.
     pub missing_revisions_found: u64,
     /// The replication id.
-    pub replication_id: String,
+    pub replication_id: RepId,
     /// Revisions checked.
     pub revisions_checked: u64,
     /// Source URL.
@@ -312,10 +312,10 @@ pub struct ActiveTask {
 
 impl ActiveTask {
     /// The task of a running job, if it has reported stats.
-    pub fn new(j: &JobView, node: &str) -> Option<Self> {
+    pub fn new(j: &JobView, node: &NodeName) -> Option<Self> {
         let s = j.stats.as_ref().filter(|_| j.state == RepState::Running)?;
         Some(Self {
-            node: j.node.clone().unwrap_or_else(|| node.to_owned()),
+            node: j.node.clone().unwrap_or_else(|| node.clone()),
             pid: j.pid.clone(),
             process_status: "waiting",
             bulk_get_attempts: s.bulk_get_attempts,
@@ -359,7 +359,7 @@ mod tests {
         r.origin.db_name = Some("_replicator".into());
         r.origin.doc_id = Some("d".into());
         r.state = state;
-        JobView::from_record("_replicator|d", &r)
+        JobView::from_record(&"_replicator|d".into(), &r)
     }
 
     fn ran() -> ReplicationStats {
@@ -378,25 +378,28 @@ mod tests {
     #[test]
     fn a_pending_job_shows_the_stats_of_its_last_run_as_couchdb_does() {
         for state in [RepState::Running, RepState::Pending] {
-            let job = json!(SchedulerJob::new(&view(state, Some(ran())), "n"));
+            let job = json!(SchedulerJob::new(&view(state, Some(ran())), &"n".into()));
             assert_eq!(job["info"]["docs_written"], 3, "{state:?}");
             assert_eq!(job["info"]["source_seq"], "3-x");
             assert_eq!(job["info"]["through_seq"], "3");
-            let doc = json!(SchedulerDoc::new(&view(state, Some(ran())), "n"));
+            let doc = json!(SchedulerDoc::new(&view(state, Some(ran())), &"n".into()));
             assert_eq!(doc["info"], job["info"], "{state:?}");
         }
         // Never ran: null, as a crashing job's `_scheduler/jobs` info.
         for state in [RepState::Pending, RepState::Crashing] {
-            let job = json!(SchedulerJob::new(&view(state, None), "n"));
+            let job = json!(SchedulerJob::new(&view(state, None), &"n".into()));
             assert_eq!(job["info"], Value::Null, "{state:?}");
         }
         let crashing = json!(SchedulerJob::new(
             &view(RepState::Crashing, Some(ran())),
-            "n"
+            &"n".into()
         ));
         assert_eq!(crashing["info"], Value::Null);
         assert_eq!(
-            json!(SchedulerDoc::new(&view(RepState::Pending, None), "n"))["info"],
+            json!(SchedulerDoc::new(
+                &view(RepState::Pending, None),
+                &"n".into()
+            ))["info"],
             Value::Null
         );
     }
@@ -420,7 +423,7 @@ mod tests {
         assert_eq!(keys(&running), with_seqs);
         let done = json!(SchedulerDoc::new(
             &view(RepState::Completed, Some(ran())),
-            "n"
+            &"n".into()
         ));
         assert_eq!(keys(&done["info"]), counters);
     }

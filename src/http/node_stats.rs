@@ -18,7 +18,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::status_page::model::queues;
-use crate::replicator::{JobView, RepState};
+use crate::replicator::{JobId, JobView, RepState};
 use crate::telemetry::job_gauges::{self, JobSample};
 use crate::telemetry::stats_json::{StatNode, stats_tree};
 use crate::telemetry::{Exposition, Series};
@@ -32,7 +32,7 @@ fn seq_number(v: &Value) -> Option<u64> {
     }
 }
 
-fn sample(j: &JobView) -> JobSample {
+fn sample(j: &JobView) -> JobSample<JobId> {
     let n = j.stats.clone().unwrap_or_default();
     let lag = match (
         seq_number(&n.through_seq),
@@ -59,7 +59,7 @@ async fn refresh(st: &AppState) -> Refreshed {
     let count = |s: RepState| jobs.iter().filter(|j| j.state == s).count() as u64;
     let mine: Vec<&JobView> = jobs
         .iter()
-        .filter(|j| j.state == RepState::Running && j.node.as_deref() == Some(rep.node()))
+        .filter(|j| j.state == RepState::Running && j.node.as_ref() == Some(rep.node()))
         .collect();
     m.couch.set(Series::JobsRunning, mine.len() as u64);
     m.couch.set(Series::JobsPending, count(RepState::Pending));
@@ -83,7 +83,7 @@ async fn refresh(st: &AppState) -> Refreshed {
 #[derive(Default)]
 struct Refreshed {
     /// This node's running jobs.
-    samples: Vec<JobSample>,
+    samples: Vec<JobSample<JobId>>,
     /// The cluster's jobs per state.
     by_state: [(RepState, u64); 5],
     total: u64,
@@ -156,7 +156,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
 }
 
 fn check_node(st: &AppState, node: &str) -> HttpResult<()> {
-    if node == "_local" || node == st.replicator().node() {
+    if node == "_local" || node == st.replicator().node().as_str() {
         Ok(())
     } else {
         Err(HttpError::not_found(format!("no such node: {node}")))

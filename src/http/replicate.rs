@@ -23,7 +23,10 @@ use crate::replication::{Context, RepId, ReplicationError, ReplicationSpec, comp
 use crate::replicator::handle::failure;
 use crate::replicator::job::view::transient_job_id;
 use crate::replicator::replicator_db::request::{ReplicateRequest, UserCtx, parse_replicate_body};
-use crate::replicator::{JobError, JobKind, JobView, NewJob, RepState, ReplicatorError, WaitFor};
+use crate::replicator::{
+    JobError, JobId, JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError,
+    ReplicatorResult, WaitFor,
+};
 use std::time::Duration;
 
 /// Reads a JSON object body, turning size and syntax problems into 413 / 400.
@@ -54,10 +57,14 @@ pub async fn post_replicate(
         return super::all_dbs::post(&st, &caller, body).await;
     }
     match parse_replicate_body(&body)? {
-        ReplicateRequest::CancelById(id) => cancel(&st, &user, &id).await,
+        ReplicateRequest::CancelById(id) => {
+            let view = find_job(st.replicator(), &id).await?;
+            cancel(&st, &user, view, &id).await
+        }
         ReplicateRequest::CancelBySpec(spec) => {
             let id = job_id_by_spec(&st, &user, &spec).await?;
-            cancel(&st, &user, &id).await
+            let view = st.replicator().get(&id).await?;
+            cancel(&st, &user, view, id.as_str()).await
         }
         ReplicateRequest::Start(spec) => {
             let check = super::verify::requested(&body)?;
@@ -71,7 +78,7 @@ pub async fn post_replicate(
             let rep_id = rep_id_of(&st, &spec).await?;
             let rep = st.replicator();
             if spec.options.continuous {
-                refuse_duplicate(&st, &spec, &user, &rep_id.full()).await?;
+                refuse_duplicate(&st, &spec, &user, &rep_id).await?;
             }
             let job = rep
                 .add(NewJob {
@@ -131,7 +138,7 @@ async fn refuse_duplicate(
     st: &AppState,
     spec: &ReplicationSpec,
     user: &UserCtx,
-    rep_id: &str,
+    rep_id: &RepId,
 ) -> HttpResult<()> {
     let rep = st.replicator();
     let Some(owner) = rep.rep_id_owner(rep_id).await? else {
@@ -156,7 +163,7 @@ const WAIT_POLL: Duration = Duration::from_millis(100);
 /// that is a 409 the caller can act on, not something to wait out.
 async fn wait(
     st: &AppState,
-    job_id: &str,
+    job_id: &JobId,
     until: WaitFor,
     timeout: Duration,
 ) -> HttpResult<JobView> {
@@ -176,7 +183,7 @@ async fn wait(
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(ReplicatorError::Timeout(job_id.to_owned()).into());
+            return Err(ReplicatorError::Timeout(job_id.to_string()).into());
         }
         tokio::time::sleep(WAIT_POLL).await;
     }
@@ -188,7 +195,7 @@ async fn job_id_by_spec(
     st: &AppState,
     user: &UserCtx,
     spec: &ReplicationSpec,
-) -> HttpResult<String> {
+) -> HttpResult<JobId> {
     let mine = transient_job_id(spec, user.name.as_deref());
     if !user.is_admin() || st.replicator().get(&mine).await.is_ok() {
         return Ok(mine);
@@ -202,9 +209,18 @@ async fn job_id_by_spec(
         .map_or(mine, |(_, id)| id))
 }
 
-async fn cancel(st: &AppState, user: &UserCtx, id: &str) -> HttpResult<Response> {
+/// A job named by an id from a request, which may be either kind: its job id, else the
+/// replication id it runs (a transient job's id and a replication id are both 32 hex digits,
+/// so the text alone cannot tell them apart).
+pub(crate) async fn find_job(rep: &Replicator, id: &str) -> ReplicatorResult<JobView> {
+    match rep.get(JobId::from(id)).await {
+        Err(ReplicatorError::NotFound(_)) => rep.get(RepId::from_full(id)).await,
+        found => found,
+    }
+}
+
+async fn cancel(st: &AppState, user: &UserCtx, view: JobView, id: &str) -> HttpResult<Response> {
     let rep = st.replicator();
-    let view = rep.get(id).await?;
     if !view.is_transient() {
         return Err(HttpError::forbidden(
             "a persistent replication is cancelled by deleting its _replicator document",
@@ -220,7 +236,9 @@ async fn cancel(st: &AppState, user: &UserCtx, id: &str) -> HttpResult<Response>
 
 /// The id CouchDB returns as `_local_id`: the replication id once known, else the job id.
 fn local_id(view: &JobView) -> String {
-    view.rep_id.clone().unwrap_or_else(|| view.job_id.clone())
+    view.rep_id
+        .as_ref()
+        .map_or_else(|| view.job_id.to_string(), RepId::full)
 }
 
 /// A completed one-shot job's reply, CouchDB's: `ok` followed by the job's checkpoint record
@@ -292,7 +310,7 @@ mod tests {
             "state": "completed", "rep_id": "abc+create_target",
             "checkpoint_history": [stats]}))
         .unwrap();
-        let view = JobView::from_data("j", &data).unwrap();
+        let view = JobView::from_data(&"j".into(), &data).unwrap();
         let body = completion_body(&view);
         assert_eq!(body["ok"], true);
         assert_eq!(body["source_last_seq"], "3-x");
@@ -314,7 +332,7 @@ mod tests {
             "state": "completed", "rep_id": "abc",
             "checkpoint_history": {"no_changes": true, "session_id": "s", "history": []}}))
         .unwrap();
-        let body = completion_body(&JobView::from_data("j", &data).unwrap());
+        let body = completion_body(&JobView::from_data(&"j".into(), &data).unwrap());
         let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["ok", "no_changes", "session_id", "history"]);
     }

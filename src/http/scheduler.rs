@@ -14,8 +14,9 @@ use super::auth::Caller;
 use super::couch_json::{SchedulerDoc, SchedulerJob};
 use super::error::{HttpError, HttpResult};
 use super::mask::masked;
+use super::replicate::find_job;
 use crate::replicator::server_job::spec::is_server_group;
-use crate::replicator::{JobView, RepState};
+use crate::replicator::{JobView, NodeName, RepState};
 
 /// CouchDB's default page size of `_scheduler/jobs` and `_scheduler/docs`.
 const DEFAULT_LIMIT: usize = 100;
@@ -75,7 +76,7 @@ pub async fn get_job(
 ) -> HttpResult<Json<Value>> {
     caller.require_user()?;
     let id = id.replace(' ', "+");
-    let job = st.replicator().get(&id).await?;
+    let job = find_job(st.replicator(), &id).await?;
     if !visible(&caller, &job) {
         return Err(HttpError::not_found(format!("no replication job {id}")));
     }
@@ -124,7 +125,11 @@ async fn docs_of(st: &AppState, caller: &Caller, db: Option<&str>) -> HttpResult
         .collect())
 }
 
-fn docs_page(docs: Vec<JobView>, q: &HashMap<String, String>, node: &str) -> HttpResult<Value> {
+fn docs_page(
+    docs: Vec<JobView>,
+    q: &HashMap<String, String>,
+    node: &NodeName,
+) -> HttpResult<Value> {
     let (limit, skip) = paging(q)?;
     let wanted = states(q)?;
     // CouchDB 3.4.3 counts every document in `total_rows`, whatever `states` keeps.

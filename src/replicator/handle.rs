@@ -17,15 +17,18 @@ use crate::store::Db;
 
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::job::collision;
+use super::job::id::{JobId, JobRef};
 use super::job::record::{JobError, RepJobRecord};
 use super::job::view::{
     JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep, persistent_job_id,
     transient_job_id,
 };
-use super::node::context::{NodeCtx, ids};
-use super::node::event_bus::{EventBusMsg, EventReceiver, subscribe};
+use super::node::context::NodeCtx;
+use super::node::event_bus::{EVENT_BUS, EventReceiver, subscribe};
+use super::node::name::NodeName;
 use super::node::settings::ReplicatorSettings;
 use super::scheduler::job_sup::JobSupRef;
+use crate::replication::RepId;
 use crate::telemetry::Series;
 
 /// How long [`Replicator::wait`] pauses before subscribing again when a subscription ended
@@ -43,7 +46,7 @@ pub struct ReplicatorConfig {
     /// `[replicator]` settings, including the node types.
     pub settings: ReplicatorSettings,
     /// This node's name (unique in the cluster).
-    pub node: String,
+    pub node: NodeName,
     /// The uuid that goes into replication ids (the same on every node of a cluster, so a
     /// replication has one id wherever it runs).
     pub server_uuid: String,
@@ -226,7 +229,7 @@ impl std::fmt::Debug for Replicator {
 
 impl Replicator {
     /// This node's name.
-    pub fn node(&self) -> &str {
+    pub fn node(&self) -> &NodeName {
         self.ctx.node()
     }
 
@@ -238,7 +241,7 @@ impl Replicator {
     }
 
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
-    pub async fn members(&self) -> ReplicatorResult<Vec<(String, i64)>> {
+    pub async fn members(&self) -> ReplicatorResult<Vec<(NodeName, i64)>> {
         let clustering = super::cluster::actor::Clustering::from_ctx(self.ctx.clone());
         Ok(clustering.membership.members().await?)
     }
@@ -254,7 +257,7 @@ impl Replicator {
     }
 
     /// The job that owns replication id `rep_id` (full id), if any.
-    pub(crate) async fn rep_id_owner(&self, rep_id: &str) -> ReplicatorResult<Option<String>> {
+    pub(crate) async fn rep_id_owner(&self, rep_id: &RepId) -> ReplicatorResult<Option<JobId>> {
         Ok(collision::owner(&self.ctx, rep_id).await?)
     }
 
@@ -301,7 +304,7 @@ impl Replicator {
                 let (data, record) = (data.clone(), record.clone());
                 let job_id = job_id.clone();
                 async move {
-                    match jobs.get_job_data_tx(&tx, REP_JOBS, &job_id).await {
+                    match jobs.get_job_data_tx(&tx, REP_JOBS, job_id.as_str()).await {
                         Ok(old) => {
                             let old = RepJobRecord::from_data(&old)?;
                             if !old.state.is_terminal() && old.rep == record.rep {
@@ -310,12 +313,12 @@ impl Replicator {
                             if let Some(rep_id) = &old.rep_id {
                                 collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
                             }
-                            jobs.remove_tx(&tx, REP_JOBS, &job_id).await?;
+                            jobs.remove_tx(&tx, REP_JOBS, job_id.as_str()).await?;
                         }
                         Err(JobsError::NotFound) => {}
                         Err(e) => return Err(e),
                     }
-                    jobs.add_tx(&tx, REP_JOBS, &job_id, data.clone(), now)
+                    jobs.add_tx(&tx, REP_JOBS, job_id.as_str(), data.clone(), now)
                         .await?;
                     Ok((JobView::from_record(&job_id, &record), false))
                 }
@@ -329,10 +332,12 @@ impl Replicator {
         Ok(view)
     }
 
-    /// Removes a job by job id or replication id; a running job's actor loses its lock and
-    /// stops (this node's before this returns, other nodes' at their next update). [`ReplicatorError::NotFound`] if there is no such job.
-    pub async fn cancel(&self, id: &str) -> ReplicatorResult<JobView> {
-        let job_id = self.resolve(id).await?;
+    /// Removes a job named by its job id or replication id ([`JobRef`]); a running job's
+    /// actor loses its lock and stops (this node's before this returns, other nodes' at their
+    /// next update). [`ReplicatorError::NotFound`] if there is no such job.
+    pub async fn cancel(&self, id: impl Into<JobRef>) -> ReplicatorResult<JobView> {
+        let id = id.into();
+        let job_id = self.resolve(&id).await?;
         let jobs = self.ctx.jobs();
         let ctx = &self.ctx;
         let view = jobs
@@ -340,17 +345,17 @@ impl Replicator {
             .run(|tx| {
                 let job_id = job_id.clone();
                 async move {
-                    let data = jobs.get_job_data_tx(&tx, REP_JOBS, &job_id).await?;
+                    let data = jobs.get_job_data_tx(&tx, REP_JOBS, job_id.as_str()).await?;
                     let record = RepJobRecord::from_data(&data)?;
                     if let Some(rep_id) = &record.rep_id {
                         collision::release_tx(ctx, &tx, rep_id, &job_id).await?;
                     }
-                    jobs.remove_tx(&tx, REP_JOBS, &job_id).await?;
+                    jobs.remove_tx(&tx, REP_JOBS, job_id.as_str()).await?;
                     Ok::<_, JobsError>(JobView::from_record(&job_id, &record))
                 }
             })
             .await
-            .map_err(|e| not_found(e, id))?;
+            .map_err(|e| not_found(e, &id))?;
         self.metrics().inc(Series::JobsRemoves);
         self.ctx
             .publish(super::node::event_bus::ReplicatorEvent::Stopped {
@@ -363,9 +368,9 @@ impl Replicator {
     /// A job actor of this node that runs a removed job stops at its next store update: ask
     /// for that update now and wait (bounded) until the actor is gone, so a cancel returns
     /// once the replication has stopped. Jobs run by other nodes stop at their next update.
-    async fn wait_local_actor_gone(&self, job_id: &str) {
+    async fn wait_local_actor_gone(&self, job_id: &JobId) {
         let sup = &self.job_sup;
-        let Some(actor) = sup.which_child(job_id) else {
+        let Some(actor) = sup.which_child(job_id.as_str()) else {
             return;
         };
         let _ = actor.send_message(super::job::actor::JobMsg::CheckLock);
@@ -375,20 +380,18 @@ impl Replicator {
             .await;
     }
 
-    /// One job by job id or replication id.
-    pub async fn get(&self, id: &str) -> ReplicatorResult<JobView> {
-        let job_id = self.resolve(id).await?;
-        match self.ctx.jobs().get_job_data(REP_JOBS, &job_id).await {
+    /// One job, named by its job id or replication id ([`JobRef`]).
+    pub async fn get(&self, id: impl Into<JobRef>) -> ReplicatorResult<JobView> {
+        let id = id.into();
+        let job_id = self.resolve(&id).await?;
+        match self
+            .ctx
+            .jobs()
+            .get_job_data(REP_JOBS, job_id.as_str())
+            .await
+        {
             Ok(data) => Ok(JobView::from_data(&job_id, &data)?),
-            // A replication id is claimed when its job first runs; a pending job that has not
-            // run yet is found by the id its record shows, as CouchDB finds it.
-            Err(JobsError::NotFound) => self
-                .list()
-                .await?
-                .into_iter()
-                .find(|j| j.rep_id.as_deref() == Some(id))
-                .ok_or_else(|| ReplicatorError::NotFound(id.to_owned())),
-            Err(e) => Err(ReplicatorError::Jobs(e)),
+            Err(e) => Err(not_found(e, &id)),
         }
     }
 
@@ -399,7 +402,7 @@ impl Replicator {
             .ctx
             .jobs()
             .fold_jobs(REP_JOBS, Vec::new(), |mut acc, j| {
-                match JobView::from_data(&j.id, &j.data) {
+                match JobView::from_data(&JobId::from(&j.id), &j.data) {
                     Ok(v) => acc.push(v),
                     Err(e) => tracing::warn!(job = %j.id, error = %e, "unreadable job data"),
                 }
@@ -413,7 +416,7 @@ impl Replicator {
         let running = self.ctx.jobs().get_active_jobs(REP_JOBS).await?;
         Ok(running
             .into_iter()
-            .filter_map(|(id, d)| JobView::from_data(&id, &d).ok())
+            .filter_map(|(id, d)| JobView::from_data(&JobId::from(id), &d).ok())
             .filter(|v| v.state == RepState::Running && v.stats.is_some())
             .collect())
     }
@@ -426,23 +429,24 @@ impl Replicator {
     /// answer is read from.
     pub async fn wait(
         &self,
-        id: &str,
+        id: impl Into<JobRef>,
         until: WaitFor,
         timeout: Duration,
     ) -> ReplicatorResult<JobView> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let job_id = self.resolve(id).await?;
+        let id = id.into();
+        let job_id = self.resolve(&id).await?;
         loop {
             let subscribed = self
                 .ctx
                 .jobs()
-                .subscribe(REP_JOBS, &job_id)
+                .subscribe(REP_JOBS, job_id.as_str())
                 .await
-                .map_err(|e| not_found(e, id))?;
+                .map_err(|e| not_found(e, &id))?;
             let (mut sub, data) = match subscribed {
                 Subscribed::Finished(data) => {
                     return wait_outcome(&JobView::from_data(&job_id, &data)?, until)
-                        .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.to_owned())));
+                        .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.to_string())));
                 }
                 Subscribed::Active { sub, data, .. } => (sub, data),
             };
@@ -452,7 +456,7 @@ impl Replicator {
             loop {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
-                    return Err(ReplicatorError::Timeout(id.to_owned()));
+                    return Err(ReplicatorError::Timeout(id.to_string()));
                 }
                 let Some(event) = sub.wait(left).await else {
                     // A timeout, or the subscription ended (its notifier restarted):
@@ -460,14 +464,14 @@ impl Replicator {
                     break;
                 };
                 let Some(data) = event.data else {
-                    return Err(ReplicatorError::NotFound(id.to_owned()));
+                    return Err(ReplicatorError::NotFound(id.to_string()));
                 };
                 if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data)?, until) {
                     return done;
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ReplicatorError::Timeout(id.to_owned()));
+                return Err(ReplicatorError::Timeout(id.to_string()));
             }
             // Do not spin while a notifier is restarting.
             tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
@@ -477,7 +481,7 @@ impl Replicator {
     /// Subscribes to this node's events (dropping the receiver unsubscribes). `None` while
     /// the event bus is restarting.
     pub fn subscribe(&self) -> Option<EventReceiver> {
-        let bus = self.tree.which_child::<EventBusMsg>(ids::EVENT_BUS)?;
+        let bus = EVENT_BUS.in_tree(&self.tree)?;
         subscribe(&bus)
     }
 
@@ -507,12 +511,23 @@ impl Replicator {
         }
     }
 
-    /// A job id from a job id or a replication id.
-    async fn resolve(&self, id: &str) -> ReplicatorResult<String> {
-        if let Some(job_id) = collision::owner(&self.ctx, id).await? {
+    /// The job id a [`JobRef`] names. A replication id is claimed in the collision index
+    /// when its job first runs; a pending job that has not run yet is found by the id its
+    /// record shows, as CouchDB finds it.
+    async fn resolve(&self, id: &JobRef) -> ReplicatorResult<JobId> {
+        let rep_id = match id {
+            JobRef::Job(job_id) => return Ok(job_id.clone()),
+            JobRef::Replication(rep_id) => rep_id,
+        };
+        if let Some(job_id) = self.rep_id_owner(rep_id).await? {
             return Ok(job_id);
         }
-        Ok(id.to_owned())
+        self.list()
+            .await?
+            .into_iter()
+            .find(|j| j.rep_id.as_ref() == Some(rep_id))
+            .map(|j| j.job_id)
+            .ok_or_else(|| ReplicatorError::NotFound(id.to_string()))
     }
 }
 
@@ -525,9 +540,9 @@ fn wait_outcome(view: &JobView, until: WaitFor) -> Option<ReplicatorResult<JobVi
     }
 }
 
-fn not_found(e: JobsError, id: &str) -> ReplicatorError {
+fn not_found(e: JobsError, id: &JobRef) -> ReplicatorError {
     match e {
-        JobsError::NotFound => ReplicatorError::NotFound(id.to_owned()),
+        JobsError::NotFound => ReplicatorError::NotFound(id.to_string()),
         other => ReplicatorError::Jobs(other),
     }
 }

@@ -11,6 +11,9 @@
 //! - [`server_job`]: whole-server replication jobs.
 //! - [`handle`] and `error`: the embedding API and its errors.
 
+#[macro_use]
+mod text_id;
+
 pub mod cluster;
 pub(crate) mod error;
 pub mod handle;
@@ -22,9 +25,11 @@ pub mod server_job;
 
 pub use error::{ReplicatorError, ReplicatorResult};
 pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
+pub use job::id::{JobId, JobRef};
 pub use job::record::{HistoryEvent, HistoryKind, JobError, JobOrigin, RepJobRecord};
 pub use job::view::{JobKind, JobView, RepState};
 pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
 pub use node::frontend::{Frontend, ServiceError, ServiceFn, ServiceFuture};
+pub use node::name::NodeName;
 pub use node::settings::{NodeType, ReplicatorSettings, SettingsError};
 pub use server_job::spec::{DbProgress, ServerJobView, ServerSpec, ServerState};

@@ -14,11 +14,12 @@ pub const TOP_K: usize = 5;
 /// Bucket bounds for changes (pending, not yet checkpointed).
 const CHANGE_BOUNDS: [u64; 6] = [0, 10, 100, 1_000, 10_000, 100_000];
 
-/// One running job's numbers.
+/// One running job's numbers. `Id` is the caller's job id type (the replicator's `JobId`);
+/// this leaf only needs its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobSample {
+pub struct JobSample<Id = String> {
     /// The couch_jobs id.
-    pub job_id: String,
+    pub job_id: Id,
     /// Changes on the source not yet processed (`None`: opaque sequences).
     pub changes_pending: Option<u64>,
     /// Changes processed but not yet checkpointed (lost work if the job crashed now).
@@ -28,22 +29,22 @@ pub struct JobSample {
 }
 
 /// Writes the distribution, sum, max and top-K families of both measures.
-pub fn render(e: &mut Exposition, jobs: &[JobSample]) {
+pub fn render<Id: AsRef<str>>(e: &mut Exposition, jobs: &[JobSample<Id>]) {
     family(
         e,
         "couch_replicator_job_changes_pending",
         "changes not yet processed, over this node's running jobs",
-        jobs.iter().map(|j| (j.job_id.as_str(), j.changes_pending)),
+        jobs.iter().map(|j| (j.job_id.as_ref(), j.changes_pending)),
     );
     family(
         e,
         "couch_replicator_job_checkpoint_lag",
         "changes processed but not yet checkpointed, over this node's running jobs",
-        jobs.iter().map(|j| (j.job_id.as_str(), j.checkpoint_lag)),
+        jobs.iter().map(|j| (j.job_id.as_ref(), j.checkpoint_lag)),
     );
     let written: Vec<(&str, Option<u64>)> = jobs
         .iter()
-        .map(|j| (j.job_id.as_str(), Some(j.docs_written)))
+        .map(|j| (j.job_id.as_ref(), Some(j.docs_written)))
         .collect();
     top(
         e,

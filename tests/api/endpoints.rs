@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::http::{ADMIN, BOB, EVE, Node};
 use couch_replicator::http::HttpConfig;
-use couch_replicator::replicator::{JobKind, NewJob};
+use couch_replicator::replicator::{JobId, JobKind, NewJob};
 use reqwest::Method;
 use serde_json::json;
 
@@ -20,7 +20,7 @@ fn cfg() -> HttpConfig {
     }
 }
 
-async fn add_transient(node: &Node, user: &str, db: &str) -> String {
+async fn add_transient(node: &Node, user: &str, db: &str) -> JobId {
     let v = node
         .replicator
         .add(NewJob {
@@ -35,7 +35,7 @@ async fn add_transient(node: &Node, user: &str, db: &str) -> String {
     v.job_id
 }
 
-async fn add_persistent(node: &Node, doc: &str) -> String {
+async fn add_persistent(node: &Node, doc: &str) -> JobId {
     node.replicator
         .add(NewJob {
             kind: JobKind::Persistent {
@@ -271,7 +271,7 @@ async fn authentication_and_ownership() {
         assert_eq!(all["total_rows"], 3);
 
         // ... and cancels only those.
-        let cancel = |id: &str| json!({"cancel": true, "id": id}).to_string();
+        let cancel = |id: &JobId| json!({"cancel": true, "id": id}).to_string();
         let (s, _) = node.post("/_replicate", Some(BOB), &cancel(&eves)).await;
         assert_eq!(s, 404);
         assert!(
@@ -286,7 +286,7 @@ async fn authentication_and_ownership() {
         assert_eq!(s, 404);
         // A persistent job is not cancelled through _replicate, even by an admin.
         let (s, e) = node
-            .post("/_replicate", Some(ADMIN), &cancel("_replicator|d"))
+            .post("/_replicate", Some(ADMIN), &cancel(&"_replicator|d".into()))
             .await;
         assert_eq!((s, e["error"].as_str()), (403, Some("forbidden")));
         // The owner cancels by source/target (the job id is derived from them and the user).

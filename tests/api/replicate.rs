@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::http::{ADMIN, BOB, Node, Pouch};
 use couch_replicator::http::HttpConfig;
+use couch_replicator::replication::RepId;
 use couch_replicator::replicator::{JobKind, NewJob, RepState, WaitFor};
 use serde_json::json;
 
@@ -64,7 +65,7 @@ async fn a_duplicate_replication_is_a_conflict() {
         let local_id = e["_local_id"].as_str().unwrap().to_owned();
         crate::support::wait_for(30, "admin's job running", || async {
             // Found by replication id once the job has started.
-            let v = rep.get(&local_id).await.ok()?;
+            let v = rep.get(RepId::from_full(&local_id)).await.ok()?;
             (v.state == RepState::Running).then_some(())
         })
         .await;

@@ -11,7 +11,7 @@ use crate::support::couchdb::CouchPeer;
 use crate::support::http::{ADMIN, Node, fast_settings};
 use crate::support::{deadline, wait_for};
 use couch_replicator::http::HttpConfig;
-use couch_replicator::replication::{Context, ReplicationSpec, compute_id};
+use couch_replicator::replication::{Context, RepId, ReplicationSpec, compute_id};
 use couch_replicator::replicator::ReplicatorSettings;
 use serde_json::{Value, json};
 
@@ -181,7 +181,11 @@ async fn continuous_answers_at_once_and_cancel_returns_once_stopped() {
     assert_eq!(ro["_local_id"], rc["_local_id"], "the same replication id");
     let local_id = ro["_local_id"].as_str().unwrap().to_owned();
     wait_for(60, "our job listed under that id", || async {
-        b.node.replicator.get(&local_id).await.ok()
+        b.node
+            .replicator
+            .get(RepId::from_full(&local_id))
+            .await
+            .ok()
     })
     .await;
     let mut cancel = body.clone();

@@ -176,7 +176,7 @@ fn a_jobs_tasks_log_under_its_span() {
                 .await
                 .unwrap();
             assert_eq!(couch.assert_same("s", &couch, "t").await, 30);
-            (view.job_id, done.rep_id.unwrap())
+            (view.job_id.to_string(), done.rep_id.unwrap().full())
         },
     ));
     drop(rt);

@@ -121,7 +121,7 @@ async fn the_page_follows_a_job_from_running_to_completed() {
         wait_for_js(&browser, live, &json!(true), "the page's first live update").await;
         wait_for_js(
             &browser,
-            &state_of(&job.job_id),
+            &state_of(job.job_id.as_str()),
             &json!("running"),
             "a running row",
         )
@@ -132,7 +132,7 @@ async fn the_page_follows_a_job_from_running_to_completed() {
         open.send_replace(true);
         wait_for_js(
             &browser,
-            &state_of(&job.job_id),
+            &state_of(job.job_id.as_str()),
             &json!("completed"),
             "the completed row",
         )

@@ -50,7 +50,7 @@ fn record(log: &Log, node: &'static str, n: &Replicator) -> tokio::task::JoinHan
         while let Some(event) = rx.recv().await {
             let started = matches!(event, ReplicatorEvent::Started { .. });
             if let Some(job) = event.job_id() {
-                let entry = (Instant::now(), node, started, job.to_owned());
+                let entry = (Instant::now(), node, started, job.to_string());
                 log.lock().unwrap().push(entry);
             }
         }

@@ -18,7 +18,7 @@ use couch_replicator::replication::Aimd;
 use couch_replicator::replicator::HistoryKind;
 use couch_replicator::replicator::node::limiter_actor::RateLimiterMsg;
 use couch_replicator::replicator::{
-    JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
+    JobId, JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };
 use serde_json::{Value, json};
 
@@ -58,7 +58,7 @@ impl Rig {
     }
 
     /// A persistent job from `_replicator/{doc}` replicating `s` to `t` through the proxy.
-    async fn add(&self, doc: &str, extra: Value) -> String {
+    async fn add(&self, doc: &str, extra: Value) -> JobId {
         let mut rep = json!({"source": self.proxy.db_url("s"), "target": self.proxy.db_url("t"),
                              "create_target": true});
         if let (Some(r), Some(e)) = (rep.as_object_mut(), extra.as_object()) {
@@ -77,7 +77,7 @@ impl Rig {
             .job_id
     }
 
-    async fn completed(&self, id: &str, secs: u64) -> JobView {
+    async fn completed(&self, id: &JobId, secs: u64) -> JobView {
         let r = self
             .node
             .wait(id, WaitFor::Completed, Duration::from_secs(secs))

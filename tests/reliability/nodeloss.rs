@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use crate::support::couch::Couch;
 use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
-use couch_replicator::replicator::{JobKind, NewJob, RepState, Replicator, ReplicatorSettings};
+use couch_replicator::replicator::{
+    JobId, JobKind, NewJob, NodeName, RepState, Replicator, ReplicatorSettings,
+};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -35,7 +37,7 @@ fn settings() -> ReplicatorSettings {
 }
 
 /// `(node, state)` of every job, by job id.
-async fn placement(n: &Replicator) -> HashMap<String, (Option<String>, RepState)> {
+async fn placement(n: &Replicator) -> HashMap<JobId, (Option<NodeName>, RepState)> {
     n.list()
         .await
         .unwrap()
@@ -126,7 +128,7 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
         let mut per_node: HashMap<String, usize> = HashMap::new();
         for (node, _) in before.values() {
             *per_node
-                .entry(node.clone().unwrap_or_default())
+                .entry(node.clone().unwrap_or_default().into_string())
                 .or_default() += 1;
         }
         eprintln!("jobs per node before the loss: {per_node:?}");
@@ -153,9 +155,9 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
         let bound = Duration::from_secs(2 * ACTIVITY_TIMEOUT_SEC);
         // The victim's jobs. A full survivor may rotate one of its own jobs out to make room
         // for one of them (pending jobs get a turn); that job is rescheduled, not lost.
-        let lost_ids: Vec<&String> = before
+        let lost_ids: Vec<&JobId> = before
             .iter()
-            .filter(|(_, (n, _))| n.as_deref() == Some(victim.as_str()))
+            .filter(|(_, (n, _))| n.as_ref().is_some_and(|n| *n == victim))
             .map(|(id, _)| id)
             .collect();
         let recovered = loop {
@@ -164,7 +166,7 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
                 .iter()
                 .filter(|id| {
                     now.get(id.as_str()).is_none_or(|(n, s)| {
-                        *s != RepState::Running || n.as_deref() == Some(victim.as_str())
+                        *s != RepState::Running || n.as_ref().is_some_and(|n| *n == victim)
                     })
                 })
                 .count();
@@ -200,7 +202,7 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
         for id in &ids {
             let (n, s) = &after[id];
             assert_eq!(*s, RepState::Running, "{id}");
-            assert_ne!(n.as_deref(), Some(victim.as_str()), "{id} on the dead node");
+            assert_ne!(n.as_ref().map(NodeName::as_str), Some(victim.as_str()), "{id} on the dead node");
         }
         for n in nodes.into_iter().flatten() {
             n.shutdown().await;

@@ -322,7 +322,7 @@ async fn observations_follow_a_job_from_start_to_cancel() {
             .await;
             assert!(listed.continuous);
             // Its actor reports the replication running, with progress.
-            let actor = n.job_sup().which_child(&job).unwrap();
+            let actor = n.job_sup().which_child(job.as_str()).unwrap();
             let seen = wait_for(60, "the job actor's progress", || async {
                 let seen = observe(&actor).await?;
                 let written = seen.stats.as_ref().map_or(0, |s| s.docs_written);

@@ -254,14 +254,14 @@ async fn a_graceful_stop_hands_the_server_job_to_another_node_at_once() {
     let b = body(&src.url(""), &tgt.url(""), json!({"continuous": true}));
     let job = n1.add_server_job(&b, None).await.unwrap();
     wait_server(&n1, &job.id, 60, "the job running on n1", |v| {
-        v.total == 2 && v.node.as_deref() == Some("n1")
+        v.total == 2 && v.node.as_ref().is_some_and(|n| n == "n1")
     })
     .await;
     let n2 = nodes.start("n2", settings).await;
     let t0 = std::time::Instant::now();
     n1.shutdown().await;
     wait_server(&n2, &job.id, 20, "the job running on n2", |v| {
-        v.node.as_deref() == Some("n2") && v.state == ServerState::Running
+        v.node.as_ref().is_some_and(|n| n == "n2") && v.state == ServerState::Running
     })
     .await;
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());

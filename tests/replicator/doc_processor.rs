@@ -14,7 +14,7 @@ use couch_replicator::replication::pipeline::stats::CouchStats;
 use couch_replicator::replicator::replicator_db::doc_processor::{
     DocProcessor, DocProcessorConfig, DocStats, ReplicatorDb, Terminal, write_state,
 };
-use couch_replicator::replicator::{RepState, Replicator};
+use couch_replicator::replicator::{JobId, RepState, Replicator};
 use serde_json::{Value, json};
 
 fn fast(dbs: Vec<ReplicatorDb>) -> DocProcessorConfig {
@@ -38,7 +38,7 @@ async fn until<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
 }
 
 async fn job_state(rep: &Replicator, id: &str) -> Option<RepState> {
-    rep.get(id).await.ok().map(|j| j.state)
+    rep.get(JobId::from(id)).await.ok().map(|j| j.state)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,8 +83,8 @@ async fn documents_become_jobs_and_bad_ones_fail() {
         assert!(reason.contains("`target' property must exist"), "{reason}");
         assert!(bad["_replication_state_time"].is_string());
         // Invalid, design and already-terminal docs have no job.
-        assert!(rep.get("jobs_replicator|bad").await.is_err());
-        assert!(rep.get("jobs_replicator|done").await.is_err());
+        assert!(rep.get(JobId::from("jobs_replicator|bad")).await.is_err());
+        assert!(rep.get(JobId::from("jobs_replicator|done")).await.is_err());
         assert_eq!(rep.list().await.unwrap().len(), 1);
         // The good doc was not touched (only terminal states are ever written).
         let (_, g) = pouch.get("jobs_replicator/good").await;
@@ -96,7 +96,7 @@ async fn documents_become_jobs_and_bad_ones_fail() {
         edited["target"] = json!(pouch.db("tgt2"));
         pouch.put("jobs_replicator/good", edited).await;
         until("the edited job", async || {
-            let j = rep.get("jobs_replicator|good").await.ok()?;
+            let j = rep.get(JobId::from("jobs_replicator|good")).await.ok()?;
             Some(j.target).filter(|t| t.ends_with("/tgt2/"))
         })
         .await;
@@ -110,7 +110,10 @@ async fn documents_become_jobs_and_bad_ones_fail() {
             ))
             .await;
         until("the job to go", async || {
-            rep.get("jobs_replicator|good").await.is_err().then_some(())
+            rep.get(JobId::from("jobs_replicator|good"))
+                .await
+                .is_err()
+                .then_some(())
         })
         .await;
 
@@ -281,7 +284,10 @@ async fn duplicate_documents_fail_the_second_with_a_reason() {
             assert!(reason.contains("already started"), "{reason}");
             let other = if failed == "one" { "two" } else { "one" };
             let running = until("the other to run", async || {
-                let j = rep.get(&format!("jobs_replicator|{other}")).await.ok()?;
+                let j = rep
+                    .get(JobId::from(format!("jobs_replicator|{other}")))
+                    .await
+                    .ok()?;
                 (j.state == RepState::Running).then_some(j)
             })
             .await;

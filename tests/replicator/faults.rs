@@ -11,7 +11,7 @@ use couch_replicator::replicator::job::REP_JOBS;
 use couch_replicator::replicator::job::actor::JobMsg;
 use couch_replicator::replicator::{HistoryKind, JobError};
 use couch_replicator::replicator::{
-    JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
+    JobId, JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };
 use serde_json::{Value, json};
 
@@ -28,7 +28,7 @@ fn persistent(doc: &str, rep: Value) -> NewJob {
 /// Waits (on the node's events, up to 60 s) until the job's view satisfies `ok`.
 async fn wait_until(
     node: &Replicator,
-    id: &str,
+    id: &JobId,
     what: &str,
     ok: impl Fn(&JobView) -> bool,
 ) -> JobView {
@@ -81,7 +81,7 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
                     .find(|h| h.kind == HistoryKind::Crashed)
                     .unwrap()
                     .timestamp;
-                let wait = (stime_of(&n, &id).await - crashed) as f64;
+                let wait = (stime_of(&n, id.as_str()).await - crashed) as f64;
                 // min(2 s x 2^errors, max) with 25 % jitter, rounded up to whole seconds.
                 let full = 2.0 * 2f64.powi(errors as i32);
                 assert!(
@@ -94,7 +94,7 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
                 // Skip the wait: make it eligible now.
                 let now = n.jobs().clock().now_secs();
                 n.jobs()
-                    .resubmit(REP_JOBS, &id, Some(now), None)
+                    .resubmit(REP_JOBS, id.as_str(), Some(now), None)
                     .await
                     .unwrap();
             }
@@ -103,7 +103,7 @@ async fn a_crashing_job_backs_off_by_the_formula_then_heals() {
             pouch.put_docs("missing", "d", 10).await;
             let now = n.jobs().clock().now_secs();
             n.jobs()
-                .resubmit(REP_JOBS, &id, Some(now), None)
+                .resubmit(REP_JOBS, id.as_str(), Some(now), None)
                 .await
                 .unwrap();
             wait_until(&n, &id, "ran", |v| v.state == RepState::Running).await;
@@ -244,7 +244,7 @@ async fn duplicate_replications_fail_or_crash_as_couchdb_does() {
             let rb = wait_until(&n, &b, "failed", |v| v.state == RepState::Failed).await;
             let reason = rb.state_info.clone().unwrap();
             assert!(
-                matches!(&reason, JobError::DuplicateDocument { other_doc, .. } if a.ends_with(other_doc.as_str())),
+                matches!(&reason, JobError::DuplicateDocument { other_doc, .. } if a.as_str().ends_with(other_doc.as_str())),
                 "{reason:?}"
             );
             assert!(reason.to_string().contains("already started"), "{reason}");
@@ -263,7 +263,10 @@ async fn duplicate_replications_fail_or_crash_as_couchdb_does() {
                 rt.state_info
             );
             // The original keeps running and owns the replication id.
-            let owner = n.get(ra.rep_id.as_deref().unwrap()).await.unwrap();
+            let owner = n
+                .get(ra.rep_id.as_ref().unwrap())
+                .await
+                .unwrap();
             assert_eq!(owner.job_id, a);
             assert_eq!(owner.state, RepState::Running);
             n.shutdown().await;
@@ -290,7 +293,7 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
             pouch.wait_count("t", 30, Duration::from_secs(20)).await;
             let jobs = n1.jobs().clone();
             n1.shutdown().await;
-            let data = jobs.get_job_data(REP_JOBS, &id).await.unwrap();
+            let data = jobs.get_job_data(REP_JOBS, id.as_str()).await.unwrap();
             let v = JobView::from_data(&id, &data).unwrap();
             assert_eq!(v.state, RepState::Pending);
             assert_eq!(v.history[0].kind, HistoryKind::Stopped);
@@ -303,7 +306,7 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
             );
             let n2 = nodes.start("n2", test_settings()).await;
             let moved = wait_until(&n2, &id, "moved", |v| {
-                v.state == RepState::Running && v.node.as_deref() == Some("n2")
+                v.state == RepState::Running && v.node.as_ref().is_some_and(|n| n == "n2")
             })
             .await;
             assert_eq!(moved.error_count, 0);

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use crate::support::nodes::{Nodes, until_job};
 use crate::support::replicator::*;
+use couch_replicator::replication::RepId;
 use couch_replicator::replicator::{
-    JobKind, NewJob, RepState, ReplicatorEvent, ReplicatorSettings, WaitFor,
+    JobId, JobKind, NewJob, NodeName, RepState, ReplicatorEvent, ReplicatorSettings, WaitFor,
 };
 use serde_json::json;
 
@@ -62,7 +63,8 @@ async fn bad_documents_are_rejected_with_a_reason() {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("target"), "{err}");
-        assert!(node.get("nope").await.is_err());
+        assert!(node.get(JobId::from("nope")).await.is_err());
+        assert!(node.get(RepId::from_full("nope")).await.is_err());
         node.shutdown().await;
     })
     .await;
@@ -109,13 +111,14 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
                 .await
                 .unwrap();
             let rep_id = running.rep_id.clone().unwrap();
-            assert!(rep_id.ends_with("+continuous+create_target"));
+            assert_eq!(rep_id.ext, "+continuous+create_target");
             // By replication id as well as by job id.
-            assert_eq!(node.get(&rep_id).await.unwrap().job_id, view.job_id);
+            let by_rep_id = rep_id.clone();
+            assert_eq!(node.get(&by_rep_id).await.unwrap().job_id, view.job_id);
             let listed = node.list().await.unwrap();
             assert_eq!(listed.len(), 1);
             let sched = &listed[0];
-            assert_eq!(sched.rep_id.as_deref(), Some(rep_id.as_str()));
+            assert_eq!(sched.rep_id.as_ref(), Some(&rep_id));
             assert_eq!(sched.state, RepState::Running);
             assert_eq!(sched.user.as_deref(), Some("bob"));
             assert_eq!(sched.source, format!("{}/", pouch.url("src")));
@@ -127,10 +130,10 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             let tasks = node.active_tasks().await.unwrap();
             assert_eq!(tasks.len(), 1);
             assert!(tasks[0].stats.is_some());
-            assert_eq!(tasks[0].rep_id.as_deref(), Some(rep_id.as_str()));
-            assert_eq!(tasks[0].node.as_deref(), Some("n1"));
+            assert_eq!(tasks[0].rep_id.as_ref(), Some(&rep_id));
+            assert_eq!(tasks[0].node.as_ref().map(NodeName::as_str), Some("n1"));
             // Cancel by replication id: the job is gone and its actor stops at its next update.
-            let cancelled = node.cancel(&rep_id).await.unwrap();
+            let cancelled = node.cancel(&by_rep_id).await.unwrap();
             assert_eq!(cancelled.job_id, view.job_id);
             assert!(matches!(
                 node.get(&view.job_id).await,
@@ -143,7 +146,7 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             assert!(node.active_tasks().await.unwrap().is_empty());
-            assert!(node.cancel(&rep_id).await.is_err());
+            assert!(node.cancel(&by_rep_id).await.is_err());
             node.shutdown().await;
         },
     )

@@ -130,7 +130,9 @@ async fn overlapping_heartbeats_never_conflict_and_a_removed_node_notices() {
             let jobs = Jobs::new(Db::new(Arc::new(store.clone())), options);
             let nodes: Vec<Membership> = ["a", "b", "c"]
                 .iter()
-                .map(|n| Membership::new(jobs.clone(), &prefix, n, Duration::from_secs(30)))
+                .map(|n| {
+                    Membership::new(jobs.clone(), &prefix, &(*n).into(), Duration::from_secs(30))
+                })
                 .collect();
             for m in &nodes {
                 m.beat(true).await.unwrap();
@@ -157,7 +159,7 @@ async fn overlapping_heartbeats_never_conflict_and_a_removed_node_notices() {
 
             // A neighbour's removal of "a" (its key cleared) is what "a" sees next.
             let tx = db.begin().await.unwrap();
-            tx.clear(&nodes[0].member_key("a"));
+            tx.clear(&nodes[0].member_key(&"a".into()));
             tx.commit().await.unwrap();
             assert!(nodes[0].beat(false).await.unwrap().was_removed);
             assert!(
@@ -210,7 +212,9 @@ async fn a_node_that_finds_itself_removed_stops_its_jobs() {
                 .await
                 .unwrap();
             let jobs = b.jobs().clone();
-            let first = lock_of(&jobs, &id).await.expect("running under a lock");
+            let first = lock_of(&jobs, id.as_str())
+                .await
+                .expect("running under a lock");
 
             // A neighbour declared "b" dead but (say) crashed before re-enqueueing its jobs.
             let mut member = JobsOptions::default().prefix;
@@ -228,7 +232,7 @@ async fn a_node_that_finds_itself_removed_stops_its_jobs() {
                 .unwrap();
             let restarted = async {
                 loop {
-                    match lock_of(&jobs, &id).await {
+                    match lock_of(&jobs, id.as_str()).await {
                         Some(l) if l != first => return,
                         _ => tokio::time::sleep(Duration::from_millis(100)).await,
                     }

@@ -111,7 +111,7 @@ async fn a_killed_job_releases_its_share() {
             open_before >= 2,
             "two change watches: {open_before} sockets"
         );
-        n.job_sup().which_child(&a).unwrap().kill();
+        n.job_sup().which_child(a.as_str()).unwrap().kill();
         // Its HTTP clients and its lease go; its source's watch socket is closed by us.
         wait_for(30, "the killed job's share released", || async {
             let s = observe(&pool).await?;
@@ -190,7 +190,10 @@ async fn continuous_jobs_on_one_source_share_one_watch_socket() {
         for id in &ids {
             n.cancel(id).await.unwrap();
             // A cancel returns once the job's actor is gone, idle as the job was.
-            assert!(n.job_sup().which_child(id).is_none(), "{id} still runs");
+            assert!(
+                n.job_sup().which_child(id.as_str()).is_none(),
+                "{id} still runs"
+            );
         }
         // The last job gone, the watch's socket closes too.
         wait_for(30, "the watch socket closed", || async {

@@ -112,7 +112,7 @@ impl Node {
         // Actor names are process-wide: every node of a test binary needs its own.
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        config.node = format!("http{n}@127.0.0.1");
+        config.node = format!("http{n}@127.0.0.1").into();
         let rep = Replicator::start(config).await.unwrap();
         let replicator = Arc::new(rep);
         // The fixed users, plus the authentication CouchDB the caller configured, if any.
@@ -134,7 +134,7 @@ impl Node {
             couch_replicator::steps::Steps::new(
                 replicator.jobs().clone(),
                 // Steps node names allow no `@`.
-                &replicator.node().replace('@', "-"),
+                &replicator.node().as_str().replace('@', "-"),
                 Default::default(),
             )
             .unwrap()

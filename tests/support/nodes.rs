@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use couch_replicator::jobs::{JobsConfig, JobsOptions, SharedClock, TokioClock};
 use couch_replicator::replicator::{
-    Frontend, JobView, Replicator, ReplicatorConfig, ReplicatorSettings,
+    Frontend, JobId, JobView, Replicator, ReplicatorConfig, ReplicatorSettings,
 };
 use couch_replicator::store::Db;
 use couch_replicator::store::faulty::FaultyStore;
@@ -115,7 +115,7 @@ impl Nodes {
                 ..JobsOptions::default()
             },
             settings,
-            node: name.to_owned(),
+            node: name.into(),
             server_uuid: "test-cluster".into(),
         };
         let node = Replicator::start_with(config, frontend).await.unwrap();
@@ -157,7 +157,7 @@ impl Drop for Nodes {
 /// the view is also read once a second without events.
 pub async fn until_job(
     node: &Replicator,
-    id: &str,
+    id: &JobId,
     secs: u64,
     what: &str,
     ok: impl Fn(&JobView) -> bool,

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::http::AppState;
 use crate::http::error::{HttpError, HttpResult};
-use crate::replicator::{JobView, RepState};
+use crate::replication::RepId;
+use crate::replicator::{JobId, JobView, NodeName, RepState};
 
 /// Rows per page unless asked otherwise, and the most a page may hold.
 pub const DEFAULT_LIMIT: usize = 50;
@@ -63,7 +64,7 @@ pub struct Queue {
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeRow {
     /// The node name.
-    pub name: String,
+    pub name: NodeName,
     /// Milliseconds since its last heartbeat.
     pub age_ms: i64,
     /// Its heartbeat is recent enough to count it as up.
@@ -76,9 +77,9 @@ pub struct NodeRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct JobRow {
     /// The couch_jobs job id.
-    pub job_id: String,
+    pub job_id: JobId,
     /// The replication id, once computed.
-    pub rep_id: Option<String>,
+    pub rep_id: Option<RepId>,
     /// The source URL, without credentials.
     pub source: Option<String>,
     /// The target URL, without credentials.
@@ -86,7 +87,7 @@ pub struct JobRow {
     /// The replicator state (`pending`, `running`, ...).
     pub state: &'static str,
     /// The node running it.
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     /// Continuous replication.
     pub continuous: bool,
     /// Documents written by its current run.
@@ -118,7 +119,7 @@ pub struct JobPage {
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
     /// The node serving the page.
-    pub node: String,
+    pub node: NodeName,
     /// Its clock when the snapshot was taken (ms since the epoch).
     pub now_ms: i64,
     /// This node's documents-written counter (the page derives docs/s from samples of it).
@@ -158,7 +159,10 @@ fn matches(j: &JobView, state: Option<RepState>, q: &str) -> bool {
         return true;
     }
     let has = |v: Option<&str>| v.is_some_and(|v| v.contains(q));
-    j.job_id.contains(q) || has(j.rep_id.as_deref()) || has(Some(&j.source)) || has(Some(&j.target))
+    j.job_id.as_str().contains(q)
+        || has(j.rep_id.as_ref().map(RepId::full).as_deref())
+        || has(Some(&j.source))
+        || has(Some(&j.target))
 }
 
 fn reason_of(j: &JobView) -> Option<String> {
@@ -245,7 +249,7 @@ pub async fn status(st: &AppState, q: &PageQuery) -> HttpResult<Status> {
         .take(limit)
         .map(|j| row(j, now_s))
         .collect();
-    let beats: HashMap<String, i64> = rep
+    let beats: HashMap<NodeName, i64> = rep
         .members()
         .await
         .unwrap_or_default()
@@ -262,7 +266,7 @@ pub async fn status(st: &AppState, q: &PageQuery) -> HttpResult<Status> {
         .collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Status {
-        node: rep.node().to_owned(),
+        node: rep.node().clone(),
         now_ms,
         docs_written_total: rep.metrics().docs_written.load(Relaxed),
         counts: counts(&jobs),

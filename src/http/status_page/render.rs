@@ -5,6 +5,8 @@
 use std::fmt::Write;
 
 use super::model::{JobRow, Status};
+use crate::replication::RepId;
+use crate::replicator::NodeName;
 
 const TEMPLATE: &str = include_str!("page.html");
 
@@ -40,12 +42,12 @@ fn job_row(r: &JobRow) -> String {
          <td>{node}</td><td class=\"num docs\">{docs}</td><td class=\"num rate\"></td>\
          <td class=\"num\">{pending}</td><td class=\"num\">{errors}</td>\
          <td class=\"reason\">{reason} {backoff}</td></tr>",
-        id = escape(&r.job_id),
-        rep = opt(r.rep_id.as_deref()),
+        id = escape(r.job_id.as_str()),
+        rep = opt(r.rep_id.as_ref().map(RepId::full).as_deref()),
         st = r.state,
         src = opt(r.source.as_deref()),
         tgt = opt(r.target.as_deref()),
-        node = opt(r.node.as_deref()),
+        node = opt(r.node.as_ref().map(NodeName::as_str)),
         docs = r.docs_written,
         errors = r.error_count,
         reason = opt(r.reason.as_deref()),
@@ -66,7 +68,7 @@ pub fn page(status: &Status) -> String {
             nodes,
             "<li class=\"{}\">{}{} <small>{} ms ago</small></li>",
             if n.alive { "up" } else { "down" },
-            escape(&n.name),
+            escape(n.name.as_str()),
             if n.this_node { " (this node)" } else { "" },
             n.age_ms
         );
@@ -82,7 +84,7 @@ pub fn page(status: &Status) -> String {
         );
     }
     TEMPLATE
-        .replace("{{NODE}}", &escape(&status.node))
+        .replace("{{NODE}}", &escape(status.node.as_str()))
         .replace("{{SUMMARY}}", &escape(&summary))
         .replace("{{ROWS}}", &rows)
         .replace("{{NODES}}", &nodes)

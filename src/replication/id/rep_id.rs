@@ -20,7 +20,10 @@ pub(crate) const REP_ID_VERSION: u32 = 4;
 pub(crate) const V2_HTTPD_PORT: i128 = 5986;
 
 /// A replication id: the base (used for `_local/<base>` checkpoints) and the extension.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Stored and shown as its full text (`base ++ ext`): job records, events and JSON bodies
+/// carry the string CouchDB shows, and read it back with [`RepId::from_full`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct RepId {
     /// 32 hex chars.
     pub base: String,
@@ -29,9 +32,37 @@ pub struct RepId {
 }
 
 impl RepId {
+    /// Reads a full id (`base ++ ext`, as `_scheduler/jobs` shows it and job records store
+    /// it): the extension starts at the first `+` (`+continuous`, `+create_target`).
+    pub fn from_full(full: &str) -> Self {
+        match full.find('+') {
+            Some(i) => RepId {
+                base: full[..i].to_owned(),
+                ext: full[i..].to_owned(),
+            },
+            None => RepId {
+                base: full.to_owned(),
+                ext: String::new(),
+            },
+        }
+    }
+
     /// `base ++ ext`, the id shown in `_scheduler/jobs`.
     pub fn full(&self) -> String {
         format!("{}{}", self.base, self.ext)
+    }
+}
+
+impl serde::Serialize for RepId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RepId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let full = String::deserialize(d)?;
+        Ok(RepId::from_full(&full))
     }
 }
 
@@ -271,6 +302,24 @@ fn local_hostname() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rep_ids_read_back_from_their_full_text() {
+        for full in [
+            "0123abcd",
+            "0123abcd+continuous",
+            "0123abcd+continuous+create_target",
+        ] {
+            let id: super::RepId = serde_json::from_value(serde_json::json!(full)).unwrap();
+            assert_eq!(id.full(), full);
+            assert_eq!(serde_json::to_value(&id).unwrap(), serde_json::json!(full));
+        }
+        let id = super::RepId::from_full("0123abcd+continuous+create_target");
+        assert_eq!(
+            (id.base.as_str(), id.ext.as_str()),
+            ("0123abcd", "+continuous+create_target")
+        );
+    }
+
     use super::*;
 
     fn spec(src: &str, tgt: &str) -> ReplicationSpec {

@@ -21,9 +21,14 @@ use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, ExitReason, Observable, Server};
 
 use super::membership::{Membership, REQUEUE_PER_TRANSACTION};
-use crate::replicator::node::context::{NodeCtx, ids};
+use crate::replicator::node::child_id::ChildId;
+use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::event_bus::{ClusterStatus, ReplicatorEvent};
-use crate::replicator::scheduler::job_server::JobServerMsg;
+use crate::replicator::node::name::NodeName;
+use crate::replicator::scheduler::job_server::{JOB_SERVER, JobServerMsg};
+
+/// Node membership, a child of the tree.
+pub(crate) const CLUSTERING: ChildId<ClusterMsg> = ChildId::new("clustering");
 
 /// Messages of the clustering actor.
 #[derive(Debug)]
@@ -42,15 +47,15 @@ pub enum ClusterMsg {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ClusteringObservation {
     /// This node.
-    pub node: String,
+    pub node: NodeName,
     /// The members at the last membership change this node saw, sorted.
-    pub members: Vec<String>,
+    pub members: Vec<NodeName>,
     /// Whether the cluster is stable (no change for the quiet period).
     pub stable: bool,
     /// Membership changes seen since this actor started.
     pub changes: u64,
     /// Dead neighbours this node removed, oldest first.
-    pub removed: Vec<String>,
+    pub removed: Vec<NodeName>,
     /// How often this node refreshes its heartbeat.
     pub heartbeat: Duration,
     /// `cluster_quiet_period`.
@@ -99,10 +104,10 @@ impl Clustering {
 
 /// The clustering actor's state.
 pub(crate) struct ClusterState {
-    members: Vec<String>,
+    members: Vec<NodeName>,
     generation: u64,
     stable: bool,
-    removed: Vec<String>,
+    removed: Vec<NodeName>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -196,7 +201,7 @@ impl Server for Clustering {
     ) -> Result<(), BoxError> {
         match msg {
             ClusterMsg::Changed => {
-                let now: Vec<String> = self
+                let now: Vec<NodeName> = self
                     .membership
                     .members()
                     .await?
@@ -204,7 +209,7 @@ impl Server for Clustering {
                     .map(|(n, _)| n)
                     .collect();
                 if now != state.members {
-                    tracing::info!(node = self.ctx.node(), members = ?now, "cluster membership changed");
+                    tracing::info!(node = %self.ctx.node(), members = ?now, "cluster membership changed");
                     state.members = now;
                     state.generation += 1;
                     state.stable = false;
@@ -226,19 +231,16 @@ impl Server for Clustering {
                     if requeued == REQUEUE_PER_TRANSACTION {
                         requeued += self.membership.requeue_rest_of(dead).await?;
                     }
-                    tracing::warn!(node = self.ctx.node(), %dead, requeued,
+                    tracing::warn!(node = %self.ctx.node(), %dead, requeued,
                         "removed dead neighbour and re-enqueued its jobs");
                     state.removed.push(dead.clone());
                 }
                 if beat.was_removed {
                     tracing::warn!(
-                        node = self.ctx.node(),
+                        node = %self.ctx.node(),
                         "this node was removed as dead by a neighbour; stopping its jobs"
                     );
-                    let _ = self
-                        .ctx
-                        .child::<JobServerMsg>(ids::JOB_SERVER)
-                        .cast(JobServerMsg::StopAll);
+                    let _ = self.ctx.child(JOB_SERVER).cast(JobServerMsg::StopAll);
                 }
             }
             ClusterMsg::Quiet(generation) => {
@@ -250,7 +252,7 @@ impl Server for Clustering {
             }
             ClusterMsg::Observe(reply) => {
                 let _ = reply.send(ClusteringObservation {
-                    node: self.ctx.node().to_owned(),
+                    node: self.ctx.node().clone(),
                     members: state.members.clone(),
                     stable: state.stable,
                     changes: state.generation,

@@ -7,6 +7,7 @@
 //! `(prefix, 55, "version")` (a versionstamped value) when it joins, leaves or removes
 //! another node. Heartbeats never conflict with each other (see [`Membership::beat_tx`]).
 
+use crate::replicator::node::name::NodeName;
 use std::time::Duration;
 
 use crate::jobs::job_data::decode_activity;
@@ -22,7 +23,7 @@ use crate::replicator::node::context::NODES;
 pub struct Beat {
     /// The right-hand neighbour this node removed as dead, and how many of its running
     /// jobs were re-enqueued with it.
-    pub removed: Option<(String, usize)>,
+    pub removed: Option<(NodeName, usize)>,
     /// This node was not a member any more: a neighbour declared it dead (and re-enqueued
     /// its jobs), so the jobs still running here must stop.
     pub was_removed: bool,
@@ -38,7 +39,7 @@ pub const REQUEUE_PER_TRANSACTION: usize = 25;
 pub struct Membership {
     jobs: Jobs,
     prefix: Vec<u8>,
-    node: String,
+    node: NodeName,
     dead_after: Duration,
     /// This node runs replication jobs (not only the API).
     replication: bool,
@@ -47,11 +48,11 @@ pub struct Membership {
 impl Membership {
     /// `node`'s membership under the layer `prefix`; a member whose heartbeat is older than
     /// `dead_after` is dead.
-    pub fn new(jobs: Jobs, prefix: &[u8], node: &str, dead_after: Duration) -> Self {
+    pub fn new(jobs: Jobs, prefix: &[u8], node: &NodeName, dead_after: Duration) -> Self {
         Self {
             jobs,
             prefix: prefix.to_vec(),
-            node: node.to_owned(),
+            node: node.clone(),
             dead_after,
             replication: true,
         }
@@ -66,7 +67,11 @@ impl Membership {
 
     /// The members that run replication jobs and beat within `dead_after` of `now_ms`,
     /// sorted by name, at snapshot isolation.
-    pub(crate) async fn workers_tx(&self, tx: &Tx, now_ms: i64) -> Result<Vec<String>, JobsError> {
+    pub(crate) async fn workers_tx(
+        &self,
+        tx: &Tx,
+        now_ms: i64,
+    ) -> Result<Vec<NodeName>, JobsError> {
         let (b, e) = self.members_range();
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let dead_ms = self.dead_after.as_millis() as i64;
@@ -85,7 +90,8 @@ impl Membership {
                 .key
                 .strip_prefix(b.as_slice())
                 .and_then(|rest| tuple::unpack::<(Bytes,)>(rest).ok())
-                .and_then(|(name,)| String::from_utf8(name.into_owned()).ok());
+                .and_then(|(name,)| String::from_utf8(name.into_owned()).ok())
+                .map(NodeName::from);
             out.extend(name);
         }
         Ok(out)
@@ -98,8 +104,8 @@ impl Membership {
     }
 
     /// The membership row of `node`.
-    pub fn member_key(&self, node: &str) -> Vec<u8> {
-        self.key(&(NODES, "member", Bytes::from(node.as_bytes())))
+    pub fn member_key(&self, node: &NodeName) -> Vec<u8> {
+        self.key(&(NODES, "member", Bytes::from(node.as_str().as_bytes())))
     }
 
     fn members_range(&self) -> (Vec<u8>, Vec<u8>) {
@@ -120,7 +126,7 @@ impl Membership {
     }
 
     /// The members at snapshot isolation: reading them never conflicts with heartbeats.
-    pub(crate) async fn members_tx(&self, tx: &Tx) -> Result<Vec<(String, i64)>, JobsError> {
+    pub(crate) async fn members_tx(&self, tx: &Tx) -> Result<Vec<(NodeName, i64)>, JobsError> {
         let (b, e) = self.members_range();
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut out = Vec::with_capacity(rows.len());
@@ -139,13 +145,13 @@ impl Membership {
                 .get(..8)
                 .and_then(|b| b.try_into().ok())
                 .map_or(0, i64::from_le_bytes);
-            out.push((name, beat));
+            out.push((NodeName::from(name), beat));
         }
         Ok(out)
     }
 
     /// Members and heartbeats, sorted by name.
-    pub async fn members(&self) -> Result<Vec<(String, i64)>, JobsError> {
+    pub async fn members(&self) -> Result<Vec<(NodeName, i64)>, JobsError> {
         self.jobs
             .db()
             .run(|tx| async move { self.members_tx(&tx).await })
@@ -162,7 +168,7 @@ impl Membership {
     /// see that) and, when removing, on the neighbour's key (if it beats meanwhile, the
     /// removal retries and finds it alive).
     pub async fn beat_tx(&self, tx: &Tx, now_ms: i64, join: bool) -> Result<Beat, JobsError> {
-        let me = self.node.as_str();
+        let me = &self.node;
         let members = self.members_tx(tx).await?;
         let known = members.iter().any(|(n, _)| n == me);
         tx.add_read_conflict_key(&self.member_key(me));
@@ -180,7 +186,7 @@ impl Membership {
         let right = members
             .iter()
             .filter(|(n, _)| n != me)
-            .find(|(n, _)| n.as_str() > me)
+            .find(|(n, _)| n > me)
             .or_else(|| members.iter().find(|(n, _)| n != me));
         let dead_ms = self.dead_after.as_millis() as i64;
         if let Some((n, last)) = right
@@ -206,7 +212,7 @@ impl Membership {
 
     /// Re-enqueues the rest of a removed node's running jobs, [`REQUEUE_PER_TRANSACTION`]
     /// per transaction (the heartbeat that removed it took the first ones). Returns how many.
-    pub async fn requeue_rest_of(&self, node: &str) -> Result<usize, JobsError> {
+    pub async fn requeue_rest_of(&self, node: &NodeName) -> Result<usize, JobsError> {
         let mut total = 0;
         loop {
             let n = self
@@ -228,7 +234,12 @@ impl Membership {
     /// data names the node that runs them), so they restart elsewhere now instead of after
     /// the activity timeout. The scan is a snapshot read; each re-enqueue conflicts only on
     /// its own job.
-    async fn requeue_jobs_of(&self, tx: &Tx, node: &str, limit: usize) -> Result<usize, JobsError> {
+    async fn requeue_jobs_of(
+        &self,
+        tx: &Tx,
+        node: &NodeName,
+        limit: usize,
+    ) -> Result<usize, JobsError> {
         let (b, e) = self.jobs.keys().activity_range(REP_JOBS);
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut requeued = 0;
@@ -236,7 +247,7 @@ impl Membership {
             let Ok((id, data)) = decode_activity(&kv.value) else {
                 continue;
             };
-            let runs_there = view::running_node(&data) == Some(node);
+            let runs_there = view::running_node(&data) == Some(node.as_str());
             if runs_there && self.jobs.requeue_running_tx(tx, REP_JOBS, &id).await? {
                 requeued += 1;
                 if requeued == limit {

@@ -37,13 +37,15 @@ use crate::replication::{self, Context, RepId, ReplicationSpec, ReplicationStats
 
 use super::collision::{self, Claim};
 use super::error_backoff::is_healed;
+use super::id::JobId;
 use super::lease::{self, Lease};
 use super::observe;
 use super::record::{HistoryKind, JobError, RepJobRecord, RepState};
 use super::runner::{self, Runner, Watchdog};
 use super::view::parse_rep;
+use crate::replicator::node::connection_pool::CONNECTION_POOL;
 use crate::replicator::node::connection_pool::PoolMsg;
-use crate::replicator::node::context::{NodeCtx, ids};
+use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::event_bus::ReplicatorEvent;
 
 mod ending;
@@ -67,13 +69,15 @@ impl Server for JobActor {
         args: JobArgs,
     ) -> Result<JobActorState, BoxError> {
         myself.send_message(JobMsg::Start)?;
-        let span = observe::job_span(args.ctx.node(), &args.job.id, &args.record);
+        let job_id = JobId::from(&args.job.id);
+        let span = observe::job_span(args.ctx.node(), &job_id, &args.record);
         let lease = Arc::new(Lease::new(args.ctx.settings().job_timeout));
         Ok(JobActorState {
             lease,
             span,
             ctx: args.ctx,
             job: args.job,
+            job_id,
             record: args.record,
             rep_id: None,
             last_start: None,
@@ -146,7 +150,7 @@ async fn handle_msg(
         JobMsg::Observe(reply) => {
             let stats = st.runner.as_ref().map(Runner::stats);
             let _ = reply.send(JobObservation {
-                job_id: st.job.id.clone(),
+                job_id: st.job_id.clone(),
                 rep_id: st.rep_id.clone(),
                 continuous: st.record.continuous,
                 running: stats.is_some(),
@@ -190,13 +194,13 @@ async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: 
     };
     match outcome {
         Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
-        Err(e) => tracing::warn!(job = %st.job.id, error = %e, "job terminate failed"),
+        Err(e) => tracing::warn!(job = %st.job_id, error = %e, "job terminate failed"),
     }
 }
 
 fn release_pool(ctx: &NodeCtx, myself: &ActorRef<JobMsg>) {
     let _ = ctx
-        .child::<PoolMsg>(ids::CONNECTION_POOL)
+        .child(CONNECTION_POOL)
         .cast(PoolMsg::Release(myself.get_id()));
 }
 
@@ -230,7 +234,7 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
     if !claim(myself, st, &rep_id, &spec, now).await? {
         return Ok(());
     }
-    launch(myself, st, spec, engine, rep_id.full(), now);
+    launch(myself, st, spec, engine, rep_id, now);
     Ok(())
 }
 
@@ -247,12 +251,12 @@ async fn claim(
 ) -> Result<bool, BoxError> {
     let ctx = &st.ctx;
     let full = rep_id.full();
-    let job_id = st.job.id.clone();
+    let job_id = st.job_id.clone();
     let jobs = ctx.jobs();
     let mut record = st.record.clone();
-    record.rep_id = Some(full.clone());
+    record.rep_id = Some(rep_id.clone());
     record.base_id = Some(rep_id.base.clone());
-    record.node = Some(ctx.node().to_owned());
+    record.node = Some(ctx.node().clone());
     record.pid = Some(format!("{}", myself.get_id()));
     record.last_start = Some(now);
     record.retry_at = None;
@@ -268,10 +272,9 @@ async fn claim(
     let claimed = jobs
         .db()
         .run(|tx| {
-            let (data, job, full, job_id) =
-                (data.clone(), job.clone(), full.clone(), job_id.clone());
+            let (data, job, job_id) = (data.clone(), job.clone(), job_id.clone());
             async move {
-                match collision::claim_tx(ctx, &tx, &full, &job_id).await? {
+                match collision::claim_tx(ctx, &tx, rep_id, &job_id).await? {
                     Claim::Owned => Ok(Ok(jobs.update_tx(&tx, &job, Some(data)).await?)),
                     other => Ok::<_, JobsError>(Err(other)),
                 }
@@ -296,8 +299,13 @@ async fn claim(
             db_name, doc_id, ..
         })) => {
             let err = JobError::DuplicateDocument {
-                rep_id: full,
-                doc_id: st.record.origin.doc_id.clone().unwrap_or(job_id),
+                rep_id: rep_id.clone(),
+                doc_id: st
+                    .record
+                    .origin
+                    .doc_id
+                    .clone()
+                    .unwrap_or(job_id.into_string()),
                 other_doc: doc_id,
                 db: db_name,
             };
@@ -318,7 +326,7 @@ fn launch(
     st: &mut JobActorState,
     spec: ReplicationSpec,
     engine: Context,
-    rep_id: String,
+    rep_id: RepId,
     now: i64,
 ) {
     st.rep_id = Some(rep_id.clone());
@@ -327,7 +335,7 @@ fn launch(
     let on_end = Box::new(move |result| {
         let _ = me.send_message(JobMsg::Done(Box::new(result)));
     });
-    let (ctx, me, job_id) = (st.ctx.clone(), myself.clone(), st.job.id.clone());
+    let (ctx, me, job_id) = (st.ctx.clone(), myself.clone(), st.job_id.clone());
     let watchdog = Watchdog {
         lease: st.lease.clone(),
         node_lease: st.ctx.node_lease().clone(),
@@ -346,7 +354,7 @@ fn launch(
         me.send_message(JobMsg::Tick).is_ok()
     }));
     st.ctx.publish(ReplicatorEvent::Started {
-        job_id: st.job.id.clone(),
+        job_id: st.job_id.clone(),
         rep_id,
     });
 }
@@ -415,11 +423,11 @@ async fn tick(
 
 /// The lock is lost (job removed, or re-enqueued by the activity monitor): stop quietly.
 fn halt(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), BoxError> {
-    tracing::info!(job = %st.job.id, "job lock lost; stopping");
+    tracing::info!(job = %st.job_id, "job lock lost; stopping");
     st.done = true;
     st.runner = None;
     st.ctx.publish(ReplicatorEvent::Stopped {
-        job_id: st.job.id.clone(),
+        job_id: st.job_id.clone(),
     });
     myself.stop(None);
     Ok(())

@@ -9,9 +9,11 @@
 //! archived code fails it), see `job.rs`.
 
 use crate::jobs::{JobsError, JobsResult};
+use crate::replication::RepId;
 use crate::store::Tx;
 use crate::store::tuple::Bytes;
 
+use super::id::JobId;
 use super::record::RepJobRecord;
 use super::view::REP_JOBS;
 use crate::replicator::node::context::{NodeCtx, REP_IDS};
@@ -22,11 +24,11 @@ pub enum Claim {
     /// This job owns the replication id now.
     Owned,
     /// A pending/running transient job owns it: this job goes `crashing`.
-    DuplicateTransient(String),
+    DuplicateTransient(JobId),
     /// A pending/running persistent job owns it: this job goes `failed`.
     DuplicatePersistent {
         /// The owner's job id.
-        job_id: String,
+        job_id: JobId,
         /// Its `_replicator` database.
         db_name: String,
         /// Its document id.
@@ -34,12 +36,12 @@ pub enum Claim {
     },
 }
 
-fn key(ctx: &NodeCtx, rep_id: &str) -> Vec<u8> {
-    ctx.key(&(REP_IDS, Bytes::from(rep_id.as_bytes())))
+fn key(ctx: &NodeCtx, rep_id: &RepId) -> Vec<u8> {
+    ctx.key(&(REP_IDS, Bytes::from(rep_id.full().into_bytes())))
 }
 
 /// The job owning `rep_id`, if any.
-pub async fn owner(ctx: &NodeCtx, rep_id: &str) -> JobsResult<Option<String>> {
+pub async fn owner(ctx: &NodeCtx, rep_id: &RepId) -> JobsResult<Option<JobId>> {
     let k = key(ctx, rep_id);
     ctx.jobs()
         .db()
@@ -50,20 +52,24 @@ pub async fn owner(ctx: &NodeCtx, rep_id: &str) -> JobsResult<Option<String>> {
         .await
 }
 
-async fn owner_tx(tx: &Tx, k: &[u8]) -> JobsResult<Option<String>> {
+async fn owner_tx(tx: &Tx, k: &[u8]) -> JobsResult<Option<JobId>> {
     match tx.get(k, false).await? {
         None => Ok(None),
         Some(v) => String::from_utf8(v)
-            .map(Some)
+            .map(|s| Some(JobId::from(s)))
             .map_err(|_| JobsError::Encoding("collision index value is not UTF-8".into())),
     }
 }
 
 /// Claims `rep_id` for `job_id` inside `tx` (see the module docs for the rules).
-pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> JobsResult<Claim> {
+pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &RepId, job_id: &JobId) -> JobsResult<Claim> {
     let k = key(ctx, rep_id);
     if let Some(other) = owner_tx(tx, &k).await?.filter(|o| o != job_id) {
-        match ctx.jobs().get_job_data_tx(tx, REP_JOBS, &other).await {
+        match ctx
+            .jobs()
+            .get_job_data_tx(tx, REP_JOBS, other.as_str())
+            .await
+        {
             Ok(d) => {
                 let r = RepJobRecord::from_data(&d)?;
                 if r.state.is_active() {
@@ -82,7 +88,7 @@ pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> Job
             Err(e) => return Err(e),
         }
     }
-    tx.set(&k, job_id.as_bytes());
+    tx.set(&k, job_id.as_str().as_bytes());
     Ok(Claim::Owned)
 }
 
@@ -90,11 +96,11 @@ pub async fn claim_tx(ctx: &NodeCtx, tx: &Tx, rep_id: &str, job_id: &str) -> Job
 pub(crate) async fn release_tx(
     ctx: &NodeCtx,
     tx: &Tx,
-    rep_id: &str,
-    job_id: &str,
+    rep_id: &RepId,
+    job_id: &JobId,
 ) -> JobsResult<()> {
     let k = key(ctx, rep_id);
-    if owner_tx(tx, &k).await?.as_deref() == Some(job_id) {
+    if owner_tx(tx, &k).await?.as_ref() == Some(job_id) {
         tx.clear(&k);
     }
     Ok(())

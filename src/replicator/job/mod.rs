@@ -12,6 +12,7 @@
 pub mod actor;
 pub(crate) mod collision;
 pub(crate) mod error_backoff;
+pub(crate) mod id;
 pub(crate) mod lease;
 pub(crate) mod observe;
 pub(crate) mod record;

@@ -7,11 +7,13 @@ use supervisors::ExitReason;
 use crate::replication::ReplicationError;
 use crate::telemetry::{NodeMetrics, Series};
 
+use super::id::JobId;
 use super::record::RepJobRecord;
 use super::view::parse_rep;
+use crate::replicator::node::name::NodeName;
 
 /// The span every handler of the job enters (the engine's tasks inherit it).
-pub fn job_span(node: &str, job_id: &str, record: &RepJobRecord) -> tracing::Span {
+pub fn job_span(node: &NodeName, job_id: &JobId, record: &RepJobRecord) -> tracing::Span {
     // Logs keep the user name (password masked), which helps operators more than the
     // stripped URL the HTTP API shows. Only the endpoints are shown: the node's per-job
     // defaults do not change them.

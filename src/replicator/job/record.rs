@@ -12,7 +12,9 @@ use serde_json::{Map, Value};
 
 use crate::jobs::{JobData, JobsError};
 use crate::replication::error::ReasonTag;
-use crate::replication::{ReplicationError, ReplicationStats};
+use crate::replication::{RepId, ReplicationError, ReplicationStats};
+use crate::replicator::job::id::JobId;
+use crate::replicator::node::name::NodeName;
 
 /// A replicator job state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -128,7 +130,7 @@ pub enum JobError {
     #[error("Duplicate job running: {other}")]
     DuplicateJob {
         /// The job id of the owner.
-        other: String,
+        other: JobId,
     },
     /// Another document's pending/running job owns the replication id: this document fails.
     #[error(
@@ -137,7 +139,7 @@ pub enum JobError {
     )]
     DuplicateDocument {
         /// The replication id.
-        rep_id: String,
+        rep_id: RepId,
         /// This document.
         doc_id: String,
         /// The document of the job that owns it.
@@ -226,7 +228,7 @@ pub struct RepJobRecord {
     /// `_replication_*` fields (credentials kept: the job needs them, no API shows them).
     pub rep: Map<String, Value>,
     /// The full replication id (`base+ext`), once a job actor computed it.
-    pub rep_id: Option<String>,
+    pub rep_id: Option<RepId>,
     /// The base part of the replication id.
     pub base_id: Option<String>,
     /// Where the job came from.
@@ -254,7 +256,7 @@ pub struct RepJobRecord {
     /// `max_backoff`); cleared when the job is healed.
     pub last_error: Option<JobError>,
     /// The node running it (while running).
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     /// The actor id running it (while running).
     pub pid: Option<String>,
     /// Newest first, at most `max_history` events.
@@ -352,6 +354,48 @@ mod tests {
         }
         assert_eq!(r.job_history.len(), 10);
         assert_eq!(r.job_history[0].timestamp, 29);
+    }
+
+    /// Records written while ids were plain strings read into the typed ids and are
+    /// written back with the same text.
+    #[test]
+    fn records_stored_before_typed_ids_still_read() {
+        let old = serde_json::json!({
+            "rep": {"source": "http://h/a", "target": "http://h/b", "continuous": true},
+            "rep_id": "0123abcd+continuous",
+            "base_id": "0123abcd",
+            "db_name": "_replicator",
+            "doc_id": "d",
+            "node": "n1@127.0.0.1",
+            "state": "failed",
+            "state_info": {"kind": "duplicate_document", "rep_id": "0123abcd+continuous",
+                "doc_id": "d", "other_doc": "e", "db": "_replicator"},
+            "last_error": {"kind": "duplicate_job", "other": "_replicator|e"},
+        });
+        let Value::Object(old) = old else { panic!() };
+        let r = RepJobRecord::from_data(&old).unwrap();
+        let rep_id = r.rep_id.clone().unwrap();
+        assert_eq!(
+            (rep_id.base.as_str(), rep_id.ext.as_str()),
+            ("0123abcd", "+continuous")
+        );
+        assert_eq!(r.node.as_ref().unwrap(), "n1@127.0.0.1");
+        assert!(matches!(
+            &r.last_error,
+            Some(JobError::DuplicateJob { other }) if other == "_replicator|e"
+        ));
+        let new = r.to_data();
+        for key in [
+            "rep_id",
+            "base_id",
+            "node",
+            "state_info",
+            "last_error",
+            "rep",
+        ] {
+            assert_eq!(new[key], old[key], "{key}");
+        }
+        assert_eq!(RepJobRecord::from_data(&new).unwrap(), r);
     }
 
     #[test]

@@ -18,8 +18,10 @@ use crate::replication::{self, Context, ReplicationError, ReplicationSpec, Repli
 
 use super::lease::Lease;
 use crate::replication::Aimd;
+use crate::replicator::node::connection_pool::CONNECTION_POOL;
 use crate::replicator::node::connection_pool::{PoolMsg, endpoint_key};
-use crate::replicator::node::context::{NodeCtx, ids};
+use crate::replicator::node::context::NodeCtx;
+use crate::replicator::node::limiter_actor::RATE_LIMITER;
 use crate::replicator::node::limiter_actor::RateLimiterMsg;
 
 /// How a replication that ended on its own (not stopped) is reported to the job.
@@ -45,7 +47,7 @@ pub(crate) async fn engine_context(
     spec: &mut ReplicationSpec,
 ) -> Result<Context, BoxError> {
     let limiter = match ractor::call!(
-        ctx.child::<RateLimiterMsg>(ids::RATE_LIMITER)
+        ctx.child(RATE_LIMITER)
             .get()
             .ok_or("rate_limiter is not running")?,
         RateLimiterMsg::Table
@@ -65,14 +67,14 @@ pub(crate) async fn engine_context(
 
 /// The node's shared HTTP clients; without a pool (it is restarting) the job opens its own.
 async fn shared_clients(ctx: &NodeCtx) -> Option<Arc<Transports>> {
-    let pool = ctx.child::<PoolMsg>(ids::CONNECTION_POOL).get()?;
+    let pool = ctx.child(CONNECTION_POOL).get()?;
     ractor::call!(pool, PoolMsg::Clients).ok()
 }
 
 /// Leases connections for both endpoints; the job uses the smaller grant.
 async fn lease(ctx: &NodeCtx, owner: ActorCell, spec: &ReplicationSpec) -> usize {
     let want = spec.options.http_connections;
-    let Some(pool) = ctx.child::<PoolMsg>(ids::CONNECTION_POOL).get() else {
+    let Some(pool) = ctx.child(CONNECTION_POOL).get() else {
         return want;
     };
     let mut granted = want;

@@ -9,10 +9,12 @@ use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobsError};
 use crate::replication::id::rep_id::replication_id_offline;
-use crate::replication::{Filter, ReplicationOptions, ReplicationSpec, ReplicationStats};
+use crate::replication::{Filter, RepId, ReplicationOptions, ReplicationSpec, ReplicationStats};
 
+use super::id::JobId;
 pub use super::record::{HistoryEvent, HistoryKind, JobError, JobOrigin, RepJobRecord, RepState};
 use crate::replicator::error::{ReplicatorError, ReplicatorResult};
+use crate::replicator::node::name::NodeName;
 
 /// The couch_jobs type of replication jobs.
 pub const REP_JOBS: &str = "rep_jobs";
@@ -35,13 +37,13 @@ pub enum JobKind {
 }
 
 /// The job id of a persistent job.
-pub fn persistent_job_id(db_name: &str, doc_id: &str) -> String {
-    format!("{db_name}|{doc_id}")
+pub fn persistent_job_id(db_name: &str, doc_id: &str) -> JobId {
+    JobId::from(format!("{db_name}|{doc_id}"))
 }
 
 /// The job id of a transient job: MD5 over everything that makes it a different replication,
 /// without credentials and without network access (CouchDB 4.x's couch_replicator_jobs.erl).
-pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> String {
+pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> JobId {
     let o = &spec.options;
     let normalized = json!([
         spec.source.url(),
@@ -52,7 +54,7 @@ pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> String {
         filter_json(&o.filter),
         o.winning_revs_only,
     ]);
-    hex::encode(Md5::digest(normalized.to_string().as_bytes()))
+    JobId::from(hex::encode(Md5::digest(normalized.to_string().as_bytes())))
 }
 
 /// The filter as stable JSON (job ids are persisted: no `Debug` text in them).
@@ -116,8 +118,8 @@ pub fn new_record(
     // CouchDB shows the replication id of a job that has not run yet; the job recomputes it
     // when it starts (then also for design-document filters, whose code it fetches).
     if let Some(id) = replication_id_offline(server_uuid, spec) {
-        r.rep_id = Some(id.full());
-        r.base_id = Some(id.base);
+        r.base_id = Some(id.base.clone());
+        r.rep_id = Some(id);
     }
     r.push_history(HistoryKind::Added, now, None, usize::MAX);
     r
@@ -142,9 +144,9 @@ pub(crate) fn iso8601(secs: i64) -> String {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobView {
     /// The couch_jobs id (`db|doc_id`, or an MD5 for transient jobs).
-    pub job_id: String,
+    pub job_id: JobId,
     /// The replication id (`base+ext`), known once a job actor computed it.
-    pub rep_id: Option<String>,
+    pub rep_id: Option<RepId>,
     /// The `_replicator` database (persistent jobs).
     pub database: Option<String>,
     /// The `_replicator` document id (persistent jobs).
@@ -174,7 +176,7 @@ pub struct JobView {
     /// UNIX seconds the current or last run started.
     pub last_start: Option<i64>,
     /// The node running it (while running).
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     /// The actor id running it (while running).
     pub pid: Option<String>,
     /// Continuous replication.
@@ -192,9 +194,9 @@ pub(crate) fn running_node(d: &JobData) -> Option<&str> {
 
 impl JobView {
     /// Builds the view from a job's id and record.
-    pub(crate) fn from_record(job_id: &str, r: &RepJobRecord) -> Self {
+    pub(crate) fn from_record(job_id: &JobId, r: &RepJobRecord) -> Self {
         JobView {
-            job_id: job_id.to_owned(),
+            job_id: job_id.clone(),
             rep_id: r.rep_id.clone(),
             database: r.origin.db_name.clone(),
             doc_id: r.origin.doc_id.clone(),
@@ -219,7 +221,7 @@ impl JobView {
     }
 
     /// Builds the view from a job's id and couch_jobs data.
-    pub fn from_data(job_id: &str, d: &JobData) -> Result<Self, JobsError> {
+    pub fn from_data(job_id: &JobId, d: &JobData) -> Result<Self, JobsError> {
         Ok(Self::from_record(job_id, &RepJobRecord::from_data(d)?))
     }
 
@@ -273,7 +275,7 @@ mod tests {
             doc_id: "d".into(),
         };
         let r = new_record(&kind, &rep, &s, "uuid", 100);
-        let v = JobView::from_data("_replicator|d", &r.to_data()).unwrap();
+        let v = JobView::from_data(&"_replicator|d".into(), &r.to_data()).unwrap();
         assert_eq!(v.state, RepState::Pending);
         assert_eq!(v.source, "http://127.0.0.1:1/a/");
         assert_eq!(v.owner.as_deref(), Some("bob"));

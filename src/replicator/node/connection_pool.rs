@@ -26,6 +26,7 @@ use ractor::{ActorCell, ActorId, ActorRef, ActorStatus, RpcReplyPort};
 use supervisors::{BoxError, Observable, Server};
 use tokio::time::Instant;
 
+use super::child_id::ChildId;
 use crate::replication::http::transport::{TransportUse, Transports};
 use crate::telemetry::Series;
 
@@ -51,6 +52,9 @@ pub struct Usage {
     /// Grants beyond the budget so far.
     pub overflows: u64,
 }
+
+/// The per-endpoint connection budget, a child of the tree.
+pub(crate) const CONNECTION_POOL: ChildId<PoolMsg> = ChildId::new("connection_pool");
 
 /// Messages of the pool.
 #[derive(Debug)]

@@ -12,24 +12,11 @@ use crate::replicator::job::lease::Lease;
 use crate::store::tuple;
 use crate::telemetry::NodeMetrics;
 
-use super::event_bus::{EventBusMsg, ReplicatorEvent, publish};
-use super::settings::ReplicatorSettings;
+use super::name::NodeName;
 
-/// Child ids of the tree, in start order.
-pub mod ids {
-    /// The event bus.
-    pub(crate) const EVENT_BUS: &str = "event_bus";
-    /// Node membership.
-    pub(crate) const CLUSTERING: &str = "clustering";
-    /// Per-endpoint connection budget.
-    pub(crate) const CONNECTION_POOL: &str = "connection_pool";
-    /// AIMD 429 limiter.
-    pub(crate) const RATE_LIMITER: &str = "rate_limiter";
-    /// Acceptors and running jobs.
-    pub(crate) const JOB_SERVER: &str = "job_server";
-    /// The dynamic supervisor of job actors.
-    pub(crate) const JOB_SUP: &str = "job_sup";
-}
+use super::child_id::ChildId;
+use super::event_bus::{EVENT_BUS, EventBusMsg, ReplicatorEvent, publish};
+use super::settings::ReplicatorSettings;
 
 /// Sub-space tag of the collision index (CouchDB 4.x's couch_replicator_jobs.erl: `(LayerPrefix, 54, RepId)`).
 pub(crate) const REP_IDS: i64 = 54;
@@ -46,7 +33,7 @@ pub struct NodeCtx {
 struct Inner {
     jobs: Jobs,
     settings: ReplicatorSettings,
-    node: String,
+    node: NodeName,
     server_uuid: String,
     prefix: Vec<u8>,
     children: Children,
@@ -61,7 +48,7 @@ impl NodeCtx {
     pub fn new(
         jobs: Jobs,
         settings: ReplicatorSettings,
-        node: String,
+        node: NodeName,
         server_uuid: String,
         prefix: Vec<u8>,
         children: Children,
@@ -92,7 +79,7 @@ impl NodeCtx {
     }
 
     /// This node's name.
-    pub fn node(&self) -> &str {
+    pub fn node(&self) -> &NodeName {
         &self.inner.node
     }
 
@@ -117,13 +104,13 @@ impl NodeCtx {
     }
 
     /// A handle on a sibling actor.
-    pub fn child<M: ractor::Message>(&self, id: &str) -> ChildHandle<M> {
-        self.inner.children.handle(id)
+    pub(crate) fn child<M: ractor::Message>(&self, id: ChildId<M>) -> ChildHandle<M> {
+        self.inner.children.handle(id.name())
     }
 
     /// Publishes on the node's event bus (dropped if the bus is down).
     pub fn publish(&self, ev: ReplicatorEvent) {
-        let bus = self.inner.children.get::<EventBusMsg>(ids::EVENT_BUS);
+        let bus = self.inner.children.get::<EventBusMsg>(EVENT_BUS.name());
         publish(bus.as_ref(), ev);
     }
 

@@ -13,7 +13,9 @@ use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, Observable, Server};
 use tokio::sync::mpsc;
 
-use crate::replication::ReplicationStats;
+use super::child_id::ChildId;
+use crate::replication::{RepId, ReplicationStats};
+use crate::replicator::job::id::JobId;
 use crate::replicator::job::record::JobError;
 
 /// Cluster stability (docs/architecture.md, "The supervision tree", clustering).
@@ -33,43 +35,43 @@ pub enum ReplicatorEvent {
     /// A job actor started running a job.
     Started {
         /// The couch_jobs id.
-        job_id: String,
+        job_id: JobId,
         /// The replication id.
-        rep_id: String,
+        rep_id: RepId,
     },
     /// `{finished, RepId, CheckpointHistory}`: a one-shot job completed.
     Finished {
         /// The couch_jobs id.
-        job_id: String,
+        job_id: JobId,
         /// The replication id.
-        rep_id: String,
+        rep_id: RepId,
         /// Final stats.
         stats: Box<ReplicationStats>,
     },
     /// `{error, RepId, Reason}`: the job crashed and was rescheduled with backoff.
     Crashed {
         /// The couch_jobs id.
-        job_id: String,
+        job_id: JobId,
         /// Why (its text is CouchDB's reason).
         error: JobError,
     },
     /// The job failed permanently.
     Failed {
         /// The couch_jobs id.
-        job_id: String,
+        job_id: JobId,
         /// Why (its text is CouchDB's reason).
         error: JobError,
     },
     /// `{stopped, RepId}`: the job was stopped (rotation, shutdown, cancel).
     Stopped {
         /// The couch_jobs id.
-        job_id: String,
+        job_id: JobId,
     },
 }
 
 impl ReplicatorEvent {
     /// The job the event is about, if any.
-    pub fn job_id(&self) -> Option<&str> {
+    pub fn job_id(&self) -> Option<&JobId> {
         match self {
             ReplicatorEvent::Cluster(_) => None,
             ReplicatorEvent::Started { job_id, .. }
@@ -83,6 +85,9 @@ impl ReplicatorEvent {
 
 /// The receiving end of a subscription. Dropping it unsubscribes.
 pub type EventReceiver = mpsc::UnboundedReceiver<ReplicatorEvent>;
+
+/// The event bus, the tree's first child.
+pub(crate) const EVENT_BUS: ChildId<EventBusMsg> = ChildId::new("event_bus");
 
 /// Messages of the event bus.
 #[derive(Debug)]

@@ -18,11 +18,15 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use supervisors::{BoxError, Observable, Server};
 
+use super::child_id::ChildId;
 use crate::replication::RateLimiter;
 use crate::replication::rate_limit::limiter::{Aimd, MAX_INTERVAL_MS, RateInterval};
 
 /// Cleanup period: twice the maximum interval (CouchDB: 50 s).
 pub(crate) const CLEANUP_PERIOD: Duration = Duration::from_millis(2 * MAX_INTERVAL_MS);
+
+/// The AIMD 429 limiter, a child of the tree.
+pub(crate) const RATE_LIMITER: ChildId<RateLimiterMsg> = ChildId::new("rate_limiter");
 
 /// Messages of the rate limiter.
 #[derive(Debug)]

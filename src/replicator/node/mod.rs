@@ -8,11 +8,13 @@
 //! `Cleanup`) and the `api_frontend` services ([`frontend::ServiceMsg`]: `Ended`); every actor
 //! also answers `Observe`.
 
+pub(crate) mod child_id;
 pub mod connection_pool;
 pub mod context;
 pub mod event_bus;
 pub mod frontend;
 pub mod limiter_actor;
+pub(crate) mod name;
 pub(crate) mod settings;
 pub(crate) mod start;
 pub(crate) mod tree;

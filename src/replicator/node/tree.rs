@@ -12,16 +12,17 @@ use supervisors::{ChildSpec, DynamicSupervisor, Shutdown, Strategy, Supervisor, 
 
 use crate::jobs::Jobs;
 
-use super::connection_pool::ConnectionPool;
-use super::context::{NodeCtx, ids};
-use super::event_bus::EventBus;
+use super::connection_pool::{CONNECTION_POOL, ConnectionPool};
+use super::context::NodeCtx;
+use super::event_bus::{EVENT_BUS, EventBus};
 use super::frontend::{self, Frontend, FrontendService, HandleRx};
-use super::limiter_actor::RateLimiterServer;
+use super::limiter_actor::{RATE_LIMITER, RateLimiterServer};
+use super::name::NodeName;
 use super::settings::{NodeType, ReplicatorSettings};
-use crate::replicator::cluster::actor::Clustering;
+use crate::replicator::cluster::actor::{CLUSTERING, Clustering};
 use crate::replicator::error::{ReplicatorError, ReplicatorResult};
 use crate::replicator::job::actor::{JobArgs, JobMsg};
-use crate::replicator::scheduler::job_server::{JobServer, JobServerMsg};
+use crate::replicator::scheduler::job_server::{JOB_SERVER, JobServer, JobServerMsg};
 use crate::replicator::scheduler::job_sup::{self, JOB_SHUTDOWN, JobSupRef};
 use crate::replicator::server_job::worker;
 
@@ -45,7 +46,7 @@ pub struct StartedTree {
 pub async fn start(
     jobs: Jobs,
     settings: ReplicatorSettings,
-    node: String,
+    node: NodeName,
     server_uuid: String,
     prefix: Vec<u8>,
     frontend: Frontend,
@@ -59,19 +60,19 @@ pub async fn start(
     let exits = children.clone();
     let job_sup = job_sup::spec(move |exit| {
         let _ = exits
-            .handle::<JobServerMsg>(ids::JOB_SERVER)
+            .handle::<JobServerMsg>(JOB_SERVER.name())
             .cast(JobServerMsg::WorkerExited(exit.actor));
     });
-    let job_sup_ref = job_sup.handle_in(&children, ids::JOB_SUP);
+    let job_sup_ref = job_sup.handle_in(&children, job_sup::JOB_SUP);
     let ctx = NodeCtx::new(jobs, settings, node, server_uuid, prefix, children);
     let s = ctx.settings().clone();
 
     // 1. Publish/subscribe of replication events; everything below publishes on it.
-    let mut sup = sup.child(ChildSpec::server(ids::EVENT_BUS, EventBus, |_| ()));
+    let mut sup = sup.child(ChildSpec::server(EVENT_BUS.name(), EventBus, |_| ()));
 
     // 2. Membership, health keys, stable/unstable events, dead-neighbour removal.
     sup = sup.child(ChildSpec::server(
-        ids::CLUSTERING,
+        CLUSTERING.name(),
         Clustering::from_ctx(ctx.clone()),
         |_| (),
     ));
@@ -121,10 +122,10 @@ fn replication_children(
         close_interval: s.connection_close_interval,
         metrics: ctx.metrics().clone(),
     };
-    sup.child(ChildSpec::server(ids::CONNECTION_POOL, pool, |_| ()))
+    sup.child(ChildSpec::server(CONNECTION_POOL.name(), pool, |_| ()))
         // 4. AIMD 429 limiter shared by every job's HTTP clients.
         .child(ChildSpec::server(
-            ids::RATE_LIMITER,
+            RATE_LIMITER.name(),
             RateLimiterServer {
                 max_interval: s.rate_limiter_max_interval,
             },
@@ -132,7 +133,7 @@ fn replication_children(
         ))
         // 5. Acceptors, max_jobs, churn and trimming, transient cleanup, gauges.
         .child(ChildSpec::server(
-            ids::JOB_SERVER,
+            JOB_SERVER.name(),
             JobServer {
                 ctx: ctx.clone(),
                 job_sup: job_sup_ref,
@@ -142,7 +143,7 @@ fn replication_children(
         // 6. One actor per running replication; stopping it checkpoints every job.
         .child(
             job_sup
-                .into_child_spec(ids::JOB_SUP)
+                .into_child_spec(job_sup::JOB_SUP)
                 .shutdown(Shutdown::Timeout(JOB_SHUTDOWN + Duration::from_secs(1))),
         )
 }

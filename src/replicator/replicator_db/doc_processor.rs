@@ -335,7 +335,11 @@ impl Follower {
         let id = persistent_job_id(&self.name, doc_id);
         let owner = doc.get("owner").and_then(Value::as_str).map(str::to_owned);
         let added = match ServerSpec::from_body(doc) {
-            Ok(spec) => self.rep.put_server_job(&id, spec, owner, false).await,
+            Ok(spec) => {
+                self.rep
+                    .put_server_job(id.as_str(), spec, owner, false)
+                    .await
+            }
             Err(e) => Err(e),
         };
         Some(match added {
@@ -357,7 +361,7 @@ impl Follower {
     async fn remove(&self, doc_id: &str) -> bool {
         let id = persistent_job_id(&self.name, doc_id);
         // The document may have asked for a whole-server copy.
-        match self.rep.cancel_server_job(&id).await {
+        match self.rep.cancel_server_job(id.as_str()).await {
             Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "removing the server job failed; will retry");
@@ -482,7 +486,9 @@ impl Writer {
         else {
             return;
         };
-        let key = (j.job_id.clone(), j.last_updated);
+        // Keyed by text: a server job and a replication job of one document share its
+        // `db|doc_id`.
+        let key = (j.job_id.to_string(), j.last_updated);
         if self.written.contains(&key) {
             return;
         }
@@ -509,7 +515,7 @@ impl Writer {
         let rep = self
             .rep
             .jobs()
-            .get_job_data(REP_JOBS, &j.job_id)
+            .get_job_data(REP_JOBS, j.job_id.as_str())
             .await
             .ok()
             .and_then(|d| RepJobRecord::from_data(&d).ok())

@@ -24,6 +24,7 @@ use crate::store::RangeOptions;
 use crate::replicator::cluster::membership::Membership;
 use crate::replicator::job::view::{REP_JOBS, running_node};
 use crate::replicator::node::context::NodeCtx;
+use crate::replicator::node::name::NodeName;
 
 /// Pending jobs counted for the picture.
 const PENDING_LIMIT: usize = 100_000;
@@ -32,7 +33,7 @@ const PENDING_LIMIT: usize = 100_000;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterLoad {
     /// Live replication members and the jobs each runs, by name.
-    pub running: BTreeMap<String, usize>,
+    pub running: BTreeMap<NodeName, usize>,
     /// Every job that is pending or running (on any node, or not yet stamped with one).
     pub total: usize,
 }
@@ -106,7 +107,10 @@ mod tests {
 
     fn load(running: &[(&str, usize)], total: usize) -> ClusterLoad {
         ClusterLoad {
-            running: running.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
+            running: running
+                .iter()
+                .map(|(n, r)| (NodeName::from(*n), *r))
+                .collect(),
             total,
         }
     }

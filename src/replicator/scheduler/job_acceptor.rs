@@ -17,6 +17,7 @@ use super::job_sup::JobSupRef;
 use super::share::ShareKey;
 use crate::replicator::job::REP_JOBS;
 use crate::replicator::job::actor::JobArgs;
+use crate::replicator::job::id::JobId;
 use crate::replicator::job::record::RepJobRecord;
 use crate::replicator::node::context::NodeCtx;
 
@@ -77,7 +78,7 @@ pub(super) async fn acceptor(
                         let _ = server.send_message(JobServerMsg::Accepted {
                             acceptor: id,
                             actor,
-                            job_id: job.id.clone(),
+                            job_id: JobId::from(&job.id),
                             continuous,
                             group: group.clone(),
                         });

@@ -54,13 +54,18 @@ use super::running_jobs::{Rotation, Worker};
 use super::share::{FairShare, ShareKey};
 use crate::replicator::cluster::membership::Membership;
 use crate::replicator::job::actor::JobMsg;
+use crate::replicator::job::id::JobId;
 use crate::replicator::job::record::RepJobRecord;
 use crate::replicator::job::view::REP_JOBS;
+use crate::replicator::node::child_id::ChildId;
 use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::settings::ReplicatorSettings;
 
 /// Pending jobs counted for the rotation delay.
 const ROTATION_COUNT_LIMIT: usize = 100_000;
+
+/// The job server (acceptors and running jobs), a child of the tree.
+pub(crate) const JOB_SERVER: ChildId<JobServerMsg> = ChildId::new("job_server");
 
 /// Messages of the job server.
 #[derive(Debug)]
@@ -72,7 +77,7 @@ pub enum JobServerMsg {
         /// The job actor.
         actor: ActorRef<JobMsg>,
         /// The couch_jobs id of its job.
-        job_id: String,
+        job_id: JobId,
         /// One-shot jobs are never trimmed.
         continuous: bool,
         /// Its fair-share group.
@@ -116,7 +121,7 @@ pub struct JobServerObservation {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunningJobObservation {
     /// The couch_jobs id.
-    pub job_id: String,
+    pub job_id: JobId,
     /// Continuous (only these are trimmed).
     pub continuous: bool,
     /// Time since its actor was accepted.
@@ -163,7 +168,7 @@ pub struct JobServerState {
     rot: Rotation,
     churn: usize,
     timer: Option<JoinHandle<()>>,
-    share: FairShare<String>,
+    share: FairShare<JobId>,
     /// When finished transient jobs were last looked for.
     last_cleanup: Option<Instant>,
 }
@@ -327,7 +332,7 @@ impl JobServer {
                 return;
             }
         };
-        st.limit = balance::node_limit(self.ctx.node(), st.rot.live(), &load, s.max_jobs);
+        st.limit = balance::node_limit(self.ctx.node().as_str(), st.rot.live(), &load, s.max_jobs);
         let room = st.limit.saturating_sub(st.rot.live());
         let surplus: Vec<u64> = st.acceptors.keys().skip(room).copied().collect();
         for id in surplus {

@@ -19,6 +19,9 @@ use crate::replicator::job::actor::{JobActor, JobArgs, JobMsg};
 /// How long a stopping job may take before it is killed (CouchDB: 5 s).
 pub const JOB_SHUTDOWN: Duration = Duration::from_secs(5);
 
+/// The dynamic supervisor's id in the tree (no lookup by type: the tree holds its handle).
+pub(crate) const JOB_SUP: &str = "job_sup";
+
 /// A handle on the node's job_sup that stays valid across its restarts.
 pub type JobSupRef = DynamicSupervisorRef<JobArgs, JobMsg>;
 

@@ -17,6 +17,7 @@ use super::rotation_policy::{RunningJob, eligible_after, trim_victims, turn_due}
 use super::share::{FairShare, ShareKey, ratio_weight, smooth_ratio};
 use super::share_plan::{GroupDelay, SharePlan};
 use crate::replicator::job::actor::JobMsg;
+use crate::replicator::job::id::JobId;
 
 /// At most this many cycles between a job's rotation and its turn.
 const MAX_ROTATION_INTERVALS: usize = 40;
@@ -24,7 +25,7 @@ const MAX_ROTATION_INTERVALS: usize = 40;
 /// One running job actor.
 pub(crate) struct Worker {
     pub(crate) actor: ActorRef<JobMsg>,
-    pub(crate) job_id: String,
+    pub(crate) job_id: JobId,
     pub(crate) continuous: bool,
     pub(crate) group: ShareKey,
     pub(crate) started: Instant,
@@ -94,7 +95,7 @@ impl Rotation {
     /// ticks with nothing running, and restarting its average then (from a ratio near 0)
     /// sent its next jobs back after a quarter of a rotation, together again. A new
     /// database starts at 1.
-    pub(crate) fn refresh(&mut self, share: &FairShare<String>, slots: usize, all_jobs: usize) {
+    pub(crate) fn refresh(&mut self, share: &FairShare<JobId>, slots: usize, all_jobs: usize) {
         self.plan = SharePlan::new(share.params(), share.group_jobs(), slots, all_jobs);
         let usage = share.usage();
         let weight = ratio_weight(self.turn_due.as_secs_f64() / self.turn_cycle.as_secs_f64());
@@ -115,7 +116,7 @@ impl Rotation {
 
     /// `group`'s delay from the tick's table, computed and kept there when missing (a
     /// database whose first job just started: from its ratio now).
-    pub(crate) fn delay_of(&mut self, share: &FairShare<String>, group: &ShareKey) -> GroupDelay {
+    pub(crate) fn delay_of(&mut self, share: &FairShare<JobId>, group: &ShareKey) -> GroupDelay {
         if let Some(d) = self.delays.get(group) {
             return *d;
         }

@@ -20,7 +20,9 @@ use crate::jobs::{JobData, JobsError};
 
 use crate::replicator::error::{ReplicatorError, ReplicatorResult};
 use crate::replicator::handle::Replicator;
+use crate::replicator::job::id::JobId;
 use crate::replicator::job::view::{JobKind, RepState, parse_rep};
+use crate::replicator::node::name::NodeName;
 
 /// The couch_jobs type of whole-server jobs.
 pub const SERVER_JOBS: &str = "server_jobs";
@@ -259,7 +261,7 @@ impl ServerState {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DbProgress {
     /// Its replication job id.
-    pub job_id: String,
+    pub job_id: JobId,
     /// Its replication job state.
     pub state: RepState,
     /// Documents read from the source.
@@ -289,7 +291,7 @@ pub struct ServerRecord {
     /// UNIX seconds of the last progress update.
     pub last_updated: i64,
     /// The node running it (while running).
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     /// How new and deleted databases are found: `_db_updates`, or `_all_dbs` polls where
     /// the source has no `_db_updates` (unknown before the first answer).
     #[serde(default)]
@@ -342,7 +344,7 @@ pub struct ServerJobView {
     /// UNIX seconds of the last progress update.
     pub last_updated: i64,
     /// The node running it.
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     /// `_db_updates` or `_all_dbs` (polled).
     pub follows: Option<String>,
 }
@@ -490,7 +492,7 @@ impl Replicator {
             .server_jobs()
             .await?
             .into_iter()
-            .filter(|v| v.state == ServerState::Running && v.node.as_deref() == Some(self.node()))
+            .filter(|v| v.state == ServerState::Running && v.node.as_ref() == Some(self.node()))
             .map(|v| v.id)
             .collect();
         let jobs = self.ctx.jobs();

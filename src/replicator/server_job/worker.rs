@@ -114,7 +114,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
         spec,
     };
     run.record.state = ServerState::Running;
-    run.record.node = Some(run.rep.node().to_owned());
+    run.record.node = Some(run.rep.node().clone());
     let lease = run.lease.clone();
     // The run's own lease, as a replication job's (`job/lease.rs`): once the store has not
     // confirmed the lock for most of an activity timeout another worker may be about to take
@@ -415,7 +415,7 @@ async fn replication_ended(events: &mut Option<EventReceiver>, prefix: &str) {
         match rx.recv().await {
             Some(
                 ReplicatorEvent::Finished { job_id, .. } | ReplicatorEvent::Failed { job_id, .. },
-            ) if job_id.starts_with(prefix) => {
+            ) if job_id.as_str().starts_with(prefix) => {
                 return;
             }
             Some(_) => {}

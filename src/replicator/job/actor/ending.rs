@@ -37,7 +37,7 @@ pub(super) async fn complete(
     st.record.set_state(RepState::Completed, None, now);
     finish(st).await?;
     st.ctx.publish(ReplicatorEvent::Finished {
-        job_id: st.job.id.clone(),
+        job_id: st.job_id.clone(),
         rep_id: st.rep_id.clone().unwrap_or_default(),
         stats: Box::new(stats.clone()),
     });
@@ -48,14 +48,15 @@ pub(super) async fn complete(
 /// Finishes the job with the current data and releases its replication id.
 pub(super) async fn finish(st: &mut JobActorState) -> Result<(), JobsError> {
     st.done = true;
-    let (ctx, job, data, rep_id) = (&st.ctx, &st.job, st.record.to_data(), st.rep_id.clone());
+    let (ctx, job, job_id) = (&st.ctx, &st.job, &st.job_id);
+    let (data, rep_id) = (st.record.to_data(), st.rep_id.clone());
     ctx.jobs()
         .db()
         .run(|tx| {
             let (rep_id, data) = (rep_id.clone(), data.clone());
             async move {
                 if let Some(r) = rep_id {
-                    collision::release_tx(ctx, &tx, &r, &job.id).await?;
+                    collision::release_tx(ctx, &tx, &r, job_id).await?;
                 }
                 ctx.jobs().finish_tx(&tx, job, Some(data.clone())).await
             }
@@ -76,7 +77,7 @@ pub(super) async fn fail(st: &mut JobActorState, err: JobError) -> Result<(), Bo
         Err(e) => return Err(e.into()),
     }
     st.ctx.publish(ReplicatorEvent::Failed {
-        job_id: st.job.id.clone(),
+        job_id: st.job_id.clone(),
         error: err,
     });
     st.runner = None;
@@ -104,7 +105,7 @@ pub(super) async fn reschedule_on_error(
             .set_state(RepState::Failed, Some(err.clone()), now);
         finish(st).await?;
         st.ctx.publish(ReplicatorEvent::Failed {
-            job_id: st.job.id.clone(),
+            job_id: st.job_id.clone(),
             error: err,
         });
         return Ok(());
@@ -126,10 +127,10 @@ pub(super) async fn reschedule_on_error(
     // CouchDB shows no event for going back to pending: tools read the crash's reason
     // from `history[0]`.
     r.push_history(HistoryKind::Crashed, now, Some(reason.clone()), max_history);
-    tracing::warn!(job = %st.job.id, errors, backoff_s = stime - now, %reason, "job crashed");
+    tracing::warn!(job = %st.job_id, errors, backoff_s = stime - now, %reason, "job crashed");
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Crashed {
-        job_id: st.job.id.clone(),
+        job_id: st.job_id.clone(),
         error: err,
     });
     Ok(())
@@ -151,7 +152,7 @@ pub(super) async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsEr
     let stime = now + delay.as_secs().max(1) as i64;
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Stopped {
-        job_id: st.job.id.clone(),
+        job_id: st.job_id.clone(),
     });
     Ok(())
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 use ractor::RpcReplyPort;
 use supervisors::Observable;
 
+use super::super::id::JobId;
 use super::super::lease::Lease;
 use super::super::record::{JobError, RepJobRecord};
 use super::super::runner::Runner;
 use crate::jobs::Job;
-use crate::replication::{ReplicationError, ReplicationStats};
+use crate::replication::{RepId, ReplicationError, ReplicationStats};
 use crate::replicator::node::context::NodeCtx;
 
 /// How long a stopping job waits for its final checkpoint (CouchDB gives 5 s in total).
@@ -41,9 +42,9 @@ pub enum JobMsg {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct JobObservation {
     /// The couch_jobs id.
-    pub job_id: String,
+    pub job_id: JobId,
     /// The replication id, once computed.
-    pub rep_id: Option<String>,
+    pub rep_id: Option<RepId>,
     /// Continuous replication.
     pub continuous: bool,
     /// The replication is running (started, not yet ended or stopping).
@@ -77,8 +78,10 @@ pub struct JobArgs {
 pub struct JobActorState {
     pub(super) ctx: NodeCtx,
     pub(super) job: Job,
+    /// `job`'s id, typed.
+    pub(super) job_id: JobId,
     pub(super) record: RepJobRecord,
-    pub(super) rep_id: Option<String>,
+    pub(super) rep_id: Option<RepId>,
     pub(super) last_start: Option<i64>,
     pub(super) runner: Option<Runner>,
     /// The job needs no terminate work (finished, failed, halted).
