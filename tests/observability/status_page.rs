@@ -10,7 +10,7 @@ use crate::support::couch::{Couch, numbered_docs};
 use crate::support::http::{ADMIN, BOB, Node, Pouch};
 use crate::support::proxy::{Fault, FaultProxy, Rule};
 use couch_replicator::http::HttpConfig;
-use couch_replicator::replicator::{JobKind, NewJob, WaitFor};
+use couch_replicator::replicator::{JobKind, NewJob, ReplicatorError, WaitFor};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -55,22 +55,35 @@ async fn the_page_follows_a_job_from_running_to_completed() {
             .await
             .unwrap();
         // A continuous job (running all along) and one that fails, so the page has more to show.
-        rep.add(NewJob {
-            kind: JobKind::Transient { user: None },
-            rep: json!({"source": pouch.db("s"), "target": pouch.db("t3"),
+        let continuous = rep
+            .add(NewJob {
+                kind: JobKind::Transient { user: None },
+                rep: json!({"source": pouch.db("s"), "target": pouch.db("t3"),
                         "create_target": true, "continuous": true}),
-        })
-        .await
-        .unwrap();
-        rep.add(NewJob {
-            kind: JobKind::Transient { user: None },
-            rep: json!({"source": pouch.db("missing"), "target": pouch.db("t2")}),
-        })
-        .await
-        .unwrap();
-        rep.wait(&job.job_id, WaitFor::Running, Duration::from_secs(60))
+            })
             .await
             .unwrap();
+        let failing = rep
+            .add(NewJob {
+                kind: JobKind::Transient { user: None },
+                rep: json!({"source": pouch.db("missing"), "target": pouch.db("t2")}),
+            })
+            .await
+            .unwrap();
+        for j in [&job, &continuous] {
+            rep.wait(&j.job_id, WaitFor::Running, Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        // On a loaded machine the failing job may still be starting: the counts below need
+        // it failed.
+        let failed = rep
+            .wait(&failing.job_id, WaitFor::Completed, Duration::from_secs(60))
+            .await;
+        assert!(
+            matches!(failed, Err(ReplicatorError::Failed(..))),
+            "{failed:?}"
+        );
 
         // Plain HTTP: a Basic challenge for anonymous callers, 403 for non-admins, and the
         // first snapshot rendered by the server.
