@@ -214,6 +214,31 @@ impl JobServer {
         self.spawn_acceptors(myself, st, n);
     }
 
+    /// What `Observe` answers: the running jobs (sorted by id) and the counters.
+    fn observation(&self, st: &JobServerState) -> JobServerObservation {
+        let mut jobs: Vec<RunningJobObservation> = st
+            .rot
+            .workers
+            .values()
+            .map(|w| RunningJobObservation {
+                job_id: w.job_id.clone(),
+                continuous: w.continuous,
+                running_for: w.started.elapsed(),
+                group: w.group.clone(),
+                priority: st.share.priority(&w.job_id),
+            })
+            .collect();
+        jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        JobServerObservation {
+            acceptors: st.acceptors.len(),
+            jobs,
+            churn: st.churn,
+            max_jobs: self.ctx.settings().max_jobs,
+            share_jobs: st.share.len(),
+            limit: st.limit,
+        }
+    }
+
     fn schedule_tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
         let interval = self.ctx.settings().interval;
         let jitter_ms = (interval.as_millis() as u64 / 3).max(1);
@@ -508,27 +533,7 @@ impl Server for JobServer {
                 }
             }
             JobServerMsg::Observe(reply) => {
-                let mut jobs: Vec<RunningJobObservation> = st
-                    .rot
-                    .workers
-                    .values()
-                    .map(|w| RunningJobObservation {
-                        job_id: w.job_id.clone(),
-                        continuous: w.continuous,
-                        running_for: w.started.elapsed(),
-                        group: w.group.clone(),
-                        priority: st.share.priority(&w.job_id),
-                    })
-                    .collect();
-                jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
-                let _ = reply.send(JobServerObservation {
-                    acceptors: st.acceptors.len(),
-                    jobs,
-                    churn: st.churn,
-                    max_jobs: self.ctx.settings().max_jobs,
-                    share_jobs: st.share.len(),
-                    limit: st.limit,
-                });
+                let _ = reply.send(self.observation(st));
             }
         }
         Ok(())
