@@ -90,47 +90,29 @@ macro_rules! internal_pub {
 // command line lives in `cli`. The `internals` feature (for this crate's own integration tests,
 // benches and examples, through a dev-dependency on itself) makes the layers public so those
 // can reach actor messages and internals by path; it is not part of the supported API.
-#[cfg(feature = "internals")]
-pub mod backoff;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod backoff;
+
+/// Declares the layers: public with `internals`, private (and quiet about what only tests,
+/// benches and examples use) without.
+macro_rules! layers {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code, unused_imports)]
+        mod $name;
+    )*};
+}
+layers!(
+    backoff,
+    http,
+    jobs,
+    replication,
+    replicator,
+    steps,
+    store,
+    telemetry
+);
 pub mod cli;
-#[cfg(feature = "internals")]
-pub mod http;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod http;
-#[cfg(feature = "internals")]
-pub mod jobs;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod jobs;
-#[cfg(feature = "internals")]
-pub mod replication;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod replication;
-#[cfg(feature = "internals")]
-pub mod replicator;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod replicator;
-#[cfg(feature = "internals")]
-pub mod steps;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod steps;
-#[cfg(feature = "internals")]
-pub mod store;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod store;
-#[cfg(feature = "internals")]
-pub mod telemetry;
-#[cfg(not(feature = "internals"))]
-#[allow(dead_code, unused_imports)] // what only tests, benches and examples use
-mod telemetry;
 
 // The embedding API: the replicator and its handle, job specs and views, events, settings and
 // node types, errors, and the store contract with its engines.

@@ -118,7 +118,16 @@ async fn handle_msg(
 ) -> Result<(), BoxError> {
     match msg {
         JobMsg::Start => {
-            let r = start(&myself, st).await;
+            // Bounded by the lease as the keep-alive is: a start stuck on an unreachable
+            // store (claiming the replication id) outlasts the time other nodes wait before
+            // taking the job, so it stops instead of holding the actor for the store's timeout.
+            let Ok(r) = tokio::time::timeout(st.lease.remaining(), start(&myself, st)).await else {
+                tracing::warn!(job = %st.job.id, "job start outlasted its lease (store unreachable?); stopping");
+                st.runner = None;
+                st.lease_lost = true;
+                myself.stop(None);
+                return Ok(());
+            };
             observe::count_start(st.ctx.metrics(), st.runner.is_some(), r.is_err());
             r
         }
