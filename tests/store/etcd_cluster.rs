@@ -49,8 +49,11 @@ async fn bump_all(db: Db, key: Vec<u8>, killed: Arc<tokio::sync::Notify>) {
 async fn member_loss(mut h: Etcd) {
     let key = h.key("counter");
     let killed = Arc::new(tokio::sync::Notify::new());
+    // What is asserted is "exactly once", not how fast: a commit caught by the kill has been
+    // seen to wait ~30-40 s for the client to give up on the dead member (2 runs in ~10 on a
+    // loaded machine), so the retry budget leaves room for that.
     let db = h.db().with_retry(RetryPolicy {
-        timeout: Some(Duration::from_secs(40)),
+        timeout: Some(Duration::from_secs(90)),
         ..RetryPolicy::default()
     });
     let bumps = bump_all(db, key.clone(), killed.clone());
@@ -95,7 +98,7 @@ async fn increments_survive_a_killed_member() {
         return;
     };
     deadline(
-        120,
+        200,
         "increments across a killed etcd member",
         member_loss(h),
     )
