@@ -68,6 +68,8 @@ pub struct ChangesReader {
     instance_start: Option<String>,
     /// When a watched feed's sequence last moved (see [`ChangesReader::read_page`]).
     moved: tokio::time::Instant,
+    /// The answer to the one-shot feed's first request, sent ahead from this `since`.
+    first: Option<(Value, reqwest::Response)>,
 }
 
 impl ChangesReader {
@@ -86,6 +88,7 @@ impl ChangesReader {
             next_index: 0,
             instance_start: None,
             moved: tokio::time::Instant::now(),
+            first: None,
         }
     }
 
@@ -167,61 +170,20 @@ impl ChangesReader {
     }
 
     fn request(&self, feed: &str, since: &Value, limit: Option<usize>) -> Req {
-        let style = if self.opts.winning_revs_only {
-            "main_only"
-        } else {
-            "all_docs"
-        };
-        let mut q = format!(
-            "_changes?feed={feed}&style={style}&since={}",
-            seq_arg(since)
-        );
-        if let Some(l) = limit {
-            q.push_str(&format!("&limit={l}"));
-        }
-        if feed == "continuous" {
-            // CouchDB ends the response after `timeout`; pouchdb-server never does, so ask
-            // for heartbeats too, keeping the read timeout from firing on an idle feed.
-            let t = self.heartbeat().as_millis();
-            q.push_str(&format!("&timeout={t}&heartbeat={t}"));
-        }
-        let mut req = self.filtered(q);
-        if feed == "continuous" {
-            // A compressing server (pouchdb-server's express) buffers a gzip stream until it
-            // ends, so a live feed would never arrive: ask for it uncompressed.
-            req.headers.push(("accept-encoding", "identity".to_owned()));
-        }
-        req
+        feed_request(&self.opts, feed, since, limit)
     }
 
     /// A third of the inactivity timeout, at least a second: what a live feed asks for.
     fn heartbeat(&self) -> Duration {
-        (self.opts.connection_timeout / 3).max(Duration::from_secs(1))
+        heartbeat(&self.opts)
     }
 
-    fn filtered(&self, mut q: String) -> Req {
-        match &self.opts.filter {
-            Filter::None => Req::get(q),
-            Filter::DocIds(ids) => {
-                q.push_str("&filter=_doc_ids");
-                Req::json(Method::POST, q, json!({ "doc_ids": ids }).to_string())
-            }
-            Filter::Selector(sel) => {
-                q.push_str("&filter=_selector");
-                Req::json(Method::POST, q, json!({ "selector": sel }).to_string())
-            }
-            Filter::Named { name, query_params } => {
-                q.push_str(&format!("&filter={}", encode_query(name)));
-                for (k, v) in query_params {
-                    let v = match v {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    q.push_str(&format!("&{}={}", encode_query(k), encode_query(&v)));
-                }
-                Req::get(q)
-            }
-        }
+    /// Hands the reader the answer to its first request, sent ahead by the start-up (see
+    /// [`feed_request`]): the one-shot feed from `since` then needs no request of its own.
+    /// Ignored unless the feed starts at that `since`.
+    pub(crate) fn with_first_response(mut self, first: Option<(Value, reqwest::Response)>) -> Self {
+        self.first = first;
+        self
     }
 
     fn to_change(&self, row: Row) -> Option<Change> {
@@ -310,10 +272,14 @@ impl ChangesReader {
         tx: &mpsc::Sender<Batch>,
         stop: &watch::Receiver<bool>,
     ) -> Result<()> {
-        let resp = self
-            .client
-            .send_streaming(&self.request("normal", since, None))
-            .await?;
+        let resp = match self.first.take() {
+            Some((from, resp)) if from == *since => resp,
+            _ => {
+                self.client
+                    .send_streaming(&self.request("normal", since, None))
+                    .await?
+            }
+        };
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Err(gone(&self.client));
         }
@@ -515,3 +481,70 @@ fn reconnect_backoff() -> Backoff {
 fn gone(client: &HttpClient) -> ReplicationError {
     ReplicationError::DbNotFound(format!("{} (its _changes answered 404)", client.endpoint()))
 }
+
+/// The request for the source's `feed` (`normal` or `continuous`) from `since`, at most `limit`
+/// rows, with the replication's filter: what the reader sends, and what a start-up that knows
+/// the first `since` early may send ahead of it (see [`ChangesReader::with_first_response`]).
+pub(crate) fn feed_request(
+    opts: &ReplicationOptions,
+    feed: &str,
+    since: &Value,
+    limit: Option<usize>,
+) -> Req {
+        let style = if opts.winning_revs_only {
+            "main_only"
+        } else {
+            "all_docs"
+        };
+        let mut q = format!(
+            "_changes?feed={feed}&style={style}&since={}",
+            seq_arg(since)
+        );
+        if let Some(l) = limit {
+            q.push_str(&format!("&limit={l}"));
+        }
+        if feed == "continuous" {
+            // CouchDB ends the response after `timeout`; pouchdb-server never does, so ask
+            // for heartbeats too, keeping the read timeout from firing on an idle feed.
+            let t = heartbeat(opts).as_millis();
+            q.push_str(&format!("&timeout={t}&heartbeat={t}"));
+        }
+        let mut req = filtered(opts, q);
+        if feed == "continuous" {
+            // A compressing server (pouchdb-server's express) buffers a gzip stream until it
+            // ends, so a live feed would never arrive: ask for it uncompressed.
+            req.headers.push(("accept-encoding", "identity".to_owned()));
+        }
+        req
+    }
+
+/// A third of the inactivity timeout, at least a second: what a live feed asks for.
+fn heartbeat(opts: &ReplicationOptions) -> Duration {
+    (opts.connection_timeout / 3).max(Duration::from_secs(1))
+}
+
+fn filtered(opts: &ReplicationOptions, mut q: String) -> Req {
+        match &opts.filter {
+            Filter::None => Req::get(q),
+            Filter::DocIds(ids) => {
+                q.push_str("&filter=_doc_ids");
+                Req::json(Method::POST, q, json!({ "doc_ids": ids }).to_string())
+            }
+            Filter::Selector(sel) => {
+                q.push_str("&filter=_selector");
+                Req::json(Method::POST, q, json!({ "selector": sel }).to_string())
+            }
+            Filter::Named { name, query_params } => {
+                q.push_str(&format!("&filter={}", encode_query(name)));
+                for (k, v) in query_params {
+                    let v = match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    q.push_str(&format!("&{}={}", encode_query(k), encode_query(&v)));
+                }
+                Req::get(q)
+            }
+        }
+    }
+

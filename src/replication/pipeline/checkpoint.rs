@@ -57,7 +57,13 @@ pub fn instance_start_of(v: &Value) -> Option<String> {
     }
 }
 
-async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
+/// Where the checkpoint of the current id version lives (`ids` newest first).
+pub(crate) fn checkpoint_path(ids: &[String]) -> String {
+    format!("_local/{}", ids.first().map_or("", String::as_str))
+}
+
+/// A checkpoint document, or `None` where the database has none.
+pub(crate) async fn read_local(c: &HttpClient, path: &str) -> Result<Option<Value>> {
     let r = c.send(&Req::get(path)).await?;
     match r.status {
         StatusCode::OK => Ok(Some(r.json("checkpoint document")?)),
@@ -164,20 +170,19 @@ async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value
 impl Checkpointer {
     /// Reads both checkpoint documents and decides the start point. `ids` are the base ids
     /// of every id version, the current one first (see [`crate::replication::id::rep_id::checkpoint_ids`]).
-    /// With a `new_target` (created by this start) there is nothing to match: only the
-    /// source's current document is read, for the revision the first checkpoint replaces
-    /// (one request instead of one per id version on each side).
+    /// With a `new_target` (created by this start) there is nothing to match: the caller
+    /// read the source's current document (at [`checkpoint_path`]) already, for the revision
+    /// the first checkpoint replaces (one request instead of one per id version on each side).
     pub async fn load(
         src: Arc<HttpClient>,
         tgt: Arc<HttpClient>,
         ids: &[String],
-        new_target: bool,
+        new_target: Option<Option<Value>>,
     ) -> Result<(Self, StartPoint)> {
-        let path = format!("_local/{}", ids.first().map_or("", String::as_str));
-        let (s, t) = if new_target {
-            (read_local(&src, &path).await?, None)
-        } else {
-            tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?
+        let path = checkpoint_path(ids);
+        let (s, t) = match new_target {
+            Some(source_doc) => (source_doc, None),
+            None => tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?,
         };
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
         // Until a checkpoint is written: the source's document, marked as no change.
@@ -267,11 +272,47 @@ impl Checkpointer {
         {
             return Ok(false);
         }
-        // Both sides must still be the databases this run started with.
-        tokio::try_join!(
-            self.ensure_commit(&self.src, self.instance_start.0.as_ref()),
-            self.ensure_commit(&self.tgt, self.instance_start.1.as_ref()),
-        )?;
+        let body = self.next_body(through, stats);
+        let (src_rev, tgt_rev) = (self.src_rev.take(), self.tgt_rev.take());
+        let writes = async {
+            tokio::try_join!(
+                put_local(&self.src, &self.path, &body, src_rev),
+                put_local(&self.tgt, &self.path, &body, tgt_rev),
+            )
+        };
+        let commits = async {
+            tokio::try_join!(
+                self.ensure_commit(&self.src, self.instance_start.0.as_ref()),
+                self.ensure_commit(&self.tgt, self.instance_start.1.as_ref()),
+            )
+        };
+        // Both sides must still be the databases this run started with, so the commits come
+        // first, unless neither side can tell: CouchDB 2 and later answer an
+        // `instance_start_time` of "0" and commit every write at once, so there the commits
+        // and the writes go together (one round trip instead of two on a slow link).
+        let (s, t) = if self.instance_unknowable() {
+            let (_, revs) = tokio::try_join!(commits, writes)?;
+            revs
+        } else {
+            commits.await?;
+            writes.await?
+        };
+        (self.src_rev, self.tgt_rev) = (s, t);
+        self.last_written = Some(through.clone());
+        self.record = body;
+        Ok(true)
+    }
+
+    /// Whether `_ensure_full_commit` can never fail the instance check: both sides reported
+    /// no instance (or "0") when the replication opened them.
+    fn instance_unknowable(&self) -> bool {
+        let unknown = |i: &Option<String>| i.as_deref().is_none_or(|v| v == "0");
+        unknown(&self.instance_start.0) && unknown(&self.instance_start.1)
+    }
+
+    /// The checkpoint document to write at `through`: this session's entry first in the
+    /// history.
+    fn next_body(&self, through: &Value, stats: &ReplicationStats) -> Value {
         let entry = json!({
             "session_id": self.session_id,
             "start_time": self.start_time,
@@ -309,11 +350,7 @@ impl Checkpointer {
             }
         }
         body["history"] = Value::Array(history);
-        self.src_rev = put_local(&self.src, &self.path, &body, self.src_rev.take()).await?;
-        self.tgt_rev = put_local(&self.tgt, &self.path, &body, self.tgt_rev.take()).await?;
-        self.last_written = Some(through.clone());
-        self.record = body;
-        Ok(true)
+        body
     }
 }
 

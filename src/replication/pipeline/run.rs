@@ -129,6 +129,7 @@ async fn run(
         rep_id,
         checkpointer,
         start_point,
+        first_changes,
     } = opened;
     tracing::info!(rep_id = %rep_id, source = %spec.source, target = %spec.target, since = %start_point.seq, "replication starting");
     let counters = Arc::new(Counters::default());
@@ -176,7 +177,8 @@ async fn run(
         metrics: ctx.metrics.clone(),
     };
     progress.publish();
-    let tasks = spawn_tasks(&shared, &ctx, start_point.seq, instance_start_of(&src_info));
+    let src_instance = instance_start_of(&src_info);
+    let tasks = spawn_tasks(&shared, &ctx, start_point.seq, src_instance, first_changes);
     supervise(&mut progress, tasks, stop, o.checkpoint_interval, &rep_id).await?;
     progress.finish(&rep_id).await
 }
@@ -195,6 +197,7 @@ fn spawn_tasks(
     ctx: &Context,
     since: Value,
     src_instance: Option<String>,
+    first_changes: Option<(Value, reqwest::Response)>,
 ) -> Tasks {
     let o = &shared.spec.options;
     // The reader runs ahead by two batches per batch the window may ever allow.
@@ -210,7 +213,8 @@ fn spawn_tasks(
         shared.counters.clone(),
         on_batch,
     )
-    .expect_instance_start(src_instance);
+    .expect_instance_start(src_instance)
+    .with_first_response(first_changes);
     let mut set: JoinSet<Result<()>> = JoinSet::new();
     let m = ctx.metrics.clone();
     let reading = reader.run(since, tx, reader_stop_rx);

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::checkpoint::{Checkpointer, StartPoint, instance_start_of};
+use super::checkpoint::{Checkpointer, StartPoint, checkpoint_path, instance_start_of, read_local};
 use super::context::{Context, clients};
 use crate::replication::endpoint::database::{encode_doc_id, encode_query};
+use crate::replication::changes::reader::feed_request;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::{HttpClient, Req};
 use crate::replication::id::rep_id::{RepId, checkpoint_ids, replication_id};
@@ -122,25 +123,55 @@ pub(crate) struct Opened {
     pub(crate) rep_id: RepId,
     pub(crate) checkpointer: Option<Checkpointer>,
     pub(crate) start_point: StartPoint,
+    /// The one-shot feed's first answer, asked for ahead (from the `since` it holds).
+    pub(crate) first_changes: Option<(Value, reqwest::Response)>,
 }
 
 /// Start-up (CouchDB's couch_replicator_scheduler_job.erl init): the clients, the target
 /// created when asked, both databases opened, the ids computed, the start point found.
 pub(crate) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened> {
     let (src, tgt) = clients(spec, ctx)?;
-    // The target is created first: overlapping its creation with the reads below made the
-    // links bench fail with a 401 on CouchDB 3.4.3 (not yet understood), so it costs a
-    // round trip of its own. A target created now holds no checkpoint.
-    let created = spec.options.create_target && create_target(&tgt, spec).await?;
-    // Both databases are opened while the checkpoints are read: on a long round trip each
-    // step one after the other costs a round trip. A database that cannot be opened is the
-    // error reported, whatever the checkpoint reads met.
     let (rep_id, checkpoint_ids) = compute_ids_with(&src, spec, ctx).await?;
-    let (opened, found) = tokio::join!(
-        async { tokio::try_join!(open_db(&src), open_db(&tgt)) },
-        find_start(&src, &tgt, &spec.options, &checkpoint_ids, created)
+    let o = &spec.options;
+    // On a long round trip every step taken one after the other costs a round trip (and a
+    // new connection another), so the source is opened and its current checkpoint read while
+    // the target is created. A target created now holds no checkpoint: that read is then all
+    // the start needs. Only the target's own reads wait for its creation.
+    let early = o.create_target && o.use_checkpoints;
+    let current = checkpoint_path(&checkpoint_ids);
+    let (created, source_side) = tokio::join!(
+        async {
+            match o.create_target {
+                true => create_target(&tgt, spec).await,
+                false => Ok(false),
+            }
+        },
+        async {
+            tokio::try_join!(open_db(&src), async {
+                match early {
+                    true => read_local(&src, &current).await.map(Some),
+                    false => Ok(None),
+                }
+            })
+        }
     );
-    let (src_info, tgt_info) = opened?;
+    let created = created?;
+    // A database that cannot be opened is the error reported, whatever the checkpoint reads met.
+    let (src_info, src_doc) = source_side?;
+    // A one-shot run into a target created now starts from 0 (or `since_seq`), so its feed
+    // is asked for while the target is opened; the reader takes that answer.
+    let first_since = (created && !o.continuous).then(|| o.since_seq.clone().unwrap_or(json!(0)));
+    let (tgt_info, found, first_changes) = tokio::join!(
+        open_db(&tgt),
+        find_start(&src, &tgt, o, &checkpoint_ids, created.then_some(src_doc).flatten()),
+        async {
+            let since = first_since?;
+            let req = feed_request(o, "normal", &since, None);
+            // A failure here is the reader's to meet again, with its retries.
+            src.send_streaming(&req).await.ok().map(|r| (since, r))
+        }
+    );
+    let tgt_info = tgt_info?;
     let (mut checkpointer, start_point) = found?;
     if let Some(cp) = checkpointer.as_mut() {
         cp.expect_instance_start(instance_start_of(&src_info), instance_start_of(&tgt_info));
@@ -163,19 +194,22 @@ pub(crate) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened
         rep_id,
         checkpointer,
         start_point,
+        first_changes,
     })
 }
 
 /// Where the replication starts: the checkpoint found on both sides (under the current id
 /// or an older one) and its sequence, unless checkpoints are off. `since_seq` overrides the
-/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4). A target created
-/// just now holds no checkpoint, so the replication starts from scratch without looking.
+/// sequence but keeps the checkpoint's history and counters (CouchDB 3.4). `new_target`: the
+/// target was created just now, so it holds no checkpoint and the replication starts from
+/// scratch; the source's current checkpoint document (`Some(None)`: it has none) was read
+/// already.
 async fn find_start(
     src: &Arc<HttpClient>,
     tgt: &Arc<HttpClient>,
     o: &ReplicationOptions,
     checkpoint_ids: &[String],
-    new_target: bool,
+    new_target: Option<Option<Value>>,
 ) -> Result<(Option<Checkpointer>, StartPoint)> {
     let mut checkpointer = None;
     let mut start_point = StartPoint {
