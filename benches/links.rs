@@ -52,6 +52,16 @@ fn rtts() -> Vec<u64> {
         .unwrap_or_else(|| vec![0, 50, 200])
 }
 
+/// Which replicators run (`BENCH_REPLICATORS=ours` while iterating on ours: the ratios
+/// against CouchDB then print as NaN).
+fn replicators() -> Vec<&'static str> {
+    let wanted = std::env::var("BENCH_REPLICATORS").unwrap_or_default();
+    ["ours", "CouchDB 3.4.3"]
+        .into_iter()
+        .filter(|who| wanted.is_empty() || wanted.contains(&who[..4].to_lowercase()))
+        .collect()
+}
+
 async fn run() -> Result<(), String> {
     let n = entry::env_num("BENCH_DOCS", 20_000);
     let http = reqwest::Client::builder()
@@ -71,7 +81,7 @@ async fn run() -> Result<(), String> {
             link = link.capped(100);
         }
         let name = format!("{rtt} ms{}", if capped { ", 100 Mbit/s" } else { "" });
-        for who in ["ours", "CouchDB 3.4.3"] {
+        for who in replicators() {
             let target = format!("t{i}_{}", if who == "ours" { "ours" } else { "couch" });
             let relay = Relay::with_link(couch.port, link.clone()).await?;
             let url = |db: &str| format!("http://admin:admin@127.0.0.1:{}/{db}", relay.port);
