@@ -308,3 +308,52 @@ async fn credentials_never_show_in_errors() {
     assert!(err.is_transient(), "{err:?}");
     check(&err);
 }
+
+/// A `_session` cookie the server refuses as soon as it was obtained (as a fresh CouchDB
+/// without a `[chttpd_auth] secret` does to one of two logins made at the same moment) is
+/// replaced by a new login once, and the replication goes on; a second refusal of a fresh
+/// cookie is final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_cookie_refused_once_is_replaced_by_a_new_login() {
+    let (_a, c, p) = setup().await;
+    let (st, v) = c
+        .put_doc(
+            "_users",
+            "org.couchdb.user:ann",
+            &json!({"name": "ann", "password": "pw", "roles": [], "type": "user"}),
+        )
+        .await;
+    assert_eq!(st, 201, "creating user ann: {v}");
+    let with_user = |db: &str| p.db_url(db).replace("http://", "http://ann:pw@");
+    let spec_for_ann = || {
+        let mut s = spec(&p);
+        s.source = Endpoint::parse(&with_user("src")).unwrap();
+        s
+    };
+    // The first request to the source after its login is refused once.
+    p.add(Rule::new(Some(Method::GET), "/src", 1, Fault::Status(401)));
+    run_ok(spec_for_ann(), &c, "a fresh cookie refused once").await;
+    assert_eq!(p.fired(), vec![1]);
+    let logins = p.requests_to("/_session").len();
+    // One login for the source, one more after the refusal (the target has no credentials).
+    assert_eq!(logins, 2, "{:?}", p.log());
+    p.clear();
+
+    // Refused twice in a row: no login loop, the job fails as unauthorized.
+    p.add(Rule::new(Some(Method::GET), "/src", 2, Fault::Status(401)));
+    let before = p.requests_to("/_session").len();
+    let err = deadline(
+        30,
+        "twice refused",
+        replicate(spec_for_ann(), Context::default()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ReplicationError::Unauthorized(_)), "{err:?}");
+    assert_eq!(
+        p.requests_to("/_session").len() - before,
+        2,
+        "{:?}",
+        p.log()
+    );
+}

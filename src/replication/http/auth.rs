@@ -53,6 +53,9 @@ pub(crate) struct Auth {
     shared: Option<Slot>,
     /// The last login was answered 401 (see [`Auth::login_refused`]).
     refused: AtomicBool,
+    /// A cookie refused as soon as it was obtained has been replaced once already (see
+    /// [`Auth::on_rejected`]).
+    fresh_refusal_retried: AtomicBool,
 }
 
 impl std::fmt::Debug for Auth {
@@ -92,6 +95,7 @@ impl Auth {
             }),
             shared: None,
             refused: AtomicBool::new(false),
+            fresh_refusal_retried: AtomicBool::new(false),
         }
     }
 
@@ -128,7 +132,11 @@ impl Auth {
     }
 
     /// Called on 401/403: refresh the cookie unless it was just refreshed. Returns true when
-    /// a retry with a new cookie makes sense.
+    /// a retry with a new cookie makes sense. A cookie refused just after it was obtained is
+    /// replaced once all the same: a CouchDB that has no `[chttpd_auth] secret` yet makes one
+    /// at its first logins, and of two logins at that moment one gets a cookie signed with a
+    /// secret the server then drops (seen on a fresh CouchDB 3.4.3 when source and target
+    /// logged in at once).
     pub(crate) async fn on_rejected(&self, http: &reqwest::Client) -> bool {
         let Some(creds) = self.creds.as_ref() else {
             return false;
@@ -137,8 +145,10 @@ impl Auth {
         let Mode::Session { cookie: used, at } = &*mode else {
             return false;
         };
+        let just_refreshed = at.elapsed() <= MIN_REFRESH_GAP
+            && self.fresh_refusal_retried.swap(true, Ordering::Relaxed);
         let Some(slot) = &self.shared else {
-            if at.elapsed() <= MIN_REFRESH_GAP {
+            if just_refreshed {
                 return false;
             }
             *mode = self.login(http, creds).await;
@@ -155,7 +165,7 @@ impl Auth {
             };
             return true;
         }
-        if at.elapsed() <= MIN_REFRESH_GAP {
+        if just_refreshed {
             return false;
         }
         *mode = self.login(http, creds).await;
