@@ -287,17 +287,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         serve_store::check_uuid(&db, &setup.replicator.server_uuid).await?;
     }
     let steps_setup = StepsSetup::from_config(&cfg, setup.replicator.node.as_str())?;
-    for note in &setup.notes {
-        tracing::info!("config: {note}");
-    }
-    if setup.http.users.has_no_admins() {
-        tracing::warn!(
-            "no server admin configured (--admin name:password, [admins] or [auth_couchdb] url): requests that change state need one"
-        );
-    }
-    if let Some(c) = setup.http.users.couchdb() {
-        tracing::info!(couchdb = %c.url(), "callers not in [admins]/[users] are checked by this CouchDB");
-    }
+    log_setup(&setup);
     let frontend = setup.replicator.settings.runs(NodeType::ApiFrontend);
     let (addr_tx, mut addr_rx) = tokio::sync::watch::channel(None);
     let http = http_service(
@@ -322,33 +312,12 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let steps = steps_setup.steps(replicator.jobs().clone())?;
     let workers = steps_setup.start_workers(steps).await?;
-    if frontend {
-        let wait = addr_rx.wait_for(Option::is_some);
-        let local = tokio::select! {
-            r = wait => r.map_err(|e| e.to_string())?.clone(),
-            _ = shutdown_signal() => None,
-        };
-        match local {
-            Some(Ok(local)) => {
-                println!("listening on http://{}", local.http);
-                if let Some(https) = local.https {
-                    println!("listening on https://{https}");
-                }
-                tracing::info!(node = %replicator.node(), local = %local.http, https = ?local.https, "replicator node running");
-            }
-            Some(Err(e)) => {
-                replicator.shutdown().await;
-                return Err(e);
-            }
-            // The signal came before the API was up.
-            None => {
-                replicator.shutdown().await;
-                return Ok(());
-            }
+    match announce(frontend, &mut addr_rx, &replicator).await {
+        Ok(true) => {}
+        stop => {
+            replicator.shutdown().await;
+            return stop.map(|_| ());
         }
-    } else {
-        println!("running without HTTP API (node types: replication)");
-        tracing::info!(node = %replicator.node(), "replicator node running");
     }
     shutdown_signal().await;
     replicator.shutdown().await;
@@ -359,6 +328,53 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     #[cfg(feature = "fdb")]
     crate::store::fdb::stop_network();
     Ok(())
+}
+
+/// Logs what the configuration decided (and warns when no admin can change state).
+fn log_setup(setup: &NodeSetup) {
+    for note in &setup.notes {
+        tracing::info!("config: {note}");
+    }
+    if setup.http.users.has_no_admins() {
+        tracing::warn!(
+            "no server admin configured (--admin name:password, [admins] or [auth_couchdb] url): requests that change state need one"
+        );
+    }
+    if let Some(c) = setup.http.users.couchdb() {
+        tracing::info!(couchdb = %c.url(), "callers not in [admins]/[users] are checked by this CouchDB");
+    }
+}
+
+/// Waits until the HTTP API listens (on frontend nodes) and says where; false when the
+/// signal to stop came first; an error when a listener failed to bind.
+async fn announce(
+    frontend: bool,
+    addr_rx: &mut tokio::sync::watch::Receiver<Option<Result<Bound, String>>>,
+    replicator: &Replicator,
+) -> Result<bool, String> {
+    if !frontend {
+        println!("running without HTTP API (node types: replication)");
+        tracing::info!(node = %replicator.node(), "replicator node running");
+        return Ok(true);
+    }
+    let wait = addr_rx.wait_for(Option::is_some);
+    let local = tokio::select! {
+        r = wait => r.map_err(|e| e.to_string())?.clone(),
+        _ = shutdown_signal() => None,
+    };
+    match local {
+        Some(Ok(local)) => {
+            println!("listening on http://{}", local.http);
+            if let Some(https) = local.https {
+                println!("listening on https://{https}");
+            }
+            tracing::info!(node = %replicator.node(), local = %local.http, https = ?local.https, "replicator node running");
+            Ok(true)
+        }
+        Some(Err(e)) => Err(e),
+        // The signal came before the API was up.
+        None => Ok(false),
+    }
 }
 
 /// Where the API listens: plain HTTP always, HTTPS too when `[ssl]` turns it on.
