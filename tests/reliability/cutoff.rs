@@ -235,3 +235,110 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
     )
     .await;
 }
+
+/// Point 5 for whole-server jobs: `n1` (through relays) runs a continuous server job over
+/// two source databases when it is cut off etcd. Its run must stop on its lease, `n2` must
+/// take the server job over and pick up a database created during the cut, the per-database
+/// replications must never run on both nodes, and after the heal the server job must stay
+/// on `n2` and hold each source database once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_job_cut_off_etcd_moves_to_another_node() {
+    deadline(120, "a server job cut off etcd moves", async {
+        let Some(cluster) = EtcdCluster::start(3).await else {
+            return;
+        };
+        let (src, tgt) = tokio::join!(Pouch::start(), Pouch::start());
+        for db in ["a", "b"] {
+            src.create_db(db).await;
+            src.put_docs(db, "x", 3).await;
+        }
+        let mut relays = Vec::new();
+        for endpoint in cluster.endpoints() {
+            let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+            relays.push(Relay::start(port).await.unwrap());
+        }
+        let via_relays = relays
+            .iter()
+            .map(|r| format!("http://127.0.0.1:{}", r.port))
+            .collect();
+        let mut cut_config = EtcdConfig::new(via_relays);
+        cut_config.request_timeout = Duration::from_secs(2);
+        cut_config.connect_timeout = Duration::from_secs(1);
+        let store1 = EtcdStore::connect(&cut_config).await.unwrap();
+        let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
+            .await
+            .unwrap();
+        let nodes = Nodes::on_disk();
+        let n1 = nodes
+            .start_on(&Db::new(Arc::new(store1)), "n1", settings())
+            .await;
+        let log: Log = Arc::default();
+        let mut recorders = vec![record(&log, "n1", &n1)];
+        let body = json!({"all_dbs": true, "source": src.url(""), "target": tgt.url(""),
+                          "create_target": true, "continuous": true});
+        let job = n1.add_server_job(&body, None).await.unwrap();
+        let on = |n: &'static str| {
+            move |v: &couch_replicator::replicator::ServerJobView| {
+                v.node.as_ref().is_some_and(|x| x.as_str() == n)
+            }
+        };
+        wait_for(
+            60,
+            "n1 running the server job over both databases",
+            || async {
+                let v = n1.server_job(&job.id).await.ok()?;
+                (on("n1")(&v) && v.total == 2).then_some(())
+            },
+        )
+        .await;
+        for db in ["a", "b"] {
+            tgt.wait_count(db, 3, Duration::from_secs(20)).await;
+        }
+        let n2 = nodes
+            .start_on(&Db::new(Arc::new(store2)), "n2", settings())
+            .await;
+        recorders.push(record(&log, "n2", &n2));
+        let cut_at = Instant::now();
+        for r in &relays {
+            r.block();
+        }
+        // A database created during the cut: only a live run of the server job adds it.
+        src.create_db("late").await;
+        src.put_docs("late", "y", 4).await;
+        let moved = wait_for(40, "n2 running the server job", || async {
+            let v = n2.server_job(&job.id).await.ok()?;
+            on("n2")(&v).then(|| cut_at.elapsed())
+        })
+        .await;
+        tgt.wait_count("late", 4, Duration::from_secs(30)).await;
+        eprintln!("the server job ran on n2 {moved:?} after the cut");
+        for r in &relays {
+            r.unblock();
+        }
+        tokio::time::sleep(Duration::from_secs(ACTIVITY_TIMEOUT_SEC + 1)).await;
+        for db in ["a", "b", "late"] {
+            src.put_docs(db, "z", 2).await;
+        }
+        for (db, n) in [("a", 5), ("b", 5), ("late", 6)] {
+            tgt.wait_count(db, n, Duration::from_secs(20)).await;
+        }
+        let v = n2.server_job(&job.id).await.unwrap();
+        assert!(on("n2")(&v), "the server job stays on n2: {:?}", v.node);
+        assert_eq!(v.total, 3, "each source database once: {:?}", v.dbs.keys());
+        // The replay panics if a replication ever ran on both nodes at once; after the
+        // heal `n1` may take its part of them back, each still runs once.
+        let (running, _) = replay(&log.lock().unwrap());
+        let total: usize = running.values().map(HashSet::len).sum();
+        assert_eq!(
+            total, 3,
+            "each database's replication runs once: {running:?}"
+        );
+        for r in recorders {
+            r.abort();
+        }
+        n2.shutdown().await;
+        n1.kill().await;
+        drop(relays);
+    })
+    .await;
+}
