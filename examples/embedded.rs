@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_replicator::{
-    Db, EmbeddedStore, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorEvent, job_failure,
+    Db, EmbeddedStore, Endpoint, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorEvent,
+    job_failure,
 };
 
 #[tokio::main]
@@ -35,9 +36,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let job = node
         .add({
-            let job = NewJob::transient(src.as_str(), tgt.as_str())
-                .create_target()
-                .user("embedded-example");
+            let job = NewJob::transient(
+                Endpoint::parse(src.as_str())?,
+                Endpoint::parse(tgt.as_str())?,
+            )
+            .create_target()
+            .user("embedded-example");
             if continuous { job.continuous() } else { job }
         })
         .await?;

@@ -41,7 +41,9 @@
 //! ```
 //! use std::sync::Arc;
 //!
-//! use couch_replicator::{Db, MemoryStore, NewJob, NodeType, RepState, Replicator, ReplicatorConfig};
+//! use couch_replicator::{
+//!     Db, Endpoint, MemoryStore, NewJob, NodeType, RepState, Replicator, ReplicatorConfig,
+//! };
 //!
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> Result<(), couch_replicator::ReplicatorError> {
@@ -50,8 +52,10 @@
 //! config.settings.node_types = vec![NodeType::ApiFrontend];
 //! let node = Replicator::start(config).await?;
 //!
-//! // A transient job, as `POST /_replicate` makes one (options keep CouchDB's names).
-//! let new = NewJob::transient("http://127.0.0.1:5984/a", "http://127.0.0.1:5984/b")
+//! // A transient job, as `POST /_replicate` makes one, from typed endpoints and options.
+//! let source = Endpoint::parse("http://127.0.0.1:5984/a")?;
+//! let target = Endpoint::parse("http://127.0.0.1:5984/b")?;
+//! let new = NewJob::transient(source, target)
 //!     .continuous()
 //!     .create_target()
 //!     .user("alice");
@@ -122,7 +126,8 @@ pub use replication::http::auth::AuthPolicy;
 pub use replication::http::tls::TlsOptions;
 pub use replication::pipeline::stats::Counters;
 pub use replication::{
-    ErrorClass, Filter, ReasonTag, RepId, ReplicationError, ReplicationOptions, ReplicationStats,
+    Endpoint, ErrorClass, Filter, ReasonTag, RepId, ReplicationError, ReplicationOptions,
+    ReplicationStats,
 };
 pub use replicator::handle::failure as job_failure;
 pub use replicator::{

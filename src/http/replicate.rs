@@ -81,12 +81,9 @@ pub async fn post_replicate(
                 refuse_duplicate(&st, &spec, &user, &rep_id).await?;
             }
             let job = rep
-                .add(NewJob {
-                    kind: JobKind::Transient {
+                .add(NewJob::from_body(JobKind::Transient {
                         user: user.name.clone(),
-                    },
-                    rep: body,
-                })
+                    }, body))
                 .await?;
             // In the request's span: its request id leads from the caller to the job.
             tracing::info!(job_id = %job.job_id, rep_id = %rep_id.full(), "replication job added");

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use super::new_job::NewJob;
 use supervisors::SupervisorRef;
 
 use crate::jobs::{Background, Jobs, JobsError, JobsOptions, Subscribed};
@@ -65,108 +65,6 @@ impl ReplicatorConfig {
     }
 }
 
-/// What to add: a persistent job (from a `_replicator` doc) or a transient one.
-///
-/// Build one with [`NewJob::transient`] or [`NewJob::persistent`] and the option methods;
-/// [`NewJob::from_body`] takes a `_replicator` document or `POST /_replicate` body as it came
-/// (the HTTP layer's and doc processor's way in). Options keep CouchDB's names and meaning;
-/// they are checked when the job is added.
-///
-/// ```
-/// use couch_replicator::NewJob;
-///
-/// let job = NewJob::transient("http://127.0.0.1:5984/a", "http://127.0.0.1:5984/b")
-///     .continuous()
-///     .create_target()
-///     .doc_ids(["x", "y"]);
-/// assert_eq!(job.rep["continuous"], true);
-/// assert_eq!(job.rep["doc_ids"][1], "y");
-/// ```
-#[derive(Debug, Clone)]
-pub struct NewJob {
-    /// Persistent or transient.
-    pub kind: JobKind,
-    /// The replication document / `POST /_replicate` body (`source`, `target`, options).
-    pub rep: Value,
-}
-
-impl NewJob {
-    /// A transient replication (as from `POST /_replicate`) of `source` into `target`
-    /// (database URLs, credentials allowed in them), owned by no user.
-    pub fn transient(source: impl Into<String>, target: impl Into<String>) -> Self {
-        Self::from_body(JobKind::Transient { user: None }, endpoints(source, target))
-    }
-
-    /// A persistent replication, as if from document `doc_id` of `_replicator` database
-    /// `db_name`.
-    pub fn persistent(
-        db_name: impl Into<String>,
-        doc_id: impl Into<String>,
-        source: impl Into<String>,
-        target: impl Into<String>,
-    ) -> Self {
-        let kind = JobKind::Persistent {
-            db_name: db_name.into(),
-            doc_id: doc_id.into(),
-        };
-        Self::from_body(kind, endpoints(source, target))
-    }
-
-    /// A job from a replication document or request body as it came.
-    pub fn from_body(kind: JobKind, rep: Value) -> Self {
-        Self { kind, rep }
-    }
-
-    /// Runs a transient job as `user` (who may then see and cancel it over HTTP).
-    pub fn user(mut self, user: impl Into<String>) -> Self {
-        if let JobKind::Transient { user: u } = &mut self.kind {
-            *u = Some(user.into());
-        }
-        self
-    }
-
-    /// Keeps replicating new changes after catching up (`continuous: true`).
-    pub fn continuous(self) -> Self {
-        self.option("continuous", true)
-    }
-
-    /// Creates the target database if it is missing (`create_target: true`).
-    pub fn create_target(self) -> Self {
-        self.option("create_target", true)
-    }
-
-    /// Replicates only these documents (`doc_ids`).
-    pub fn doc_ids<S: Into<String>>(self, ids: impl IntoIterator<Item = S>) -> Self {
-        let ids: Vec<String> = ids.into_iter().map(Into::into).collect();
-        self.option("doc_ids", ids)
-    }
-
-    /// Replicates only documents matching a Mango `selector`.
-    pub fn selector(self, selector: Value) -> Self {
-        self.option("selector", selector)
-    }
-
-    /// Replicates through the filter function `ddoc/name` of the source with `query_params`.
-    pub fn filter(self, name: impl Into<String>, query_params: Value) -> Self {
-        self.option("filter", name.into())
-            .option("query_params", query_params)
-    }
-
-    /// Any other replication option by its CouchDB name (`worker_processes`, `since_seq`,
-    /// `checkpoint_interval`, ...).
-    pub fn option(mut self, name: &str, value: impl Into<Value>) -> Self {
-        if let Value::Object(m) = &mut self.rep {
-            m.insert(name.to_owned(), value.into());
-        }
-        self
-    }
-}
-
-/// The `{"source", "target"}` body every builder starts from.
-fn endpoints(source: impl Into<String>, target: impl Into<String>) -> Value {
-    serde_json::json!({"source": source.into(), "target": target.into()})
-}
-
 /// What [`Replicator::wait`] waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitFor {
@@ -187,7 +85,8 @@ pub enum WaitFor {
 /// use std::time::Duration;
 ///
 /// use couch_replicator::{
-///     Db, MemoryStore, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError, WaitFor,
+///     Db, Endpoint, MemoryStore, NewJob, RepState, Replicator, ReplicatorConfig, ReplicatorError,
+///     WaitFor,
 /// };
 ///
 /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -196,7 +95,10 @@ pub enum WaitFor {
 ///     .await?;
 /// // Nothing listens on port 9: the job is accepted, then crashes and backs off.
 /// let job = node
-///     .add(NewJob::transient("http://127.0.0.1:9/a", "http://127.0.0.1:9/b").continuous())
+///     .add(NewJob::transient(
+///         Endpoint::parse("http://127.0.0.1:9/a")?,
+///         Endpoint::parse("http://127.0.0.1:9/b")?,
+///     ).continuous())
 ///     .await?;
 /// assert_eq!(node.get(&job.job_id).await?.job_id, job.job_id);
 /// // It never completes: a wait for completion runs out.
@@ -288,14 +190,14 @@ impl Replicator {
     /// a pending/running one is a no-op returning that job; adding a persistent job replaces
     /// the job of the same doc unless its replication is unchanged and it is active.
     pub async fn add(&self, job: NewJob) -> ReplicatorResult<JobView> {
-        let spec = parse_rep(&job.rep, &self.ctx.settings().job_defaults)?;
-        let job_id = match &job.kind {
+        let spec = parse_rep(job.body(), &self.ctx.settings().job_defaults)?;
+        let job_id = match job.kind() {
             JobKind::Persistent { db_name, doc_id } => persistent_job_id(db_name, doc_id),
             JobKind::Transient { user } => transient_job_id(&spec, user.as_deref()),
         };
         let jobs = self.ctx.jobs();
         let now = self.ctx.now_secs();
-        let record = new_record(&job.kind, &job.rep, &spec, self.ctx.server_uuid(), now);
+        let record = new_record(job.kind(), job.body(), &spec, self.ctx.server_uuid(), now);
         let data = record.to_data();
         let ctx = &self.ctx;
         let (view, duplicate) = jobs

@@ -9,7 +9,8 @@
 //! - [`cluster`]: membership of the nodes sharing one store.
 //! - [`replicator_db`]: `_replicator` documents and replication requests.
 //! - [`server_job`]: whole-server replication jobs.
-//! - [`handle`] and `error`: the embedding API and its errors.
+//! - [`handle`], [`new_job`] and `error`: the embedding API (the node's handle, what it adds)
+//!   and its errors.
 
 #[macro_use]
 mod text_id;
@@ -17,6 +18,7 @@ mod text_id;
 pub mod cluster;
 pub(crate) mod error;
 pub mod handle;
+pub mod new_job;
 pub mod job;
 pub mod node;
 pub mod replicator_db;
@@ -24,7 +26,8 @@ pub mod scheduler;
 pub mod server_job;
 
 pub use error::{ReplicatorError, ReplicatorResult};
-pub use handle::{NewJob, Replicator, ReplicatorConfig, WaitFor};
+pub use handle::{Replicator, ReplicatorConfig, WaitFor};
+pub use new_job::NewJob;
 pub use job::id::{JobId, JobRef};
 pub use job::record::{HistoryEvent, HistoryKind, JobError, JobOrigin, RepJobRecord};
 pub use job::view::{JobKind, JobView, RepState};

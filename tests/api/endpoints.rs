@@ -23,13 +23,13 @@ fn cfg() -> HttpConfig {
 async fn add_transient(node: &Node, user: &str, db: &str) -> JobId {
     let v = node
         .replicator
-        .add(NewJob {
-            kind: JobKind::Transient {
+        .add(NewJob::from_body(
+            JobKind::Transient {
                 user: Some(user.into()),
             },
-            rep: json!({"source": format!("http://{user}:pw-{user}@127.0.0.1:9/{db}"),
+            json!({"source": format!("http://{user}:pw-{user}@127.0.0.1:9/{db}"),
                 "target": "http://127.0.0.1:9/t", "continuous": true}),
-        })
+        ))
         .await
         .unwrap();
     v.job_id
@@ -37,14 +37,11 @@ async fn add_transient(node: &Node, user: &str, db: &str) -> JobId {
 
 async fn add_persistent(node: &Node, doc: &str) -> JobId {
     node.replicator
-        .add(NewJob {
-            kind: JobKind::Persistent {
+        .add(NewJob::from_body(JobKind::Persistent {
                 db_name: "_replicator".into(),
                 doc_id: doc.into(),
-            },
-            rep: json!({"source": "http://admin:topsecret@127.0.0.1:9/a",
-                "target": {"url": "http://127.0.0.1:9/b", "headers": {"Authorization": "Basic YTpi"}}}),
-        })
+            }, json!({"source": "http://admin:topsecret@127.0.0.1:9/a",
+                "target": {"url": "http://127.0.0.1:9/b", "headers": {"Authorization": "Basic YTpi"}}})))
         .await
         .unwrap()
         .job_id

@@ -25,13 +25,13 @@ async fn a_duplicate_replication_is_a_conflict() {
         let spec = json!({"source": pouch.db("src"), "target": pouch.db("dst"),
             "create_target": true, "continuous": true});
         let persistent = rep
-            .add(NewJob {
-                kind: JobKind::Persistent {
+            .add(NewJob::from_body(
+                JobKind::Persistent {
                     db_name: "_replicator".into(),
                     doc_id: "d".into(),
                 },
-                rep: spec.clone(),
-            })
+                spec.clone(),
+            ))
             .await
             .unwrap();
         rep.wait(

@@ -11,7 +11,7 @@ use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
 use crate::support::nodes::Nodes;
 use crate::support::proxy::FaultProxy;
-use crate::support::replicator::test_settings;
+use crate::support::replicator::{ep, test_settings};
 use couch_replicator::replicator::{NewJob, WaitFor};
 use reqwest::Method;
 
@@ -35,8 +35,9 @@ async fn jobs_against_one_server_share_one_session_login() {
         let n = nodes.start("n1", test_settings()).await;
         const JOBS: usize = 4;
         for i in 0..JOBS {
-            let job = NewJob::transient(with_admin("src"), with_admin(&format!("tgt{i}")))
-                .create_target();
+            let job =
+                NewJob::transient(ep(&with_admin("src")), ep(&with_admin(&format!("tgt{i}"))))
+                    .create_target();
             let id = n.add(job).await.unwrap().job_id;
             n.wait(&id, WaitFor::Completed, Duration::from_secs(60))
                 .await
@@ -61,7 +62,7 @@ async fn jobs_against_one_server_share_one_session_login() {
         );
         // Another user (a wrong password here) does not get the admin's cookie.
         let wrong = proxy.db_url("src").replace("http://", "http://admin:nope@");
-        let job = NewJob::transient(wrong, with_admin("tgt_other")).create_target();
+        let job = NewJob::transient(ep(&wrong), ep(&with_admin("tgt_other"))).create_target();
         let id = n.add(job).await.unwrap().job_id;
         let _ = n
             .wait(&id, WaitFor::Completed, Duration::from_secs(20))

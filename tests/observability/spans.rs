@@ -164,10 +164,10 @@ fn a_jobs_tasks_log_under_its_span() {
             let node = Node::start(HttpConfig::default()).await;
             let view = node
                 .replicator
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep: json!({"source": source, "target": pouch.db("t"), "create_target": true}),
-                })
+                .add(NewJob::from_body(
+                    JobKind::Transient { user: None },
+                    json!({"source": source, "target": pouch.db("t"), "create_target": true}),
+                ))
                 .await
                 .unwrap();
             let done = node

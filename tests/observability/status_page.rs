@@ -47,27 +47,27 @@ async fn the_page_follows_a_job_from_running_to_completed() {
         let node = Node::start(HttpConfig::default()).await;
         let rep = node.replicator.clone();
         let job = rep
-            .add(NewJob {
-                kind: JobKind::Transient { user: None },
-                rep: json!({"source": pouch.db("s"), "target": proxy.db_url("t"),
+            .add(NewJob::from_body(
+                JobKind::Transient { user: None },
+                json!({"source": pouch.db("s"), "target": proxy.db_url("t"),
                             "create_target": true, "connection_timeout": 120000}),
-            })
+            ))
             .await
             .unwrap();
         // A continuous job (running all along) and one that fails, so the page has more to show.
         let continuous = rep
-            .add(NewJob {
-                kind: JobKind::Transient { user: None },
-                rep: json!({"source": pouch.db("s"), "target": pouch.db("t3"),
+            .add(NewJob::from_body(
+                JobKind::Transient { user: None },
+                json!({"source": pouch.db("s"), "target": pouch.db("t3"),
                         "create_target": true, "continuous": true}),
-            })
+            ))
             .await
             .unwrap();
         let failing = rep
-            .add(NewJob {
-                kind: JobKind::Transient { user: None },
-                rep: json!({"source": pouch.db("missing"), "target": pouch.db("t2")}),
-            })
+            .add(NewJob::from_body(
+                JobKind::Transient { user: None },
+                json!({"source": pouch.db("missing"), "target": pouch.db("t2")}),
+            ))
             .await
             .unwrap();
         for j in [&job, &continuous] {

@@ -133,13 +133,13 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                              "target": pouch.url(&format!("t{i}")),
                              "create_target": true, "continuous": true,
                              "checkpoint_interval": 500});
-                n1.add(NewJob {
-                    kind: JobKind::Persistent {
+                n1.add(NewJob::from_body(
+                    JobKind::Persistent {
                         db_name: "_replicator".into(),
                         doc_id: format!("r{i}"),
                     },
                     rep,
-                })
+                ))
                 .await
                 .unwrap();
             }

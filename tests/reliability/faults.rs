@@ -65,13 +65,13 @@ impl Rig {
             r.extend(e.clone());
         }
         self.node
-            .add(NewJob {
-                kind: JobKind::Persistent {
+            .add(NewJob::from_body(
+                JobKind::Persistent {
                     db_name: "_replicator".into(),
                     doc_id: doc.into(),
                 },
                 rep,
-            })
+            ))
             .await
             .unwrap()
             .job_id

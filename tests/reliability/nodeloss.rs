@@ -103,13 +103,10 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
             let v = nodes[i % NODES.len()]
                 .as_ref()
                 .unwrap()
-                .add(NewJob {
-                    kind: JobKind::Persistent {
+                .add(NewJob::from_body(JobKind::Persistent {
                         db_name: "_replicator".into(),
                         doc_id: format!("r{i}"),
-                    },
-                    rep,
-                })
+                    }, rep))
                 .await
                 .unwrap();
             ids.push(v.job_id);

@@ -307,7 +307,7 @@ async fn observations_follow_a_job_from_start_to_cancel() {
 
             let job = n
                 .add(
-                    NewJob::transient(pouch.url("src"), pouch.url("tgt"))
+                    NewJob::transient(ep(&pouch.url("src")), ep(&pouch.url("tgt")))
                         .continuous()
                         .create_target(),
                 )

@@ -39,13 +39,13 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
                              "checkpoint_interval": 500});
                 let n = nodes[i % 3].as_ref().unwrap();
                 let v = n
-                    .add(NewJob {
-                        kind: JobKind::Persistent {
+                    .add(NewJob::from_body(
+                        JobKind::Persistent {
                             db_name: "_replicator".into(),
                             doc_id: format!("job{i}"),
                         },
                         rep,
-                    })
+                    ))
                     .await
                     .unwrap();
                 ids.push(v.job_id);
@@ -82,11 +82,11 @@ async fn killing_one_of_three_nodes_moves_its_jobs_and_loses_no_doc() {
             pouch.create_db("once").await;
             pouch.put_docs("once", "o", 15).await;
             let once = alive(&nodes)
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep: json!({"source": pouch.url("once"), "target": pouch.url("once_t"),
+                .add(NewJob::from_body(
+                    JobKind::Transient { user: None },
+                    json!({"source": pouch.url("once"), "target": pouch.url("once_t"),
                             "create_target": true}),
-                })
+                ))
                 .await
                 .unwrap();
             for i in 0..jobs {
@@ -149,10 +149,7 @@ async fn jobs_spread_evenly_whichever_node_took_them_and_a_joining_node_takes_it
                 "create_target": true, "continuous": true});
             let first = nodes[0].as_ref().unwrap();
             first
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep,
-                })
+                .add(NewJob::from_body(JobKind::Transient { user: None }, rep))
                 .await
                 .unwrap();
         }
@@ -165,11 +162,11 @@ async fn jobs_spread_evenly_whichever_node_took_them_and_a_joining_node_takes_it
         let added = nodes[0]
             .as_ref()
             .unwrap()
-            .add(NewJob {
-                kind: JobKind::Transient { user: None },
-                rep: json!({"source": pouch.url("src"), "target": pouch.url("t-cancel"),
+            .add(NewJob::from_body(
+                JobKind::Transient { user: None },
+                json!({"source": pouch.url("src"), "target": pouch.url("t-cancel"),
                     "create_target": true, "continuous": true}),
-            })
+            ))
             .await
             .unwrap();
         let third = nodes[2].as_ref().unwrap();

@@ -16,13 +16,13 @@ use couch_replicator::replicator::{
 use serde_json::{Value, json};
 
 fn persistent(doc: &str, rep: Value) -> NewJob {
-    NewJob {
-        kind: JobKind::Persistent {
+    NewJob::from_body(
+        JobKind::Persistent {
             db_name: "_replicator".into(),
             doc_id: doc.into(),
         },
         rep,
-    }
+    )
 }
 
 /// Waits (on the node's events, up to 60 s) until the job's view satisfies `ok`.
@@ -249,10 +249,7 @@ async fn duplicate_replications_fail_or_crash_as_couchdb_does() {
             );
             assert!(reason.to_string().contains("already started"), "{reason}");
             let t = n
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep,
-                })
+                .add(NewJob::from_body(JobKind::Transient { user: None }, rep))
                 .await
                 .unwrap()
                 .job_id;

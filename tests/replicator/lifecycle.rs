@@ -21,10 +21,7 @@ async fn one_shot_transient_job_completes_and_copies_every_doc() {
         let node = nodes.start("n1", test_settings()).await;
         let mut events = node.subscribe().unwrap();
         let view = node
-            .add(NewJob {
-                kind: JobKind::Transient { user: None },
-                rep: json!({"source": pouch.url("src"), "target": pouch.url("tgt"), "create_target": true}),
-            })
+            .add(NewJob::from_body(JobKind::Transient { user: None }, json!({"source": pouch.url("src"), "target": pouch.url("tgt"), "create_target": true})))
             .await
             .unwrap();
         assert_eq!(view.state, RepState::Pending);
@@ -56,10 +53,10 @@ async fn bad_documents_are_rejected_with_a_reason() {
         let nodes = Nodes::paused();
         let node = nodes.start("n1", ReplicatorSettings::default()).await;
         let err = node
-            .add(NewJob {
-                kind: JobKind::Transient { user: None },
-                rep: json!({"source": "http://127.0.0.1:1/a"}),
-            })
+            .add(NewJob::from_body(
+                JobKind::Transient { user: None },
+                json!({"source": "http://127.0.0.1:1/a"}),
+            ))
             .await
             .unwrap_err();
         assert!(err.to_string().contains("target"), "{err}");
@@ -97,13 +94,13 @@ async fn list_get_active_tasks_and_cancel_through_the_handle() {
             // by the unit tests of rep_job.)
             let url = pouch.url("src");
             let view = node
-                .add(NewJob {
-                    kind: JobKind::Transient {
+                .add(NewJob::from_body(
+                    JobKind::Transient {
                         user: Some("bob".into()),
                     },
-                    rep: json!({"source": url, "target": pouch.url("tgt"),
+                    json!({"source": url, "target": pouch.url("tgt"),
                             "create_target": true, "continuous": true}),
-                })
+                ))
                 .await
                 .unwrap();
             let running = node
@@ -163,10 +160,10 @@ async fn a_transient_job_that_errors_fails_with_its_reason() {
             let nodes = Nodes::on_disk();
             let node = nodes.start("n1", test_settings()).await;
             let view = node
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep: json!({"source": pouch.url("nope"), "target": pouch.url("t")}),
-                })
+                .add(NewJob::from_body(
+                    JobKind::Transient { user: None },
+                    json!({"source": pouch.url("nope"), "target": pouch.url("t")}),
+                ))
                 .await
                 .unwrap();
             let err = node
@@ -198,7 +195,8 @@ async fn finished_transient_jobs_are_removed_after_their_max_age() {
             ..test_settings()
         };
         let node = nodes.start("n1", settings).await;
-        let transient = NewJob::transient(pouch.url("src"), pouch.url("tgt")).create_target();
+        let transient =
+            NewJob::transient(ep(&pouch.url("src")), ep(&pouch.url("tgt"))).create_target();
         let t = node.add(transient).await.unwrap().job_id;
         let persistent = NewJob::from_body(
             JobKind::Persistent {
@@ -247,7 +245,7 @@ async fn an_idle_running_job_rewrites_its_record_only_to_stay_alive() {
             let n = nodes.start("n1", settings).await;
             let id = n
                 .add(
-                    NewJob::transient(pouch.url("src"), pouch.url("tgt"))
+                    NewJob::transient(ep(&pouch.url("src")), ep(&pouch.url("tgt")))
                         .continuous()
                         .create_target(),
                 )

@@ -198,13 +198,13 @@ async fn a_node_that_finds_itself_removed_stops_its_jobs() {
             let rep = json!({"source": pouch.url("src"), "target": pouch.url("tgt"),
                          "create_target": true, "continuous": true});
             let view = b
-                .add(NewJob {
-                    kind: JobKind::Persistent {
+                .add(NewJob::from_body(
+                    JobKind::Persistent {
                         db_name: "_replicator".into(),
                         doc_id: "j".into(),
                     },
                     rep,
-                })
+                ))
                 .await
                 .unwrap();
             let id = view.job_id;

@@ -128,10 +128,7 @@ async fn replication_node_has_no_api_and_no_doc_follower() {
 
             // It still runs jobs added through the handle.
             let job = rep
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep: doc,
-                })
+                .add(NewJob::from_body(JobKind::Transient { user: None }, doc))
                 .await
                 .unwrap();
             pouch.wait_count("tgt", 20, Duration::from_secs(30)).await;
@@ -269,11 +266,11 @@ async fn a_killed_http_child_comes_back_on_the_same_port_alone() {
             )
             .await;
             let job = node
-                .add(NewJob {
-                    kind: JobKind::Transient { user: None },
-                    rep: json!({"source": pouch.url("src"), "target": pouch.url("tgt"),
+                .add(NewJob::from_body(
+                    JobKind::Transient { user: None },
+                    json!({"source": pouch.url("src"), "target": pouch.url("tgt"),
                             "create_target": true, "continuous": true}),
-                })
+                ))
                 .await
                 .unwrap();
             pouch.wait_count("tgt", 10, Duration::from_secs(30)).await;

@@ -36,9 +36,9 @@ async fn jobs_share_connections_and_idle_ones_close() {
         let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
         const JOBS: usize = 6;
         for i in 0..JOBS {
-            let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
+            let job = NewJob::transient(ep(&relay.url("src")), ep(&relay.url(&format!("tgt{i}"))))
                 .create_target()
-                .option("http_connections", 2);
+                .http_connections(2);
             let id = n.add(job).await.unwrap().job_id;
             n.wait(&id, WaitFor::Completed, Duration::from_secs(60))
                 .await
@@ -87,7 +87,7 @@ async fn a_killed_job_releases_its_share() {
         let n = nodes.start("n1", pool_settings()).await;
         let pool = n.tree().which_child::<PoolMsg>("connection_pool").unwrap();
         let add = |src: &str, tgt: &str| {
-            NewJob::transient(relay.url(src), relay.url(tgt))
+            NewJob::transient(ep(&relay.url(src)), ep(&relay.url(tgt)))
                 .continuous()
                 .create_target()
         };
@@ -152,7 +152,7 @@ async fn continuous_jobs_on_one_source_share_one_watch_socket() {
         let n = nodes.start("n1", settings).await;
         let mut ids = Vec::new();
         for i in 0..JOBS {
-            let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
+            let job = NewJob::transient(ep(&relay.url("src")), ep(&relay.url(&format!("tgt{i}"))))
                 .continuous()
                 .create_target()
                 .doc_ids([format!("x{i:05}")]);
@@ -227,9 +227,9 @@ async fn idle_sockets_beyond_the_cap_close_at_once() {
         const JOBS: usize = 10;
         let mut ids = Vec::new();
         for i in 0..JOBS {
-            let job = NewJob::transient(relay.url("src"), relay.url(&format!("tgt{i}")))
+            let job = NewJob::transient(ep(&relay.url("src")), ep(&relay.url(&format!("tgt{i}"))))
                 .create_target()
-                .option("worker_processes", 2);
+                .worker_processes(2);
             ids.push(n.add(job).await.unwrap().job_id);
         }
         for id in &ids {
@@ -274,10 +274,10 @@ async fn burst_peak(pouch: &Pouch, max_requests: usize, tag: &str) -> usize {
     let n = nodes.start("n1", settings).await;
     let mut ids = Vec::new();
     for i in 0..JOBS {
-        let job = NewJob::transient(relay.url("src"), relay.url(&format!("{tag}{i}")))
+        let job = NewJob::transient(ep(&relay.url("src")), ep(&relay.url(&format!("{tag}{i}"))))
             .create_target()
-            .option("worker_processes", 4)
-            .option("worker_batch_size", 1);
+            .worker_processes(4)
+            .worker_batch_size(1);
         ids.push(n.add(job).await.unwrap().job_id);
     }
     for id in &ids {

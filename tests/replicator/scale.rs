@@ -54,15 +54,15 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
         let n = nodes.start("n1", settings).await;
         for i in 0..jobs {
             let p = &pouches[i % SERVERS];
-            n.add(NewJob {
-                kind: JobKind::Persistent {
+            n.add(NewJob::from_body(
+                JobKind::Persistent {
                     db_name: "_replicator".into(),
                     doc_id: format!("r{i}"),
                 },
-                rep: json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
+                json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
                 "create_target": true, "continuous": true,
                 }),
-            })
+            ))
             .await
             .unwrap();
         }

@@ -41,8 +41,8 @@ async fn the_database_with_more_shares_gets_more_running_time() {
                     let job = NewJob::persistent(
                         format!("{db}/_replicator"),
                         format!("doc{i}"),
-                        pouch.url("src"),
-                        pouch.url(&format!("{db}{i}")),
+                        ep(&pouch.url("src")),
+                        ep(&pouch.url(&format!("{db}{i}"))),
                     )
                     .continuous()
                     .create_target();

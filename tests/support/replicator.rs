@@ -203,3 +203,8 @@ pub fn jobs_config() -> JobsConfig {
         ..JobsConfig::default()
     }
 }
+
+/// A test endpoint from its URL (the URLs here are the test servers': always valid).
+pub fn ep(url: &str) -> couch_replicator::Endpoint {
+    couch_replicator::Endpoint::parse(url).unwrap()
+}

@@ -39,6 +39,8 @@ pub struct Endpoint {
     pub headers: Vec<(String, String)>,
     /// The endpoint as CouchDB's replication ids see it (from the raw input).
     id: IdEndpoint,
+    /// The form it was given in (credentials included), for the job's document.
+    raw: Value,
 }
 
 /// Header names whose values are secrets.
@@ -73,7 +75,14 @@ impl fmt::Debug for Endpoint {
 impl Endpoint {
     /// Parses a URL string such as `http://user:pass@127.0.0.1:5984/db`.
     pub fn parse(url: &str) -> Result<Self> {
-        Self::build(url, Vec::new(), None)
+        Self::build(url, Vec::new(), None, Value::String(url.to_owned()))
+    }
+
+    /// The form the endpoint was given in (a URL string or an object), as a replication
+    /// document holds it: it carries the credentials, so it is for the job's record (whose
+    /// views mask them), never for logs.
+    pub fn to_json(&self) -> Value {
+        self.raw.clone()
     }
 
     /// Parses the JSON form (`"http://..."` or `{"url": ..., "headers": {...}, "auth": ...}`).
@@ -122,7 +131,7 @@ impl Endpoint {
                         }
                     }
                 };
-                Self::build(url, headers, creds)
+                Self::build(url, headers, creds, v.clone())
             }
             _ => Err(ReplicationError::InvalidEndpoint(
                 "endpoint must be a URL string or an object".into(),
@@ -134,6 +143,7 @@ impl Endpoint {
         url: &str,
         headers: Vec<(String, String)>,
         creds: Option<Credentials>,
+        raw: Value,
     ) -> Result<Self> {
         let mut parsed = Url::parse(url).map_err(|e| {
             ReplicationError::InvalidEndpoint(format!(
@@ -194,6 +204,7 @@ impl Endpoint {
             credentials,
             headers: kept,
             id,
+            raw,
         })
     }
 

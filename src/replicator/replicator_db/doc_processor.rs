@@ -278,13 +278,10 @@ impl Follower {
                     // Fields older replicators (or `update_docs`) wrote are not options.
                     m.retain(|k, _| !k.starts_with("_replication_"));
                 }
-                let job = NewJob {
-                    kind: JobKind::Persistent {
+                let job = NewJob::from_body(JobKind::Persistent {
                         db_name: self.name.clone(),
                         doc_id: d.doc_id.clone(),
-                    },
-                    rep: body,
-                };
+                    }, body);
                 match self.rep.add(job).await {
                     Ok(v) => {
                         tracing::debug!(job = %v.job_id, "replication document scheduled");

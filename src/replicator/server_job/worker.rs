@@ -24,7 +24,8 @@ use crate::replication::{Context, ReplicationOptions};
 use super::spec::{
     DbProgress, SERVER_JOBS, ServerRecord, ServerSpec, ServerState, db_job_kind, group_of,
 };
-use crate::replicator::handle::{NewJob, Replicator};
+use crate::replicator::handle::Replicator;
+use crate::replicator::new_job::NewJob;
 use crate::replicator::job::lease::Lease;
 use crate::replicator::job::view::{RepState, parse_rep, persistent_job_id};
 use crate::replicator::node::event_bus::{EventReceiver, ReplicatorEvent};
