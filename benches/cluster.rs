@@ -140,17 +140,23 @@ async fn part1() -> BenchResult<()> {
         let other = EtcdStore::connect(&config).await?;
         let jobs = Jobs::new(Db::new(Arc::new(other.clone())), JobsOptions::default());
         let (n, t) = cycles(&jobs).await?;
-        println!("etcd engine, pipeline {depth}: {}", other.stats().summary());
+        println!(
+            "etcd engine, pipeline {depth}: {}; {:.1} requests per cycle",
+            other.stats().summary(),
+            other.stats().requests() as f64 / n.max(1) as f64
+        );
         depths.push((depth, n, n as f64 / t.as_secs_f64()));
     }
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
     sequential(&store).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
+    let before = store.stats().requests();
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
     println!(
-        "etcd engine, pipeline {}: {}",
+        "etcd engine, pipeline {}: {}; {:.1} requests per cycle",
         couch_replicator::store::etcd::DEFAULT_PIPELINE,
-        store.stats().summary()
+        store.stats().summary(),
+        (store.stats().requests() - before) as f64 / cycles_n.max(1) as f64
     );
     let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
     let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();

@@ -226,6 +226,7 @@ fn seen_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Seen {
 
 /// Reads the clock and the added keys (when the tip does not know them).
 async fn read_seen(shared: &Shared, adds: &[Vec<u8>]) -> Result<Seen, StoreError> {
+    shared.stats.reads.fetch_add(1, Ordering::Relaxed);
     let txn = Txn::new().and_then(get_ops(shared, adds));
     let resp = shared.kv().txn(txn).await.map_err(read_error)?;
     Ok(seen_from(resp.op_responses(), adds))

@@ -118,21 +118,33 @@ pub struct EtcdStats {
     pub conflicts: AtomicU64,
     /// `Txn`s rebuilt because only the clock or an added key had moved.
     pub rebuilds: AtomicU64,
-    /// Read versions fetched (fewer than transactions begun when begins were batched).
+    /// Read-version `Txn`s sent, each carrying the first reads of the transactions that
+    /// began while the one before was in flight.
     pub read_versions: AtomicU64,
+    /// Reads sent on their own: a transaction's later reads at its revision, and the
+    /// committer's reads of the clock.
+    pub reads: AtomicU64,
 }
 
 impl EtcdStats {
+    /// Requests sent to etcd (commits, read versions, reads; not watches).
+    pub fn requests(&self) -> u64 {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        get(&self.txns) + get(&self.read_versions) + get(&self.reads)
+    }
+
     /// A one-line summary.
     pub fn summary(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions",
+            "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
+             {} other reads",
             get(&self.txns),
             get(&self.committed),
             get(&self.conflicts),
             get(&self.rebuilds),
-            get(&self.read_versions)
+            get(&self.read_versions),
+            get(&self.reads)
         )
     }
 }
@@ -161,6 +173,7 @@ impl Shared {
         key: Vec<u8>,
         options: GetOptions,
     ) -> Result<GetResponse, StoreError> {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
         match self
             .kv()
             .get(key.clone(), Some(options.clone().with_serializable()))
@@ -219,11 +232,11 @@ impl EtcdStore {
 impl Store for EtcdStore {
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>> {
         async move {
-            let revision = self.versions.get().await?;
+            // No request: the read version comes with the first read (`read_version.rs`).
             let tx: Box<dyn Transaction> = Box::new(EtcdTx::new(
                 self.shared.clone(),
                 self.committer.clone(),
-                revision,
+                self.versions.clone(),
             ));
             Ok(tx)
         }
