@@ -11,8 +11,8 @@
 //! every commit that finished before it began. The `Txn` never holds a `Range` with an
 //! explicit revision (etcd issue 18667 makes members diverge on 3.4.23).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use etcd_client::{GetOptions, GetResponse, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot};
@@ -24,20 +24,68 @@ use crate::store::StoreError;
 /// Rows the ranges of one batch may ask for at most (their limits summed), so that a batch's
 /// response stays well under the client's 4 MiB message limit; a larger page goes alone.
 const MAX_BATCH_ROWS: i64 = 2_000;
+/// Reads in one transaction's group at most (later ones wait for the revision).
+const MAX_GROUP: usize = 32;
 
 /// What a first read found: the revision it read at, and the response to its `Range`.
 type Answer = Result<(i64, Option<GetResponse>), StoreError>;
 
+/// One read: `None` when only the revision is wanted; else the key, its options (no
+/// revision) and the most rows it can return.
+pub(crate) type Read = Option<(Vec<u8>, GetOptions, i64)>;
+
 struct Request {
-    /// `None`: only the revision is wanted.
-    read: Option<(Vec<u8>, GetOptions, i64)>,
+    read: Read,
     reply: oneshot::Sender<Answer>,
+}
+
+/// The first reads of one transaction: reads it starts while the first is still queued join
+/// it (couch_jobs' `add` reads two keys at once), so all go out in one `Txn`, at one revision.
+#[derive(Default)]
+pub(crate) struct Group(Mutex<GroupState>);
+
+#[derive(Default)]
+struct GroupState {
+    /// Taken by the batcher: later reads must wait for the revision.
+    sent: bool,
+    reads: Vec<Request>,
+}
+
+impl Group {
+    fn lock(&self) -> MutexGuard<'_, GroupState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `read` to the group while it is open (its first read queued, not yet sent) and
+    /// not full.
+    fn join(&self, read: Read) -> Result<oneshot::Receiver<Answer>, Read> {
+        let mut state = self.lock();
+        if state.sent || state.reads.is_empty() || state.reads.len() >= MAX_GROUP {
+            return Err(read);
+        }
+        let (reply, answer) = oneshot::channel();
+        state.reads.push(Request { read, reply });
+        Ok(answer)
+    }
+
+    /// The reads, if `fits(operations, rows)` says they fit: the group is sent.
+    fn take_if(&self, fits: impl FnOnce(usize, i64) -> bool) -> Option<(Vec<Request>, usize, i64)> {
+        let mut state = self.lock();
+        let ops = state.reads.iter().filter(|r| r.read.is_some()).count();
+        let rows = state.reads.iter().filter_map(|r| r.read.as_ref()).map(|r| r.2);
+        let rows = rows.sum();
+        if !fits(ops, rows) {
+            return None;
+        }
+        state.sent = true;
+        Some((std::mem::take(&mut state.reads), ops, rows))
+    }
 }
 
 /// The handle; the task ends with the last one.
 #[derive(Clone)]
 pub(crate) struct ReadVersions {
-    queue: mpsc::UnboundedSender<Request>,
+    queue: mpsc::UnboundedSender<Arc<Group>>,
 }
 
 impl ReadVersions {
@@ -47,57 +95,75 @@ impl ReadVersions {
         Self { queue }
     }
 
-    async fn ask(&self, read: Option<(Vec<u8>, GetOptions, i64)>) -> Answer {
+    /// Opens `group` with `read` and queues it. The reads the transaction starts before the
+    /// batcher takes the group join it ([`ReadVersions::join`]); a yield first lets reads
+    /// started together (`join!`) do so.
+    async fn open(&self, group: &Arc<Group>, read: Read) -> Answer {
         let (reply, answer) = oneshot::channel();
+        group.lock().reads.push(Request { read, reply });
+        tokio::task::yield_now().await;
         self.queue
-            .send(Request { read, reply })
+            .send(group.clone())
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// The current revision.
-    pub(crate) async fn get(&self) -> Result<i64, StoreError> {
-        Ok(self.ask(None).await?.0)
+    /// Adds `read` to `group` if it is still queued: the revision and the response (none
+    /// when `read` is `None`); `Err(read)` when the group is not open.
+    pub(crate) async fn join(&self, group: &Group, read: Read) -> Result<Answer, Read> {
+        let answer = group.join(read)?;
+        Ok(answer.await.map_err(|_| StoreError::Closed).and_then(|a| a))
     }
 
-    /// Reads `key` (with `options`, which carry no revision) at the current revision: that
-    /// revision and the response. `rows` is the most rows it can return.
+    /// The current revision, as the first read of `group`.
+    pub(crate) async fn get(&self, group: &Arc<Group>) -> Result<i64, StoreError> {
+        Ok(self.open(group, None).await?.0)
+    }
+
+    /// Reads `key` (with `options`, which carry no revision) at the current revision, as the
+    /// first read of `group`: that revision and the response. `rows` is the most rows it can
+    /// return.
     pub(crate) async fn first_read(
         &self,
+        group: &Arc<Group>,
         key: Vec<u8>,
         options: GetOptions,
         rows: i64,
     ) -> Result<(i64, GetResponse), StoreError> {
-        let (revision, resp) = self.ask(Some((key, options, rows.max(1)))).await?;
-        let resp = resp.ok_or_else(|| StoreError::Engine("etcd: a read got no answer".into()))?;
-        Ok((revision, resp))
+        let answer = self.open(group, Some((key, options, rows.max(1)))).await;
+        with_response(answer?)
     }
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let mut held: Option<Request> = None;
+pub(crate) fn with_response((revision, resp): (i64, Option<GetResponse>)) -> Result<(i64, GetResponse), StoreError> {
+    let resp = resp.ok_or_else(|| StoreError::Engine("etcd: a read got no answer".into()))?;
+    Ok((revision, resp))
+}
+
+async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Arc<Group>>) {
+    let mut held: Option<Arc<Group>> = None;
     loop {
         let first = match held.take() {
-            Some(r) => r,
+            Some(g) => g,
             None => match rx.recv().await {
-                Some(r) => r,
+                Some(g) => g,
                 None => return,
             },
         };
-        let mut rows = first.read.as_ref().map_or(0, |r| r.2);
-        let mut batch = vec![first];
         // One operation is the clock read; the rest are the members' reads.
-        let mut ops = 1 + batch.iter().filter(|r| r.read.is_some()).count();
+        let Some((mut batch, mut ops, mut rows)) = first.take_if(|_, _| true) else {
+            continue;
+        };
+        ops += 1;
         while ops < MAX_TXN_OPS {
             let Ok(more) = rx.try_recv() else { break };
-            let more_rows = more.read.as_ref().map_or(0, |r| r.2);
-            if more_rows > 0 && rows + more_rows > MAX_BATCH_ROWS {
+            let fits = |o, r| ops + o <= MAX_TXN_OPS && (r == 0 || rows + r <= MAX_BATCH_ROWS);
+            let Some((reads, o, r)) = more.take_if(fits) else {
                 held = Some(more);
                 break;
-            }
-            rows += more_rows;
-            ops += usize::from(more.read.is_some());
-            batch.push(more);
+            };
+            (ops, rows) = (ops + o, rows + r);
+            batch.extend(reads);
         }
         send(&shared, batch).await;
     }

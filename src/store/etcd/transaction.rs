@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::committer::Committer;
 use super::conflicts::ReadSet;
-use super::read_version::ReadVersions;
+use super::read_version::{Group, ReadVersions, with_response};
 use super::{MAX_TXN_OPS, Shared};
 use crate::store::embedded::writes::{Lookup, WriteBuffer, unreadable};
 use crate::store::{
@@ -38,8 +38,11 @@ pub(crate) struct EtcdTx {
     versions: ReadVersions,
     /// The read revision `R`, set by the first read (or by [`EtcdTx::revision`]).
     revision: OnceLock<i64>,
-    /// Held while the first read is in flight, so that a concurrent read waits for `R`.
+    /// Held while the first read is in flight, so that a concurrent read that could not
+    /// join its group waits for `R`.
     first: tokio::sync::Mutex<()>,
+    /// The first reads, while queued for the batcher (a new group per attempt).
+    group: Mutex<Arc<Group>>,
     state: Mutex<State>,
 }
 
@@ -146,6 +149,7 @@ impl EtcdTx {
             versions,
             revision: OnceLock::new(),
             first: tokio::sync::Mutex::new(()),
+            group: Mutex::default(),
             state: Mutex::new(State {
                 done: false,
                 writes: WriteBuffer::default(),
@@ -166,12 +170,26 @@ impl EtcdTx {
         if let Some(r) = self.revision.get() {
             return Ok(*r);
         }
+        if let Ok(joined) = self.versions.join(&self.group(), None).await {
+            let r = joined?.0;
+            return Ok(*self.revision.get_or_init(|| r));
+        }
         let _first = self.first.lock().await;
         if let Some(r) = self.revision.get() {
             return Ok(*r);
         }
-        let r = self.versions.get().await?;
+        let r = self.versions.get(&self.new_group()).await?;
         Ok(*self.revision.get_or_init(|| r))
+    }
+
+    fn group(&self) -> Arc<Group> {
+        self.group.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn new_group(&self) -> Arc<Group> {
+        let group = Arc::new(Group::default());
+        *self.group.lock().unwrap_or_else(|p| p.into_inner()) = group.clone();
+        group
     }
 
     /// A `Range` (`options` carry no revision; at most `rows` rows) at `R`. The first read
@@ -186,11 +204,23 @@ impl EtcdTx {
         if let Some(r) = self.revision.get() {
             return self.shared.read_at(key, options.with_revision(*r)).await;
         }
+        let (key, options) = match self.versions.join(&self.group(), Some((key, options, rows))).await {
+            Ok(joined) => {
+                let (r, resp) = with_response(joined?)?;
+                let _ = self.revision.set(r);
+                return Ok(resp);
+            }
+            Err(Some((key, options, _))) => (key, options),
+            Err(None) => return Err(StoreError::Closed),
+        };
         let _first = self.first.lock().await;
         if let Some(r) = self.revision.get() {
             return self.shared.read_at(key, options.with_revision(*r)).await;
         }
-        let (r, resp) = self.versions.first_read(key, options, rows).await?;
+        let (r, resp) = self
+            .versions
+            .first_read(&self.new_group(), key, options, rows)
+            .await?;
         let _ = self.revision.set(r);
         Ok(resp)
     }
