@@ -37,7 +37,7 @@ mod watches;
 pub use config::{DEFAULT_PIPELINE, EtcdConfig};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use etcd_client::{Client, GetOptions, GetResponse, KvClient};
 use futures::FutureExt;
@@ -157,11 +157,25 @@ pub(crate) struct Shared {
     pub(crate) tip: tip::Tip,
     /// Commit `Txn`s in flight at most.
     pub(crate) pipeline: usize,
+    /// The newest revision any answer carried (a revision that existed before now).
+    latest: AtomicI64,
 }
 
 impl Shared {
     pub(crate) fn kv(&self) -> KvClient {
         self.client.kv_client()
+    }
+
+    /// The newest revision an answer carried so far.
+    pub(crate) fn latest(&self) -> i64 {
+        self.latest.load(Ordering::Relaxed)
+    }
+
+    /// Notes the revision in an answer's header.
+    pub(crate) fn saw(&self, header: Option<&etcd_client::ResponseHeader>) {
+        if let Some(h) = header {
+            self.latest.fetch_max(h.revision(), Ordering::Relaxed);
+        }
     }
 
     /// A read at an explicit revision (never inside a `Txn`). Served by whichever member the
@@ -179,9 +193,14 @@ impl Shared {
             .get(key.clone(), Some(options.clone().with_serializable()))
             .await
         {
-            Ok(resp) => Ok(resp),
+            Ok(resp) => {
+                self.saw(resp.header());
+                Ok(resp)
+            }
             Err(e) if e.to_string().contains("future revision") => {
-                self.kv().get(key, Some(options)).await.map_err(read_error)
+                let resp = self.kv().get(key, Some(options)).await.map_err(read_error)?;
+                self.saw(resp.header());
+                Ok(resp)
             }
             Err(e) => Err(read_error(e)),
         }
@@ -212,6 +231,7 @@ impl EtcdStore {
             keys: Keys::new(config.prefix.as_bytes()),
             tip: tip::Tip::default(),
             pipeline: config.pipeline,
+            latest: AtomicI64::new(0),
         });
         read_version::read_version(&shared).await?;
         Ok(Self {

@@ -192,6 +192,7 @@ async fn send(shared: &Shared, batch: Vec<Request>) {
             return;
         }
     };
+    shared.saw(resp.header());
     let revision = resp.header().map_or(0, |h| h.revision());
     let mut gets: Vec<Option<GetResponse>> = resp
         .op_responses()
@@ -219,5 +220,6 @@ pub(crate) async fn read_version(shared: &Shared) -> Result<i64, StoreError> {
         .get(shared.keys.clock(), None::<GetOptions>)
         .await
         .map_err(read_error)?;
+    shared.saw(resp.header());
     Ok(resp.header().map_or(0, |h| h.revision()))
 }

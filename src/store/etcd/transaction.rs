@@ -24,8 +24,9 @@ struct State {
     done: bool,
     writes: WriteBuffer,
     reads: ReadSet,
-    /// Declared read-conflict ranges (store keys), resolved at commit.
-    declared: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Declared read-conflict ranges (store keys) and the revision each conflicts after,
+    /// resolved at commit.
+    declared: Vec<(Vec<u8>, Vec<u8>, i64)>,
     /// What reads (snapshot ones too) saw of the store at `R`.
     observed: Observed,
     /// Watched store keys and where to send the revision to watch from.
@@ -41,6 +42,8 @@ pub(crate) struct EtcdTx {
     /// Held while the first read is in flight, so that a concurrent read that could not
     /// join its group waits for `R`.
     first: tokio::sync::Mutex<()>,
+    /// A revision the process knew when the transaction began (at most the current one).
+    floor: i64,
     /// The first reads, while queued for the batcher (a new group per attempt).
     group: Mutex<Arc<Group>>,
     state: Mutex<State>,
@@ -143,10 +146,12 @@ impl Cursor<'_> {
 
 impl EtcdTx {
     pub(crate) fn new(shared: Arc<Shared>, committer: Committer, versions: ReadVersions) -> Self {
+        let floor = shared.latest();
         Self {
             shared,
             committer,
             versions,
+            floor,
             revision: OnceLock::new(),
             first: tokio::sync::Mutex::new(()),
             group: Mutex::default(),
@@ -371,24 +376,25 @@ impl EtcdTx {
         state.observed.spans.push((b, e));
     }
 
-    /// Resolves declared read-conflict ranges: the range compare, and each row in it at `R`
-    /// (read now, unless the range is one key a read already saw: its `MOD == seen` then
-    /// catches every write to it).
+    /// Resolves declared read-conflict ranges: the range compare, and each row in it at the
+    /// range's revision (read now, unless the range is one key a read already saw at that
+    /// revision: its `MOD == seen` then catches every write to it).
     async fn resolve_declared(
         &self,
-        declared: Vec<(Vec<u8>, Vec<u8>)>,
+        declared: Vec<(Vec<u8>, Vec<u8>, i64)>,
         observed: Observed,
     ) -> Result<ReadSet, StoreError> {
         let mut extra = ReadSet::default();
         let keys = &self.shared.keys;
-        for (b, e) in declared {
+        let at_r = self.revision.get().copied();
+        for (b, e, revision) in declared {
             if e == key_after(&b)
+                && at_r == Some(revision)
                 && let Some(seen) = observed.get(&b)
             {
                 extra.key(keys.data(&b), seen);
                 continue;
             }
-            let revision = self.revision().await?;
             let options = GetOptions::new()
                 .with_range(keys.data(&e))
                 .with_revision(revision)
@@ -398,7 +404,7 @@ impl EtcdTx {
             for kv in resp.kvs() {
                 extra.key(kv.key().to_vec(), kv.mod_revision());
             }
-            extra.range(keys.data(&b), keys.data(&e));
+            extra.range_since(keys.data(&b), keys.data(&e), revision);
         }
         Ok(extra)
     }
@@ -504,7 +510,12 @@ impl Transaction for EtcdTx {
 
     fn add_read_conflict_range(&self, begin: &[u8], end: &[u8]) {
         if begin < end {
-            self.state().declared.push((begin.to_vec(), end.to_vec()));
+            // Before the first read there is no `R` yet: conflict with anything written
+            // after a revision the process knew when the transaction began (a commit that
+            // lands after `begin` must conflict, as it does on the embedded engine).
+            let since = self.revision.get().copied().unwrap_or(self.floor);
+            let range = (begin.to_vec(), end.to_vec(), since);
+            self.state().declared.push(range);
         }
     }
 
