@@ -339,6 +339,30 @@ mod tests {
     }
 
     #[test]
+    fn claimed_candidates_are_passed_over_while_others_remain() {
+        let kv = |k: &str| KeyValue {
+            key: k.as_bytes().to_vec(),
+            value: Vec::new(),
+        };
+        let candidates = vec![kv("a"), kv("b"), kv("c")];
+        let claims = Arc::new(Claims::default());
+        let rng = AcceptRng::new(Some(7));
+        let (first, held) = claims.pick(&candidates, &rng);
+        for _ in 0..20 {
+            let (pick, _claim) = claims.pick(&candidates, &rng);
+            assert_ne!(pick, first, "a claimed key is picked only when all are");
+        }
+        // All claimed: the pick is among all again, and a second claim of a key is not an
+        // owner (dropping it keeps the first claim).
+        let (_, b) = claims.pick(&candidates[..1], &rng);
+        let (_, c) = claims.pick(&candidates[..1], &rng);
+        drop(c);
+        assert!(claims.lock().contains(&candidates[0].key));
+        drop((b, held));
+        assert!(claims.lock().is_empty());
+    }
+
+    #[test]
     fn no_schedule_needs_zero_max_sched_time() {
         assert_eq!(
             AcceptOpts::default()

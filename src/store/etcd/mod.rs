@@ -34,7 +34,7 @@ mod tip;
 mod transaction;
 mod watches;
 
-pub use config::{DEFAULT_PIPELINE, EtcdConfig};
+pub use config::{DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE, EtcdConfig};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -157,6 +157,8 @@ pub(crate) struct Shared {
     pub(crate) tip: tip::Tip,
     /// Commit `Txn`s in flight at most.
     pub(crate) pipeline: usize,
+    /// First-read `Txn`s in flight at most.
+    pub(crate) read_pipeline: usize,
     /// The newest revision any answer carried (a revision that existed before now).
     latest: AtomicI64,
 }
@@ -231,6 +233,7 @@ impl EtcdStore {
             keys: Keys::new(config.prefix.as_bytes()),
             tip: tip::Tip::default(),
             pipeline: config.pipeline,
+            read_pipeline: config.read_pipeline,
             latest: AtomicI64::new(0),
         });
         read_version::read_version(&shared).await?;

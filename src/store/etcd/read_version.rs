@@ -32,7 +32,7 @@ type Answer = Result<(i64, Option<GetResponse>), StoreError>;
 
 /// One read: `None` when only the revision is wanted; else the key, its options (no
 /// revision) and the most rows it can return.
-pub(crate) type Read = Option<(Vec<u8>, GetOptions, i64)>;
+pub(crate) type Read = Option<Box<(Vec<u8>, GetOptions, i64)>>;
 
 struct Request {
     read: Read,
@@ -130,7 +130,7 @@ impl ReadVersions {
         options: GetOptions,
         rows: i64,
     ) -> Result<(i64, GetResponse), StoreError> {
-        let answer = self.open(group, Some((key, options, rows.max(1)))).await;
+        let answer = self.open(group, Some(Box::new((key, options, rows.max(1))))).await;
         with_response(answer?)
     }
 }
@@ -142,6 +142,7 @@ pub(crate) fn with_response((revision, resp): (i64, Option<GetResponse>)) -> Res
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Arc<Group>>) {
     let mut held: Option<Arc<Group>> = None;
+    let slots = Arc::new(tokio::sync::Semaphore::new(shared.read_pipeline.max(1)));
     loop {
         let first = match held.take() {
             Some(g) => g,
@@ -149,6 +150,10 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Arc<Group>>) {
                 Some(g) => g,
                 None => return,
             },
+        };
+        // Wait for a free slot before forming the batch: groups that arrive meanwhile join.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
         };
         // One operation is the clock read; the rest are the members' reads.
         let Some((mut batch, mut ops, mut rows)) = first.take_if(|_, _| true) else {
@@ -165,7 +170,11 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Arc<Group>>) {
             (ops, rows) = (ops + o, rows + r);
             batch.extend(reads);
         }
-        send(&shared, batch).await;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            send(&shared, batch).await;
+            drop(slot);
+        });
     }
 }
 
@@ -175,7 +184,8 @@ async fn send(shared: &Shared, batch: Vec<Request>) {
     let mut ops = vec![TxnOp::get(shared.keys.clock().to_vec(), None)];
     let mut replies = Vec::with_capacity(batch.len());
     for request in batch {
-        let index = request.read.map(|(key, options, _)| {
+        let index = request.read.map(|read| {
+            let (key, options, _) = *read;
             ops.push(TxnOp::get(key, Some(options)));
             ops.len() - 1
         });

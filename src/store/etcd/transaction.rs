@@ -209,13 +209,13 @@ impl EtcdTx {
         if let Some(r) = self.revision.get() {
             return self.shared.read_at(key, options.with_revision(*r)).await;
         }
-        let (key, options) = match self.versions.join(&self.group(), Some((key, options, rows))).await {
+        let (key, options) = match self.versions.join(&self.group(), Some(Box::new((key, options, rows)))).await {
             Ok(joined) => {
                 let (r, resp) = with_response(joined?)?;
                 let _ = self.revision.set(r);
                 return Ok(resp);
             }
-            Err(Some((key, options, _))) => (key, options),
+            Err(Some(read)) => (read.0, read.1),
             Err(None) => return Err(StoreError::Closed),
         };
         let _first = self.first.lock().await;
