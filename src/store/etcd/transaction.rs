@@ -209,7 +209,9 @@ impl EtcdTx {
         if let Some(r) = self.revision.get() {
             return self.shared.read_at(key, options.with_revision(*r)).await;
         }
-        let (key, options) = match self.versions.join(&self.group(), Some(Box::new((key, options, rows)))).await {
+        // Join the transaction's queued first reads, if any.
+        let read = Some(Box::new((key, options, rows)));
+        let (key, options) = match self.versions.join(&self.group(), read).await {
             Ok(joined) => {
                 let (r, resp) = with_response(joined?)?;
                 let _ = self.revision.set(r);
