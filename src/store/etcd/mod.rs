@@ -2,11 +2,11 @@
 //! `serve` processes on several machines share one couch_jobs store.
 //!
 //! How the contract maps onto etcd (docs/decisions/2026-11-26-etcd-store.md has the why):
-//! - A transaction reads at one etcd revision `R` (taken from a linearizable read of the
-//!   clock key at [`EtcdStore::begin`], batched across concurrent begins by
-//!   `read_version.rs`); every read is a plain serializable `Range` at `R`. A `Range`
-//!   with an explicit revision is never sent inside a `Txn` (etcd issue 18667 makes members
-//!   diverge on 3.4.23).
+//! - A transaction reads at one etcd revision `R`: [`EtcdStore::begin`] sends nothing; the
+//!   first read goes out in one read-only (linearizable) `Txn` with the first reads of every
+//!   transaction that began meanwhile (`read_version.rs`), and its revision is `R`; later
+//!   reads are plain serializable `Range`s at `R`. A `Range` with an explicit revision is
+//!   never sent inside a `Txn` (etcd issue 18667 makes members diverge on 3.4.23).
 //! - A commit is one `Txn` whose compares check everything the transaction read
 //!   (`conflicts.rs`): `MOD == seen` per key read (0 when absent) and `MOD < R+1` over each
 //!   range read, whose rows each add their own `MOD == seen` (a range compare misses deletes).
