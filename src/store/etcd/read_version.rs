@@ -95,13 +95,12 @@ impl ReadVersions {
         Self { queue }
     }
 
-    /// Opens `group` with `read` and queues it. The reads the transaction starts before the
-    /// batcher takes the group join it ([`ReadVersions::join`]); a yield first lets reads
-    /// started together (`join!`) do so.
+    /// Opens `group` with `read` and queues it (before any await, so that a cancelled
+    /// opener cannot strand the reads that joined). The reads the transaction starts before
+    /// the batcher takes the group join it ([`ReadVersions::join`]).
     async fn open(&self, group: &Arc<Group>, read: Read) -> Answer {
         let (reply, answer) = oneshot::channel();
         group.lock().reads.push(Request { read, reply });
-        tokio::task::yield_now().await;
         self.queue
             .send(group.clone())
             .map_err(|_| StoreError::Closed)?;
@@ -147,7 +146,12 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Arc<Group>>) {
         let first = match held.take() {
             Some(g) => g,
             None => match rx.recv().await {
-                Some(g) => g,
+                Some(g) => {
+                    // Lets the opener's task start the reads it started together with the
+                    // first (`join!`), so that they join its group.
+                    tokio::task::yield_now().await;
+                    g
+                }
                 None => return,
             },
         };
