@@ -18,7 +18,7 @@ pub const DEFAULT_PIPELINE: usize = 1;
 
 /// First-read `Txn`s (which also fetch read versions, `read_version.rs`) in flight per
 /// process by default: measured in docs/decisions/2026-11-27-etcd-throughput.md.
-pub const DEFAULT_READ_PIPELINE: usize = 1;
+pub const DEFAULT_READ_PIPELINE: usize = 2;
 
 /// The settings of the etcd engine (`serve --etcd-endpoints`, `[couch_jobs] etcd_*`).
 #[derive(Clone)]
