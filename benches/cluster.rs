@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use couch_replicator::jobs::{JobData, Jobs, JobsOptions};
 use couch_replicator::store::Db;
-use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
+use couch_replicator::store::etcd::{
+    DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE, EtcdConfig, EtcdStore,
+};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 #[path = "attachments/couch.rs"]
@@ -78,6 +80,22 @@ async fn raw_txns(endpoints: &[String]) -> BenchResult<(u64, Duration)> {
     Ok((done.load(Ordering::Relaxed), start.elapsed()))
 }
 
+/// CPU seconds (user + system) this process used so far, from `/proc/self/stat` (0 when
+/// unreadable): the client's share of the machine, which the etcd members compete for.
+fn own_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}
+
 fn job_data(worker: usize, n: u64, step: &str) -> JobData {
     let mut d = JobData::new();
     d.insert("worker".into(), worker.into());
@@ -125,32 +143,44 @@ async fn part1() -> BenchResult<()> {
     };
     let endpoints = cluster.endpoints();
     let (raw_n, raw_t) = raw_txns(&endpoints).await?;
-    // Other pipeline depths than the default (1: one commit `Txn` in flight at a time, the
-    // design before pipelining), for comparison; each under its own key prefix so that
-    // every run starts from an empty store.
+    // Other depths than the defaults (commit `Txn`s, first-read `Txn`s in flight), for
+    // comparison; each under its own key prefix so that every run starts from an empty store.
+    let defaults = (DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE);
     let mut depths = Vec::new();
-    for depth in [1, 2, 4] {
-        if depth == couch_replicator::store::etcd::DEFAULT_PIPELINE {
+    for (commits, reads) in [(1, 1), (1, 2), (2, 1)] {
+        if (commits, reads) == defaults {
             continue;
         }
         let config = EtcdConfig {
-            pipeline: depth,
-            ..EtcdConfig::new(endpoints.clone()).with_prefix(format!("bench-p{depth}/"))
+            pipeline: commits,
+            read_pipeline: reads,
+            ..EtcdConfig::new(endpoints.clone()).with_prefix(format!("bench-p{commits}-{reads}/"))
         };
         let other = EtcdStore::connect(&config).await?;
         let jobs = Jobs::new(Db::new(Arc::new(other.clone())), JobsOptions::default());
         let (n, t) = cycles(&jobs).await?;
-        println!("etcd engine, pipeline {depth}: {}", other.stats().summary());
-        depths.push((depth, n, n as f64 / t.as_secs_f64()));
+        println!(
+            "etcd engine, {commits} commit / {reads} read Txns in flight: {}; {:.1} requests per cycle",
+            other.stats().summary(),
+            other.stats().requests() as f64 / n.max(1) as f64
+        );
+        depths.push(((commits, reads), n, n as f64 / t.as_secs_f64()));
     }
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
     sequential(&store).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
+    let before = store.stats().requests();
+    let cpu_before = own_cpu_seconds();
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
+    let cpu = own_cpu_seconds() - cpu_before;
     println!(
-        "etcd engine, pipeline {}: {}",
-        couch_replicator::store::etcd::DEFAULT_PIPELINE,
-        store.stats().summary()
+        "etcd engine, {} commit / {} read Txns in flight: {}; {:.1} requests per cycle; \
+         this process's CPU {:.2} ms per cycle",
+        defaults.0,
+        defaults.1,
+        store.stats().summary(),
+        (store.stats().requests() - before) as f64 / cycles_n.max(1) as f64,
+        cpu * 1000.0 / cycles_n.max(1) as f64
     );
     let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
     let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();
@@ -170,10 +200,10 @@ async fn part1() -> BenchResult<()> {
         cycles_n,
         cycle_rate
     );
-    for (depth, n, rate) in depths {
+    for ((commits, reads), n, rate) in depths {
         println!(
             "{:<60} {:>10} {:>12.0}",
-            format!("job cycles, {depth} commit Txns in flight, {WORKERS} workers"),
+            format!("job cycles, {commits} commit / {reads} read Txns in flight"),
             n,
             rate
         );

@@ -5,10 +5,16 @@
 //! concurrent acceptors rarely collide. `no_schedule` mode probes at a random id instead.
 //! When nothing is eligible, the same transaction sets a watch on the type's pending counter
 //! and [`Jobs::accept`](super::Jobs::accept) waits on it.
+//!
+//! Concurrent acceptors of one process also see each other's picks ([`Claims`]): a key that
+//! another of this process's `accept` transactions is taking is passed over while unclaimed
+//! candidates remain, so acceptors that read the same candidates do not all pick one and
+//! fail on its conflict (the pick stays uniform among the unclaimed; with none unclaimed it
+//! is uniform among all, as before).
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use std::sync::Mutex;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -125,6 +131,54 @@ impl AcceptRng {
     }
 }
 
+/// The pending keys this process's `accept` transactions are taking right now.
+#[derive(Debug, Default)]
+pub struct Claims(Mutex<HashSet<Vec<u8>>>);
+
+impl Claims {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Vec<u8>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Picks one of `candidates`: uniformly among those nobody here is taking, or among all
+    /// when every one is taken (so the pick only ever differs from a plain uniform pick while
+    /// another acceptor holds a claim); the pick is claimed until the returned guard drops.
+    fn pick(self: &Arc<Self>, candidates: &[KeyValue], rng: &AcceptRng) -> (usize, Claim) {
+        let mut taken = self.lock();
+        let free: Vec<usize> = (0..candidates.len())
+            .filter(|&i| !taken.contains(&candidates[i].key))
+            .collect();
+        let pick = if taken.is_empty() || free.is_empty() {
+            rng.index(candidates.len())
+        } else {
+            free[rng.index(free.len())]
+        };
+        let key = candidates[pick].key.clone();
+        let owned = taken.insert(key.clone());
+        let claim = Claim {
+            claims: self.clone(),
+            key: owned.then_some(key),
+        };
+        (pick, claim)
+    }
+}
+
+/// A claimed pending key, released on drop (when the `accept` transaction committed or failed).
+#[derive(Debug)]
+pub struct Claim {
+    claims: Arc<Claims>,
+    /// `None` when another acceptor claimed the key first (it releases it).
+    key: Option<Vec<u8>>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.claims.lock().remove(&key);
+        }
+    }
+}
+
 /// Tries once to dequeue and lock a job in `tx`. `Ok(None)` when nothing is eligible.
 pub async fn try_accept(
     keys: &Keys,
@@ -133,6 +187,21 @@ pub async fn try_accept(
     opts: &AcceptOpts,
     rng: &AcceptRng,
 ) -> JobsResult<Option<(Job, JobData)>> {
+    let claims = Arc::new(Claims::default());
+    let found = try_accept_claimed(keys, tx, ty, opts, rng, &claims).await?;
+    Ok(found.map(|(job, data, _)| (job, data)))
+}
+
+/// [`try_accept`] passing over the keys in `claims`; the key taken stays claimed until the
+/// returned [`Claim`] drops (hold it until the transaction ends).
+pub(crate) async fn try_accept_claimed(
+    keys: &Keys,
+    tx: &Tx,
+    ty: &str,
+    opts: &AcceptOpts,
+    rng: &AcceptRng,
+    claims: &Arc<Claims>,
+) -> JobsResult<Option<(Job, JobData, Claim)>> {
     let mut candidates = if opts.no_schedule {
         probe_random(keys, tx, ty, rng).await?
     } else {
@@ -148,7 +217,7 @@ pub async fn try_accept(
         keep_earliest(keys, &mut candidates);
     }
     while !candidates.is_empty() {
-        let pick = rng.index(candidates.len());
+        let (pick, claim) = claims.pick(&candidates, rng);
         let KeyValue { key, .. } = candidates.swap_remove(pick);
         tx.add_read_conflict_key(&key);
         tx.clear(&key);
@@ -171,7 +240,7 @@ pub async fn try_accept(
             resubmit: false,
             stime: Some(row.stime),
         };
-        return Ok(Some((job, row.data)));
+        return Ok(Some((job, row.data, claim)));
     }
     Ok(None)
 }
@@ -267,6 +336,30 @@ mod tests {
         );
         assert_eq!(wait_timeout(true, 0, 100_000, None), None);
         assert_eq!(wait_timeout(true, 0, 100_000, Some(s(1))), Some(s(1)));
+    }
+
+    #[test]
+    fn claimed_candidates_are_passed_over_while_others_remain() {
+        let kv = |k: &str| KeyValue {
+            key: k.as_bytes().to_vec(),
+            value: Vec::new(),
+        };
+        let candidates = vec![kv("a"), kv("b"), kv("c")];
+        let claims = Arc::new(Claims::default());
+        let rng = AcceptRng::new(Some(7));
+        let (first, held) = claims.pick(&candidates, &rng);
+        for _ in 0..20 {
+            let (pick, _claim) = claims.pick(&candidates, &rng);
+            assert_ne!(pick, first, "a claimed key is picked only when all are");
+        }
+        // All claimed: the pick is among all again, and a second claim of a key is not an
+        // owner (dropping it keeps the first claim).
+        let (_, b) = claims.pick(&candidates[..1], &rng);
+        let (_, c) = claims.pick(&candidates[..1], &rng);
+        drop(c);
+        assert!(claims.lock().contains(&candidates[0].key));
+        drop((b, held));
+        assert!(claims.lock().is_empty());
     }
 
     #[test]

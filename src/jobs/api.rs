@@ -3,7 +3,7 @@
 
 use crate::store::{RangeOptions, Tx, Watch};
 
-use super::accept::{AcceptOpts, try_accept, wait_timeout};
+use super::accept::{AcceptOpts, try_accept, try_accept_claimed, wait_timeout};
 use super::error::{JobsError, JobsResult};
 use super::fold::{FOLD_PAGE_SIZE, JobInfo, list_jobs_page};
 use super::job_data::{JobData, JobState};
@@ -249,10 +249,13 @@ impl Jobs {
         let max_sched_time = opts.effective_max_sched_time()?;
         let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
+            // The claim on the key taken lives until `run` returns: it committed or failed.
             let (found, watch) = self
                 .db()
                 .run(|tx| async move {
-                    let found = try_accept(self.keys(), &tx, ty, &opts, self.rng()).await?;
+                    let (keys, rng) = (self.keys(), self.rng());
+                    let found = try_accept_claimed(keys, &tx, ty, &opts, rng, self.claims());
+                    let found = found.await?;
                     let watch = match found {
                         Some(_) => None,
                         None => Some(tx.watch(&self.keys().watches_pending(ty))),
@@ -260,7 +263,8 @@ impl Jobs {
                     Ok::<_, JobsError>((found, watch))
                 })
                 .await?;
-            if let Some(found) = found {
+            if let Some((job, data, _claim)) = found {
+                let found = (job, data);
                 tracing::Span::current().record("job_id", found.0.id.as_str());
                 return Ok(found);
             }

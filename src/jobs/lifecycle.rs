@@ -102,11 +102,17 @@ pub async fn add(
     data: JobData,
     stime: i64,
 ) -> JobsResult<()> {
-    // Snapshot: a concurrent timeout change must not make every add conflict.
-    if tx.get(&keys.activity_timeout(ty), true).await?.is_none() {
+    // Snapshot: a concurrent timeout change must not make every add conflict. Both reads at
+    // once: an engine may serve them in one request (etcd's first reads are batched).
+    let timeout_key = keys.activity_timeout(ty);
+    let (timeout, row) = futures::join!(
+        tx.get(&timeout_key, true),
+        get_row(keys, tx, ty, id, false)
+    );
+    if timeout?.is_none() {
         return Err(JobsError::NoTypeTimeout);
     }
-    match get_row(keys, tx, ty, id, false).await? {
+    match row? {
         None => {
             let mut row = JobRow {
                 seq: Seq::Pending,

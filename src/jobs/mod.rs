@@ -106,6 +106,7 @@ struct Inner {
     config: JobsConfig,
     registry: Arc<type_server::Registry>,
     rng: accept::AcceptRng,
+    claims: Arc<accept::Claims>,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -130,6 +131,7 @@ impl Jobs {
                 config: options.config,
                 registry: Arc::new(type_server::Registry::default()),
                 rng: accept::AcceptRng::new(options.rng_seed),
+                claims: Arc::default(),
             }),
         }
     }
@@ -156,6 +158,10 @@ impl Jobs {
 
     pub(crate) fn rng(&self) -> &accept::AcceptRng {
         &self.inner.rng
+    }
+
+    pub(crate) fn claims(&self) -> &Arc<accept::Claims> {
+        &self.inner.claims
     }
 
     pub(crate) fn registry(&self) -> &Arc<type_server::Registry> {

@@ -226,8 +226,10 @@ fn seen_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Seen {
 
 /// Reads the clock and the added keys (when the tip does not know them).
 async fn read_seen(shared: &Shared, adds: &[Vec<u8>]) -> Result<Seen, StoreError> {
+    shared.stats.reads.fetch_add(1, Ordering::Relaxed);
     let txn = Txn::new().and_then(get_ops(shared, adds));
     let resp = shared.kv().txn(txn).await.map_err(read_error)?;
+    shared.saw(resp.header());
     Ok(seen_from(resp.op_responses(), adds))
 }
 
@@ -278,6 +280,7 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
                 return Err(commit_error(e));
             }
         };
+        shared.saw(resp.header());
         if resp.succeeded() {
             let revision = resp.header().map_or(0, |h| h.revision());
             let n = members.len();

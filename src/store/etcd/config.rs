@@ -16,6 +16,10 @@ use crate::store::StoreError;
 /// 1 until a design that survives conflicts.
 pub const DEFAULT_PIPELINE: usize = 1;
 
+/// First-read `Txn`s (which also fetch read versions, `read_version.rs`) in flight per
+/// process by default: measured in docs/decisions/2026-11-27-etcd-throughput.md.
+pub const DEFAULT_READ_PIPELINE: usize = 2;
+
 /// The settings of the etcd engine (`serve --etcd-endpoints`, `[couch_jobs] etcd_*`).
 #[derive(Clone)]
 pub struct EtcdConfig {
@@ -38,6 +42,9 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// Commit `Txn`s one process keeps in flight at most (1: each waits for the previous).
     pub pipeline: usize,
+    /// First-read `Txn`s one process keeps in flight at most (reads that start meanwhile
+    /// wait and go out together in the next).
+    pub read_pipeline: usize,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -66,6 +73,7 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             pipeline: DEFAULT_PIPELINE,
+            read_pipeline: DEFAULT_READ_PIPELINE,
         }
     }
 

@@ -16,8 +16,9 @@ use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, TxnOp, 
 pub(crate) struct ReadSet {
     /// Keys read, with the mod revision seen (0 = absent).
     keys: BTreeMap<Vec<u8>, i64>,
-    /// Ranges read (or declared): nothing in them may be newer than the read revision.
-    ranges: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Ranges read (or declared): nothing in them may be newer than the read revision (or
+    /// than the revision given with the range).
+    ranges: Vec<(Vec<u8>, Vec<u8>, Option<i64>)>,
 }
 
 fn key_after(key: &[u8]) -> Vec<u8> {
@@ -36,7 +37,14 @@ impl ReadSet {
     /// A range (or a key whose mod revision was not read): no write after the read revision.
     pub(crate) fn range(&mut self, begin: Vec<u8>, end: Vec<u8>) {
         if begin < end {
-            self.ranges.push((begin, end));
+            self.ranges.push((begin, end, None));
+        }
+    }
+
+    /// A range in which nothing may be newer than `revision`.
+    pub(crate) fn range_since(&mut self, begin: Vec<u8>, end: Vec<u8>, revision: i64) {
+        if begin < end {
+            self.ranges.push((begin, end, Some(revision)));
         }
     }
 
@@ -54,10 +62,10 @@ impl ReadSet {
             key: key.clone(),
             seen: *seen,
         });
-        let ranges = self.ranges.iter().map(|(begin, end)| Check::Range {
+        let ranges = self.ranges.iter().map(|(begin, end, since)| Check::Range {
             begin: begin.clone(),
             end: end.clone(),
-            revision,
+            revision: since.unwrap_or(revision),
         });
         keys.chain(ranges).collect()
     }
@@ -65,7 +73,8 @@ impl ReadSet {
     /// Key spans covered, for the committer's disjointness check.
     pub(crate) fn spans(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         let keys = self.keys.keys().map(|k| (k.clone(), key_after(k)));
-        keys.chain(self.ranges.iter().cloned()).collect()
+        let ranges = self.ranges.iter().map(|(b, e, _)| (b.clone(), e.clone()));
+        keys.chain(ranges).collect()
     }
 }
 

@@ -2,11 +2,11 @@
 //! `serve` processes on several machines share one couch_jobs store.
 //!
 //! How the contract maps onto etcd (docs/decisions/2026-11-26-etcd-store.md has the why):
-//! - A transaction reads at one etcd revision `R` (taken from a linearizable read of the
-//!   clock key at [`EtcdStore::begin`], batched across concurrent begins by
-//!   `read_version.rs`); every read is a plain serializable `Range` at `R`. A `Range`
-//!   with an explicit revision is never sent inside a `Txn` (etcd issue 18667 makes members
-//!   diverge on 3.4.23).
+//! - A transaction reads at one etcd revision `R`: [`EtcdStore::begin`] sends nothing; the
+//!   first read goes out in one read-only (linearizable) `Txn` with the first reads of every
+//!   transaction that began meanwhile (`read_version.rs`), and its revision is `R`; later
+//!   reads are plain serializable `Range`s at `R`. A `Range` with an explicit revision is
+//!   never sent inside a `Txn` (etcd issue 18667 makes members diverge on 3.4.23).
 //! - A commit is one `Txn` whose compares check everything the transaction read
 //!   (`conflicts.rs`): `MOD == seen` per key read (0 when absent) and `MOD < R+1` over each
 //!   range read, whose rows each add their own `MOD == seen` (a range compare misses deletes).
@@ -34,10 +34,10 @@ mod tip;
 mod transaction;
 mod watches;
 
-pub use config::{DEFAULT_PIPELINE, EtcdConfig};
+pub use config::{DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE, EtcdConfig};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use etcd_client::{Client, GetOptions, GetResponse, KvClient};
 use futures::FutureExt;
@@ -118,21 +118,33 @@ pub struct EtcdStats {
     pub conflicts: AtomicU64,
     /// `Txn`s rebuilt because only the clock or an added key had moved.
     pub rebuilds: AtomicU64,
-    /// Read versions fetched (fewer than transactions begun when begins were batched).
+    /// Read-version `Txn`s sent, each carrying the first reads of the transactions that
+    /// began while the one before was in flight.
     pub read_versions: AtomicU64,
+    /// Reads sent on their own: a transaction's later reads at its revision, and the
+    /// committer's reads of the clock.
+    pub reads: AtomicU64,
 }
 
 impl EtcdStats {
+    /// Requests sent to etcd (commits, read versions, reads; not watches).
+    pub fn requests(&self) -> u64 {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        get(&self.txns) + get(&self.read_versions) + get(&self.reads)
+    }
+
     /// A one-line summary.
     pub fn summary(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions",
+            "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
+             {} other reads",
             get(&self.txns),
             get(&self.committed),
             get(&self.conflicts),
             get(&self.rebuilds),
-            get(&self.read_versions)
+            get(&self.read_versions),
+            get(&self.reads)
         )
     }
 }
@@ -145,11 +157,27 @@ pub(crate) struct Shared {
     pub(crate) tip: tip::Tip,
     /// Commit `Txn`s in flight at most.
     pub(crate) pipeline: usize,
+    /// First-read `Txn`s in flight at most.
+    pub(crate) read_pipeline: usize,
+    /// The newest revision any answer carried (a revision that existed before now).
+    latest: AtomicI64,
 }
 
 impl Shared {
     pub(crate) fn kv(&self) -> KvClient {
         self.client.kv_client()
+    }
+
+    /// The newest revision an answer carried so far.
+    pub(crate) fn latest(&self) -> i64 {
+        self.latest.load(Ordering::Relaxed)
+    }
+
+    /// Notes the revision in an answer's header.
+    pub(crate) fn saw(&self, header: Option<&etcd_client::ResponseHeader>) {
+        if let Some(h) = header {
+            self.latest.fetch_max(h.revision(), Ordering::Relaxed);
+        }
     }
 
     /// A read at an explicit revision (never inside a `Txn`). Served by whichever member the
@@ -161,14 +189,20 @@ impl Shared {
         key: Vec<u8>,
         options: GetOptions,
     ) -> Result<GetResponse, StoreError> {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
         match self
             .kv()
             .get(key.clone(), Some(options.clone().with_serializable()))
             .await
         {
-            Ok(resp) => Ok(resp),
+            Ok(resp) => {
+                self.saw(resp.header());
+                Ok(resp)
+            }
             Err(e) if e.to_string().contains("future revision") => {
-                self.kv().get(key, Some(options)).await.map_err(read_error)
+                let resp = self.kv().get(key, Some(options)).await.map_err(read_error)?;
+                self.saw(resp.header());
+                Ok(resp)
             }
             Err(e) => Err(read_error(e)),
         }
@@ -199,6 +233,8 @@ impl EtcdStore {
             keys: Keys::new(config.prefix.as_bytes()),
             tip: tip::Tip::default(),
             pipeline: config.pipeline,
+            read_pipeline: config.read_pipeline,
+            latest: AtomicI64::new(0),
         });
         read_version::read_version(&shared).await?;
         Ok(Self {
@@ -219,11 +255,11 @@ impl EtcdStore {
 impl Store for EtcdStore {
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>> {
         async move {
-            let revision = self.versions.get().await?;
+            // No request: the read version comes with the first read (`read_version.rs`).
             let tx: Box<dyn Transaction> = Box::new(EtcdTx::new(
                 self.shared.clone(),
                 self.committer.clone(),
-                revision,
+                self.versions.clone(),
             ));
             Ok(tx)
         }

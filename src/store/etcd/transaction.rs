@@ -4,15 +4,16 @@
 
 use std::cmp::Ordering;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, GetResponse, SortOrder, SortTarget};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use super::committer::Committer;
 use super::conflicts::ReadSet;
+use super::read_version::{Group, ReadVersions, with_response};
 use super::{MAX_TXN_OPS, Shared};
 use crate::store::embedded::writes::{Lookup, WriteBuffer, unreadable};
 use crate::store::{
@@ -23,8 +24,11 @@ struct State {
     done: bool,
     writes: WriteBuffer,
     reads: ReadSet,
-    /// Declared read-conflict ranges (store keys), resolved at commit.
-    declared: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Declared read-conflict ranges (store keys) and the revision each conflicts after,
+    /// resolved at commit.
+    declared: Vec<(Vec<u8>, Vec<u8>, i64)>,
+    /// What reads (snapshot ones too) saw of the store at `R`.
+    observed: Observed,
     /// Watched store keys and where to send the revision to watch from.
     watches: Vec<(Vec<u8>, oneshot::Sender<i64>)>,
 }
@@ -32,7 +36,16 @@ struct State {
 pub(crate) struct EtcdTx {
     shared: Arc<Shared>,
     committer: Committer,
-    revision: i64,
+    versions: ReadVersions,
+    /// The read revision `R`, set by the first read (or by [`EtcdTx::revision`]).
+    revision: OnceLock<i64>,
+    /// Held while the first read is in flight, so that a concurrent read that could not
+    /// join its group waits for `R`.
+    first: tokio::sync::Mutex<()>,
+    /// A revision the process knew when the transaction began (at most the current one).
+    floor: i64,
+    /// The first reads, while queued for the batcher (a new group per attempt).
+    group: Mutex<Arc<Group>>,
     state: Mutex<State>,
 }
 
@@ -46,6 +59,30 @@ fn key_after(key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// What the transaction's reads found at `R`, snapshot reads included: the mod revision of
+/// each key read (0 = absent) and the spans read completely, so that a declared conflict on
+/// a key already read needs no read at commit (couch_jobs' `accept` declares one on the
+/// pending key its snapshot range read returned).
+#[derive(Default)]
+struct Observed {
+    keys: std::collections::BTreeMap<Vec<u8>, i64>,
+    spans: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Observed {
+    /// The mod revision `key` (a store key) had at `R`, if a read saw it.
+    fn get(&self, key: &[u8]) -> Option<i64> {
+        if let Some(m) = self.keys.get(key) {
+            return Some(*m);
+        }
+        let in_span = self
+            .spans
+            .iter()
+            .any(|(b, e)| b.as_slice() <= key && key < e.as_slice());
+        in_span.then_some(0)
+    }
+}
+
 /// A row read from etcd: store key, value, mod revision.
 struct Row {
     key: Vec<u8>,
@@ -55,8 +92,7 @@ struct Row {
 
 /// Pages through `begin..end` (store keys) at one revision, in key order or reversed.
 struct Cursor<'a> {
-    shared: &'a Shared,
-    revision: i64,
+    tx: &'a EtcdTx,
     begin: Vec<u8>,
     end: Vec<u8>,
     reverse: bool,
@@ -74,15 +110,17 @@ impl Cursor<'_> {
     }
 
     async fn fetch(&mut self) -> Result<(), StoreError> {
-        let keys = &self.shared.keys;
+        let keys = &self.tx.shared.keys;
         let mut options = GetOptions::new()
             .with_range(keys.data(&self.end))
-            .with_revision(self.revision)
             .with_limit(self.page as i64);
         if self.reverse {
             options = options.with_sort(SortTarget::Key, SortOrder::Descend);
         }
-        let resp = self.shared.read_at(keys.data(&self.begin), options).await?;
+        let resp = self
+            .tx
+            .read(keys.data(&self.begin), options, self.page as i64)
+            .await?;
         for kv in resp.kvs() {
             if let Some(key) = keys.strip(kv.key()) {
                 self.rows.push_back(Row {
@@ -107,16 +145,22 @@ impl Cursor<'_> {
 }
 
 impl EtcdTx {
-    pub(crate) fn new(shared: Arc<Shared>, committer: Committer, revision: i64) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, committer: Committer, versions: ReadVersions) -> Self {
+        let floor = shared.latest();
         Self {
             shared,
             committer,
-            revision,
+            versions,
+            floor,
+            revision: OnceLock::new(),
+            first: tokio::sync::Mutex::new(()),
+            group: Mutex::default(),
             state: Mutex::new(State {
                 done: false,
                 writes: WriteBuffer::default(),
                 reads: ReadSet::default(),
                 declared: Vec::new(),
+                observed: Observed::default(),
                 watches: Vec::new(),
             }),
         }
@@ -124,6 +168,68 @@ impl EtcdTx {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The read revision `R`, fetched now if nothing was read yet.
+    async fn revision(&self) -> Result<i64, StoreError> {
+        if let Some(r) = self.revision.get() {
+            return Ok(*r);
+        }
+        if let Ok(joined) = self.versions.join(&self.group(), None).await {
+            let r = joined?.0;
+            return Ok(*self.revision.get_or_init(|| r));
+        }
+        let _first = self.first.lock().await;
+        if let Some(r) = self.revision.get() {
+            return Ok(*r);
+        }
+        let r = self.versions.get(&self.new_group()).await?;
+        Ok(*self.revision.get_or_init(|| r))
+    }
+
+    fn group(&self) -> Arc<Group> {
+        self.group.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn new_group(&self) -> Arc<Group> {
+        let group = Arc::new(Group::default());
+        *self.group.lock().unwrap_or_else(|p| p.into_inner()) = group.clone();
+        group
+    }
+
+    /// A `Range` (`options` carry no revision; at most `rows` rows) at `R`. The first read
+    /// of the transaction goes through the batcher and fixes `R`; the later ones are plain
+    /// reads at `R`.
+    async fn read(
+        &self,
+        key: Vec<u8>,
+        options: GetOptions,
+        rows: i64,
+    ) -> Result<GetResponse, StoreError> {
+        if let Some(r) = self.revision.get() {
+            return self.shared.read_at(key, options.with_revision(*r)).await;
+        }
+        // Join the transaction's queued first reads, if any.
+        let read = Some(Box::new((key, options, rows)));
+        let (key, options) = match self.versions.join(&self.group(), read).await {
+            Ok(joined) => {
+                let (r, resp) = with_response(joined?)?;
+                let _ = self.revision.set(r);
+                return Ok(resp);
+            }
+            Err(Some(read)) => (read.0, read.1),
+            Err(None) => return Err(StoreError::Closed),
+        };
+        let _first = self.first.lock().await;
+        if let Some(r) = self.revision.get() {
+            return self.shared.read_at(key, options.with_revision(*r)).await;
+        }
+        let (r, resp) = self
+            .versions
+            .first_read(&self.new_group(), key, options, rows)
+            .await?;
+        let _ = self.revision.set(r);
+        Ok(resp)
     }
 
     async fn read_key(&self, key: &[u8], snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
@@ -147,13 +253,15 @@ impl EtcdTx {
             return Err(unreadable());
         }
         let etcd_key = self.shared.keys.data(key);
-        let options = GetOptions::new().with_revision(self.revision);
-        let resp = self.shared.read_at(etcd_key.clone(), options).await?;
+        let resp = self.read(etcd_key.clone(), GetOptions::new(), 1).await?;
         let kv = resp.kvs().first();
+        let seen = kv.map_or(0, |kv| kv.mod_revision());
+        let mut state = self.state();
+        state.observed.keys.entry(key.to_vec()).or_insert(seen);
         if !snapshot {
-            let seen = kv.map_or(0, |kv| kv.mod_revision());
-            self.state().reads.key(etcd_key, seen);
+            state.reads.key(etcd_key, seen);
         }
+        drop(state);
         lookup.resolve(kv.map(|kv| kv.value().to_vec()))
     }
 
@@ -173,8 +281,7 @@ impl EtcdTx {
         let own = self.state().writes.keys_in(begin, end, options.reverse);
         let mut own = own.into_iter().peekable();
         let mut cursor = Cursor {
-            shared: &self.shared,
-            revision: self.revision,
+            tx: self,
             begin: begin.to_vec(),
             end: end.to_vec(),
             reverse: options.reverse,
@@ -229,22 +336,22 @@ impl EtcdTx {
                 rows.push(KeyValue { key, value });
             }
         }
-        if !options.snapshot {
-            self.record_range(begin, end, &rows, limit, options.reverse, seen);
-        }
+        self.record_range(begin, end, &rows, limit, options, seen);
         Ok(rows)
     }
 
-    /// Records the part of the range the result depended on, and each row read in it.
+    /// Records the part of the range the result depended on, and each row read in it: as
+    /// observed, and in the read set unless the read was a snapshot read.
     fn record_range(
         &self,
         begin: &[u8],
         end: &[u8],
         rows: &[KeyValue],
         limit: usize,
-        reverse: bool,
+        options: RangeOptions,
         seen: Vec<(Vec<u8>, i64)>,
     ) {
+        let reverse = options.reverse;
         let (b, e) = match rows.last() {
             Some(last) if rows.len() >= limit => {
                 if reverse {
@@ -259,36 +366,53 @@ impl EtcdTx {
         let mut state = self.state();
         for (key, m) in seen {
             if b <= key && key < e {
-                state.reads.key(keys.data(&key), m);
+                if !options.snapshot {
+                    state.reads.key(keys.data(&key), m);
+                }
+                state.observed.keys.entry(key).or_insert(m);
             }
         }
-        state.reads.range(keys.data(&b), keys.data(&e));
+        if !options.snapshot {
+            state.reads.range(keys.data(&b), keys.data(&e));
+        }
+        state.observed.spans.push((b, e));
     }
 
-    /// Resolves declared read-conflict ranges: the range compare, and each row in it now.
+    /// Resolves declared read-conflict ranges: the range compare, and each row in it at the
+    /// range's revision (read now, unless the range is one key a read already saw at that
+    /// revision: its `MOD == seen` then catches every write to it).
     async fn resolve_declared(
         &self,
-        declared: Vec<(Vec<u8>, Vec<u8>)>,
+        declared: Vec<(Vec<u8>, Vec<u8>, i64)>,
+        observed: Observed,
     ) -> Result<ReadSet, StoreError> {
         let mut extra = ReadSet::default();
         let keys = &self.shared.keys;
-        for (b, e) in declared {
+        let at_r = self.revision.get().copied();
+        for (b, e, revision) in declared {
+            if e == key_after(&b)
+                && at_r == Some(revision)
+                && let Some(seen) = observed.get(&b)
+            {
+                extra.key(keys.data(&b), seen);
+                continue;
+            }
             let options = GetOptions::new()
                 .with_range(keys.data(&e))
-                .with_revision(self.revision)
+                .with_revision(revision)
                 .with_keys_only()
                 .with_limit(MAX_TXN_OPS as i64 + 1);
             let resp = self.shared.read_at(keys.data(&b), options).await?;
             for kv in resp.kvs() {
                 extra.key(kv.key().to_vec(), kv.mod_revision());
             }
-            extra.range(keys.data(&b), keys.data(&e));
+            extra.range_since(keys.data(&b), keys.data(&e), revision);
         }
         Ok(extra)
     }
 
     async fn finish_commit(&self) -> Result<Option<CommitStamp>, StoreError> {
-        let (ops, mut reads, declared, watches) = {
+        let (ops, mut reads, declared, observed, watches) = {
             let mut state = self.state();
             if state.done {
                 return Err(finished());
@@ -303,29 +427,40 @@ impl EtcdTx {
                 state.writes.take_ops(),
                 std::mem::take(&mut state.reads),
                 std::mem::take(&mut state.declared),
+                std::mem::take(&mut state.observed),
                 watches,
             )
         };
+        // Watches on keys this transaction does not write start after its reads: they need
+        // `R`, fetched now if it read nothing.
+        let untouched = watches.iter().any(|(touched, _, _)| !touched);
+        let watch_from = if untouched {
+            self.revision().await? + 1
+        } else {
+            0
+        };
         if ops.is_empty() {
-            // Read-only: nothing to check (as in FoundationDB); watches start after our reads.
+            // Read-only: nothing to check (as in FoundationDB).
             for (_, _, fire) in watches {
-                let _ = fire.send(self.revision + 1);
+                let _ = fire.send(watch_from);
             }
             return Ok(None);
         }
         if !declared.is_empty() {
-            let extra = self.resolve_declared(declared).await?;
+            let extra = self.resolve_declared(declared, observed).await?;
             reads.merge(extra);
         }
+        // Range checks exist only after a read, which fixed `R`.
+        let revision = self.revision.get().copied().unwrap_or(0);
         let committed = self
             .committer
-            .commit(&self.shared.keys, self.revision, reads, ops)
+            .commit(&self.shared.keys, revision, reads, ops)
             .await?;
         for (touched, _, fire) in watches {
             let from = if touched {
                 committed.revision + 1
             } else {
-                self.revision + 1
+                watch_from
             };
             let _ = fire.send(from);
         }
@@ -377,7 +512,12 @@ impl Transaction for EtcdTx {
 
     fn add_read_conflict_range(&self, begin: &[u8], end: &[u8]) {
         if begin < end {
-            self.state().declared.push((begin.to_vec(), end.to_vec()));
+            // Before the first read there is no `R` yet: conflict with anything written
+            // after a revision the process knew when the transaction began (a commit that
+            // lands after `begin` must conflict, as it does on the embedded engine).
+            let since = self.revision.get().copied().unwrap_or(self.floor);
+            let range = (begin.to_vec(), end.to_vec(), since);
+            self.state().declared.push(range);
         }
     }
 
