@@ -2,7 +2,7 @@
 //! grants one, refreshed on 401/403 or after `session_refresh_interval_sec`, else HTTP basic.
 //! Takes the endpoint's credentials; gives the header to put on each request.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -56,6 +56,9 @@ pub(crate) struct Auth {
     /// A cookie refused as soon as it was obtained has been replaced once already (see
     /// [`Auth::on_rejected`]).
     fresh_refusal_retried: AtomicBool,
+    /// How many times the mode changed (a login, a shared verdict taken): a request sent
+    /// before the latest change is retried with what replaced its credentials.
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Auth {
@@ -96,6 +99,7 @@ impl Auth {
             shared: None,
             refused: AtomicBool::new(false),
             fresh_refusal_retried: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -113,9 +117,15 @@ impl Auth {
         }
     }
 
-    /// The header to send, obtaining or refreshing a session cookie when due.
-    pub async fn header(&self, http: &reqwest::Client) -> Option<(&'static str, String)> {
-        let creds = self.creds.as_ref()?;
+    /// The header to send, obtaining or refreshing a session cookie when due, and the
+    /// credentials' generation it belongs to (for [`Auth::on_rejected`]).
+    pub(crate) async fn header(
+        &self,
+        http: &reqwest::Client,
+    ) -> (Option<(&'static str, String)>, u64) {
+        let Some(creds) = self.creds.as_ref() else {
+            return (None, self.generation());
+        };
         let mut mode = self.mode.lock().await;
         let due = match &*mode {
             Mode::Unknown => true,
@@ -124,24 +134,36 @@ impl Auth {
         };
         if due {
             *mode = self.obtain(http, creds).await;
+            self.generation.fetch_add(1, Ordering::AcqRel);
         }
-        match &*mode {
+        let header = match &*mode {
             Mode::Session { cookie, .. } => Some(("cookie", cookie.clone())),
             _ => self.basic.clone().map(|b| ("authorization", b)),
-        }
+        };
+        (header, self.generation())
     }
 
-    /// Called on 401/403: refresh the cookie unless it was just refreshed. Returns true when
+    /// The credentials' generation now.
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Called on 401/403 of a request sent at credentials generation `sent`: retry at once
+    /// when they changed since (another request replaced them), else refresh the cookie
+    /// unless it was just refreshed. Returns true when
     /// a retry with a new cookie makes sense. A cookie refused just after it was obtained is
     /// replaced once all the same: a CouchDB that has no `[chttpd_auth] secret` yet makes one
     /// at its first logins, and of two logins at that moment one gets a cookie signed with a
     /// secret the server then drops (seen on a fresh CouchDB 3.4.3 when source and target
     /// logged in at once).
-    pub(crate) async fn on_rejected(&self, http: &reqwest::Client) -> bool {
+    pub(crate) async fn on_rejected(&self, http: &reqwest::Client, sent: u64) -> bool {
         let Some(creds) = self.creds.as_ref() else {
             return false;
         };
         let mut mode = self.mode.lock().await;
+        if self.generation() != sent {
+            return true;
+        }
         let Mode::Session { cookie: used, at } = &*mode else {
             return false;
         };
@@ -152,6 +174,7 @@ impl Auth {
                 return false;
             }
             *mode = self.login(http, creds).await;
+            self.generation.fetch_add(1, Ordering::AcqRel);
             return matches!(*mode, Mode::Session { .. });
         };
         let mut shared = slot.lock().await;
@@ -163,12 +186,14 @@ impl Auth {
                 cookie: cookie.clone(),
                 at: *at,
             };
+            self.generation.fetch_add(1, Ordering::AcqRel);
             return true;
         }
         if just_refreshed {
             return false;
         }
         *mode = self.login(http, creds).await;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         *shared = Some(self.verdict_of(&mode));
         matches!(*mode, Mode::Session { .. })
     }
@@ -271,7 +296,7 @@ mod tests {
             ..AuthPolicy::default()
         };
         let a = Auth::with_policy(&ep, policy);
-        let (k, v) = a.header(&reqwest::Client::new()).await.unwrap();
+        let (k, v) = a.header(&reqwest::Client::new()).await.0.unwrap();
         assert_eq!(k, "authorization");
         assert!(v.starts_with("Basic "));
         // A session login would have connected (and waited for an answer) before `header`

@@ -259,6 +259,8 @@ impl HttpClient {
         let mut wait = Backoff::new(FIRST_WAIT, Duration::from_secs(300));
         let mut first_failure: Option<Instant> = None;
         let mut reauthed = false;
+        // The credentials' generation the last attempt was sent with.
+        let mut credentials = 0;
         let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
         loop {
             let pause = self.limiter.interval(&key);
@@ -283,7 +285,7 @@ impl HttpClient {
                 };
                 self.cfg.metrics.inc(Series::Requests);
                 let sent = Instant::now();
-                let out = self.attempt(req, buffer).await;
+                let out = self.attempt(req, buffer, &mut credentials).await;
                 // Round trips decide a replication over a long link: this is where to see them.
                 tracing::trace!(%what, status = ?out.as_ref().map(Outcome::status).ok(),
                     ms = sent.elapsed().as_secs_f64() * 1e3, "request");
@@ -307,7 +309,7 @@ impl HttpClient {
                         && !reauthed
                     {
                         reauthed = true;
-                        if self.auth.on_rejected(&self.http).await {
+                        if self.auth.on_rejected(&self.http, credentials).await {
                             continue;
                         }
                     }
@@ -351,7 +353,7 @@ impl HttpClient {
         let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
         let failed = |e: String| ReplicationError::HttpRequestFailed(format!("{what}: {e}"));
         let rb = self
-            .builder(req)
+            .builder(req, &mut 0)
             .await
             .header("content-type", req.content_type.as_ref())
             .body(body);
@@ -414,7 +416,8 @@ impl HttpClient {
     }
 
     /// The request with the endpoint's headers, credentials and timeout, without a body.
-    async fn builder(&self, req: &Req) -> reqwest::RequestBuilder {
+    /// `credentials`: set to the generation of the credentials sent.
+    async fn builder(&self, req: &Req, credentials: &mut u64) -> reqwest::RequestBuilder {
         let mut rb = self
             .http
             .request(req.method.clone(), self.ep.join(&req.path))
@@ -425,7 +428,9 @@ impl HttpClient {
         for (k, v) in &req.headers {
             rb = rb.header(*k, v.as_str());
         }
-        if let Some((k, v)) = self.auth.header(&self.http).await {
+        let (header, generation) = self.auth.header(&self.http).await;
+        *credentials = generation;
+        if let Some((k, v)) = header {
             rb = rb.header(k, v);
         }
         if let Some(t) = self.cfg.request_timeout {
@@ -434,8 +439,13 @@ impl HttpClient {
         rb
     }
 
-    async fn attempt(&self, req: &Req, buffer: bool) -> Result<Outcome, String> {
-        let mut rb = self.builder(req).await;
+    async fn attempt(
+        &self,
+        req: &Req,
+        buffer: bool,
+        credentials: &mut u64,
+    ) -> Result<Outcome, String> {
+        let mut rb = self.builder(req, credentials).await;
         if let Some(body) = &req.body {
             rb = rb
                 .header("content-type", req.content_type.as_ref())
