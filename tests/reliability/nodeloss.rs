@@ -94,23 +94,28 @@ async fn losing_one_of_three_nodes_with_300_replications_reruns_every_job_in_two
         for name in NODES {
             nodes.push(Some(cluster.start(name, settings()).await));
         }
-        let mut ids = Vec::new();
-        for i in 0..JOBS {
-            let p = &pouches[i % SERVERS];
-            let rep = json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
-                             "create_target": true, "continuous": true,
-                             "checkpoint_interval": 1000});
-            let v = nodes[i % NODES.len()]
-                .as_ref()
-                .unwrap()
-                .add(NewJob::from_body(JobKind::Persistent {
-                        db_name: "_replicator".into(),
-                        doc_id: format!("r{i}"),
-                    }, rep))
-                .await
-                .unwrap();
-            ids.push(v.job_id);
-        }
+        // Sixteen adds at a time, spread over the three nodes.
+        let nodes_ref = &nodes;
+        let ids: Vec<JobId> = futures::stream::iter(0..JOBS)
+            .map(|i| async move {
+                let p = &pouches[i % SERVERS];
+                let rep = json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
+                                 "create_target": true, "continuous": true,
+                                 "checkpoint_interval": 1000});
+                nodes_ref[i % NODES.len()]
+                    .as_ref()
+                    .unwrap()
+                    .add(NewJob::from_body(JobKind::Persistent {
+                            db_name: "_replicator".into(),
+                            doc_id: format!("r{i}"),
+                        }, rep))
+                    .await
+                    .unwrap()
+                    .job_id
+            })
+            .buffered(16)
+            .collect()
+            .await;
         wait_targets(pouches, 2, "before the loss").await;
         let observer = nodes[0].as_ref().unwrap();
         // Every job copied its first docs; on a loaded machine one may be between a crash

@@ -52,20 +52,25 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
             ..test_settings()
         };
         let n = nodes.start("n1", settings).await;
-        for i in 0..jobs {
-            let p = &pouches[i % SERVERS];
-            n.add(NewJob::from_body(
-                JobKind::Persistent {
-                    db_name: "_replicator".into(),
-                    doc_id: format!("r{i}"),
-                },
-                json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
-                "create_target": true, "continuous": true,
-                }),
-            ))
-            .await
-            .unwrap();
-        }
+        // Sixteen adds at a time, as a busy `_replicator` database would bring them (one at
+        // a time, the thousand took 30 s on a loaded machine).
+        let node = &n;
+        futures::stream::iter(0..jobs)
+            .for_each_concurrent(16, |i| async move {
+                let p = &pouches[i % SERVERS];
+                node.add(NewJob::from_body(
+                    JobKind::Persistent {
+                        db_name: "_replicator".into(),
+                        doc_id: format!("r{i}"),
+                    },
+                    json!({"source": p.url(&format!("s{i}")), "target": p.url(&format!("t{i}")),
+                    "create_target": true, "continuous": true,
+                    }),
+                ))
+                .await
+                .unwrap();
+            })
+            .await;
         eprintln!("{jobs} jobs added at {:?}", t0.elapsed());
         let started = Instant::now();
         let server = n

@@ -13,7 +13,7 @@ use couch_replicator::store::faulty::FaultyStore;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use super::server::free_port;
+use super::server::{free_port, listens_on};
 
 /// A pouchdb-server process (killed on drop) in its own temp dir.
 pub struct Pouch {
@@ -24,12 +24,23 @@ pub struct Pouch {
 }
 
 impl Pouch {
+    /// Starts one and waits until it answers on a port of its own (up to three tries on
+    /// fresh ports, 60 s each: on a loaded machine node takes a while to load pouchdb-server).
     pub async fn start() -> Pouch {
+        for _ in 0..3 {
+            if let Some(p) = Self::try_start().await {
+                return p;
+            }
+        }
+        panic!("pouchdb-server did not start");
+    }
+
+    async fn try_start() -> Option<Pouch> {
         let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("node_modules/.bin/pouchdb-server");
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let child = Command::new(bin)
+        let mut child = Command::new(bin)
             .args([
                 "--in-memory",
                 "--port",
@@ -45,24 +56,29 @@ impl Pouch {
             .expect("start pouchdb-server");
         let http = reqwest::Client::new();
         let url = format!("http://127.0.0.1:{port}/");
-        // Up to 60 s: on a loaded machine node takes a while to load pouchdb-server.
         for _ in 0..600 {
+            // Exited: most likely another test's server took the port first.
+            if !matches!(child.try_wait(), Ok(None)) {
+                return None;
+            }
             if http
                 .get(&url)
                 .send()
                 .await
                 .is_ok_and(|r| r.status().is_success())
+                && child.id().is_some_and(|pid| listens_on(pid, port))
             {
-                return Pouch {
+                return Some(Pouch {
                     port,
                     _child: child,
                     _dir: dir,
                     http,
-                };
+                });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("pouchdb-server did not start on {port}");
+        eprintln!("pouchdb-server did not start on {port} in 60 s");
+        None
     }
 
     pub fn url(&self, db: &str) -> String {

@@ -22,6 +22,32 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// True when process `pid` holds the listening socket of loopback port `port`. A port from
+/// [`free_port`] can be taken by another test's server before ours binds it (ours then exits
+/// with EADDRINUSE), and until it does, `GET /` on that port reaches the other server: a
+/// start counts only once the listener is our child's.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // Fields: sl, local address, remote address, state (0A = LISTEN), ..., inode.
+            (f.len() > 9 && f[1] == local && f[3] == "0A").then(|| f[9].to_owned())
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            let t = target.to_string_lossy();
+            inodes.iter().any(|i| t == format!("socket:[{i}]"))
+        })
+    })
+}
+
 fn server_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node_modules/.bin/pouchdb-server")
 }
@@ -78,6 +104,7 @@ impl PouchServer {
             }
             if let Ok(r) = http.get(server.root()).send().await
                 && r.status().is_success()
+                && listens_on(server.child.id(), port)
             {
                 return Ok(server);
             }
