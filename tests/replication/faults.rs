@@ -361,3 +361,36 @@ async fn a_fresh_cookie_refused_once_is_replaced_by_a_new_login() {
         p.log()
     );
 }
+
+/// A replication's source and target on one server as one user log in once (CouchDB's
+/// replicator logs in per endpoint; two first logins at once on a CouchDB without a cookie
+/// secret yet cost one of them a refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_and_target_on_one_server_share_one_login() {
+    let (_a, c, p) = setup().await;
+    let (st, v) = c
+        .put_doc(
+            "_users",
+            "org.couchdb.user:ann",
+            &json!({"name": "ann", "password": "pw", "roles": [], "type": "user"}),
+        )
+        .await;
+    assert_eq!(st, 201, "creating user ann: {v}");
+    let with_user = |db: &str| p.db_url(db).replace("http://", "http://ann:pw@");
+    let mut s = spec(&p);
+    s.source = Endpoint::parse(&with_user("src")).unwrap();
+    s.target = Endpoint::parse(&with_user("tgt")).unwrap();
+    s.options.create_target = true;
+    run_ok(s, &c, "one login for both").await;
+    let logins = p.requests_to("/_session");
+    assert_eq!(logins.len(), 1, "{:?}", p.log());
+    // Both sides used that session.
+    for side in ["/src", "/tgt"] {
+        assert!(
+            p.requests_to(side)
+                .iter()
+                .all(|r| r.headers.get("cookie").is_some()),
+            "{side} without the session cookie"
+        );
+    }
+}

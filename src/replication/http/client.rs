@@ -17,6 +17,7 @@ use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
 use super::coalesce::Coalescer;
+use super::session_cache::SessionCache;
 pub use super::response::Resp;
 use super::tls::TlsOptions;
 use super::transport::{TransportKey, Transports};
@@ -159,6 +160,12 @@ impl HttpClient {
         c.watches = Some(shared.watches);
         c.auth.share_through(transports.sessions());
         Ok(c)
+    }
+
+    /// Shares `_session` logins with the other clients of `cache` (same server, same
+    /// credentials): a replication's source and target on one server then log in once.
+    pub(crate) fn share_sessions(&mut self, cache: &SessionCache) {
+        self.auth.share_through(cache);
     }
 
     fn assemble(

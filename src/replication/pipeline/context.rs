@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::Result;
 use crate::replication::http::client::{ClientConfig, HttpClient};
+use crate::replication::http::session_cache::SessionCache;
 use crate::replication::http::transport::Transports;
 use crate::replication::options::spec::ReplicationSpec;
 use crate::replication::rate_limit::limiter::{Aimd, RateLimiter};
@@ -63,9 +64,16 @@ pub(crate) fn clients(
         tls: o.tls.clone(),
         auth: o.auth,
     };
+    // Without shared transports, source and target still share their logins: on one server
+    // as one user they log in once, not twice at the same moment (two first logins at once
+    // on a CouchDB without a cookie secret yet cost a refusal and a new login).
+    let sessions = SessionCache::default();
     let client = |ep: &Endpoint, cfg: ClientConfig| match &ctx.transports {
         Some(t) => HttpClient::shared(ep.clone(), cfg, ctx.limiter.clone(), t),
-        None => HttpClient::new(ep.clone(), cfg, ctx.limiter.clone()),
+        None => HttpClient::new(ep.clone(), cfg, ctx.limiter.clone()).map(|mut c| {
+            c.share_sessions(&sessions);
+            c
+        }),
     };
     // The changes feed holds one source connection: never fewer than 2 (CouchDB's couch_replicator_scheduler_job.erl start-up).
     let src = client(
