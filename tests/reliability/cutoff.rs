@@ -57,6 +57,28 @@ fn record(log: &Log, node: &'static str, n: &Replicator) -> tokio::task::JoinHan
     })
 }
 
+/// The two nodes' stores: the first reaches `cluster` only through a relay per member (the
+/// relays, returned, cut it off), with short timeouts; the second reaches it directly.
+async fn stores(cluster: &EtcdCluster) -> (Vec<Relay>, EtcdStore, EtcdStore) {
+    let mut relays = Vec::new();
+    for endpoint in cluster.endpoints() {
+        let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+        relays.push(Relay::start(port).await.unwrap());
+    }
+    let via_relays = relays
+        .iter()
+        .map(|r| format!("http://127.0.0.1:{}", r.port))
+        .collect();
+    let mut cut_config = EtcdConfig::new(via_relays);
+    cut_config.request_timeout = Duration::from_secs(2);
+    cut_config.connect_timeout = Duration::from_secs(1);
+    let store1 = EtcdStore::connect(&cut_config).await.unwrap();
+    let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
+        .await
+        .unwrap();
+    (relays, store1, store2)
+}
+
 /// The jobs each node runs after replaying the log; panics at the first instant a job
 /// runs on two nodes. Also returns, per job that moved, the gap between its stop on one
 /// node and its start on the other.
@@ -104,22 +126,7 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                     pouch.put_docs(&format!("s{i}"), "a", 3).await;
                 })
                 .await;
-            let mut relays = Vec::new();
-            for endpoint in cluster.endpoints() {
-                let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-                relays.push(Relay::start(port).await.unwrap());
-            }
-            let via_relays = relays
-                .iter()
-                .map(|r| format!("http://127.0.0.1:{}", r.port))
-                .collect();
-            let mut cut_config = EtcdConfig::new(via_relays);
-            cut_config.request_timeout = Duration::from_secs(2);
-            cut_config.connect_timeout = Duration::from_secs(1);
-            let store1 = EtcdStore::connect(&cut_config).await.unwrap();
-            let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
-                .await
-                .unwrap();
+            let (relays, store1, store2) = stores(&cluster).await;
             // n1 alone first, so that it runs every job when the cut comes (with both up,
             // whichever node accepts first may take them all).
             let nodes = Nodes::on_disk();
@@ -252,22 +259,7 @@ async fn a_server_job_cut_off_etcd_moves_to_another_node() {
             src.create_db(db).await;
             src.put_docs(db, "x", 3).await;
         }
-        let mut relays = Vec::new();
-        for endpoint in cluster.endpoints() {
-            let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-            relays.push(Relay::start(port).await.unwrap());
-        }
-        let via_relays = relays
-            .iter()
-            .map(|r| format!("http://127.0.0.1:{}", r.port))
-            .collect();
-        let mut cut_config = EtcdConfig::new(via_relays);
-        cut_config.request_timeout = Duration::from_secs(2);
-        cut_config.connect_timeout = Duration::from_secs(1);
-        let store1 = EtcdStore::connect(&cut_config).await.unwrap();
-        let store2 = EtcdStore::connect(&EtcdConfig::new(cluster.endpoints()))
-            .await
-            .unwrap();
+        let (relays, store1, store2) = stores(&cluster).await;
         let nodes = Nodes::on_disk();
         let n1 = nodes
             .start_on(&Db::new(Arc::new(store1)), "n1", settings())

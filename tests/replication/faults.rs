@@ -316,14 +316,7 @@ async fn credentials_never_show_in_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_cookie_refused_once_is_replaced_by_a_new_login() {
     let (_a, c, p) = setup().await;
-    let (st, v) = c
-        .put_doc(
-            "_users",
-            "org.couchdb.user:ann",
-            &json!({"name": "ann", "password": "pw", "roles": [], "type": "user"}),
-        )
-        .await;
-    assert_eq!(st, 201, "creating user ann: {v}");
+    create_ann(&c).await;
     let with_user = |db: &str| p.db_url(db).replace("http://", "http://ann:pw@");
     let spec_for_ann = || {
         let mut s = spec(&p);
@@ -368,14 +361,7 @@ async fn a_fresh_cookie_refused_once_is_replaced_by_a_new_login() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_and_target_on_one_server_share_one_login() {
     let (_a, c, p) = setup().await;
-    let (st, v) = c
-        .put_doc(
-            "_users",
-            "org.couchdb.user:ann",
-            &json!({"name": "ann", "password": "pw", "roles": [], "type": "user"}),
-        )
-        .await;
-    assert_eq!(st, 201, "creating user ann: {v}");
+    create_ann(&c).await;
     let with_user = |db: &str| p.db_url(db).replace("http://", "http://ann:pw@");
     let mut s = spec(&p);
     s.source = Endpoint::parse(&with_user("src")).unwrap();
@@ -393,4 +379,16 @@ async fn source_and_target_on_one_server_share_one_login() {
             "{side} without the session cookie"
         );
     }
+}
+
+/// User `ann` (password `pw`) on the server.
+async fn create_ann(c: &Couch) {
+    let (st, v) = c
+        .put_doc(
+            "_users",
+            "org.couchdb.user:ann",
+            &json!({"name": "ann", "password": "pw", "roles": [], "type": "user"}),
+        )
+        .await;
+    assert_eq!(st, 201, "creating user ann: {v}");
 }
