@@ -79,6 +79,22 @@ async fn stores(cluster: &EtcdCluster) -> (Vec<Relay>, EtcdStore, EtcdStore) {
     (relays, store1, store2)
 }
 
+/// The end of a cut-off test: the recorders stopped, `n2` shut down, `n1` (the node that was
+/// cut off) killed, then the relays closed.
+async fn stop(
+    recorders: Vec<tokio::task::JoinHandle<()>>,
+    n1: Replicator,
+    n2: Replicator,
+    relays: Vec<Relay>,
+) {
+    for r in recorders {
+        r.abort();
+    }
+    n2.shutdown().await;
+    n1.kill().await;
+    drop(relays);
+}
+
 /// The jobs each node runs after replaying the log; panics at the first instant a job
 /// runs on two nodes. Also returns, per job that moved, the gap between its stop on one
 /// node and its start on the other.
@@ -232,12 +248,7 @@ async fn a_node_cut_off_etcd_stops_its_jobs_before_another_node_runs_them() {
                 let leaves = c.assert_same(&format!("s{i}"), &c, &format!("t{i}")).await;
                 assert_eq!(leaves, 9);
             }
-            for r in recorders {
-                r.abort();
-            }
-            n2.shutdown().await;
-            n1.kill().await;
-            drop(relays);
+            stop(recorders, n1, n2, relays).await;
         },
     )
     .await;
@@ -325,12 +336,7 @@ async fn a_server_job_cut_off_etcd_moves_to_another_node() {
             total, 3,
             "each database's replication runs once: {running:?}"
         );
-        for r in recorders {
-            r.abort();
-        }
-        n2.shutdown().await;
-        n1.kill().await;
-        drop(relays);
+        stop(recorders, n1, n2, relays).await;
     })
     .await;
 }
