@@ -353,4 +353,18 @@ async fn checkpoints_under_older_id_versions_are_found_and_migrated_by_both() {
             );
         }
     }
+    // With `create_target` on the existing target (412): the source's current id is read
+    // while the target is created, the older versions after; still found and migrated.
+    let with_create = node.body("src", "tgt", json!({"create_target": true}));
+    let spec = ReplicationSpec::from_json(&with_create).unwrap();
+    assert_eq!(checkpoint_ids(UUID, &spec, None), ids, "same ids");
+    node.move_checkpoint(["src", "tgt"], &ids, &ids[2]).await;
+    let s = ours(&with_create).await;
+    assert_eq!(s.revisions_checked, 12, "found the v2 checkpoint: {s:?}");
+    for db in ["src", "tgt"] {
+        assert!(
+            node.local(db, &ids[0]).await.is_some(),
+            "v2 migrated on {db}"
+        );
+    }
 }

@@ -136,29 +136,39 @@ fn compare_rep_history(s: &[Value], t: &[Value]) -> (Value, Vec<Value>) {
 
 /// Reads the checkpoint of one side under the first of `ids` (newest id version first) that
 /// has one (all are read at once). One found under an older id is copied to `ids[0]`, as CouchDB migrates it; the
-/// returned document then carries the revision of that copy.
-async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value>> {
-    let Some(current) = ids.first() else {
+/// returned document then carries the revision of that copy. `current`: the document under
+/// `ids[0]` when it was read already (`Some(None)`: there is none).
+async fn find_and_migrate(
+    c: &HttpClient,
+    ids: &[String],
+    current: Option<Option<Value>>,
+) -> Result<Option<Value>> {
+    let Some(current_id) = ids.first() else {
         return Ok(None);
+    };
+    let skip = match current {
+        Some(Some(doc)) => return Ok(Some(doc)),
+        Some(None) => 1,
+        None => 0,
     };
     // Every id version is read at once (a round trip each would add up on a slow link);
     // the newest found wins.
-    let paths: Vec<String> = ids.iter().map(|id| format!("_local/{id}")).collect();
+    let paths: Vec<String> = ids[skip..].iter().map(|id| format!("_local/{id}")).collect();
     let found = futures::future::try_join_all(paths.iter().map(|p| read_local(c, p))).await?;
-    for (i, (id, doc)) in ids.iter().zip(found).enumerate() {
+    for (i, (id, doc)) in ids[skip..].iter().zip(found).enumerate() {
         let Some(mut doc) = doc else {
             continue;
         };
-        if i == 0 {
+        if i + skip == 0 {
             return Ok(Some(doc));
         }
         if let Some(m) = doc.as_object_mut() {
             m.remove("_id");
             m.remove("_rev");
         }
-        let path = format!("_local/{current}");
+        let path = format!("_local/{current_id}");
         let rev = put_local(c, &path, &doc, None).await?;
-        tracing::info!(db = %c.endpoint(), from = %id, to = %current, "migrated replication checkpoint");
+        tracing::info!(db = %c.endpoint(), from = %id, to = %current_id, "migrated replication checkpoint");
         if let (Some(m), Some(r)) = (doc.as_object_mut(), rev) {
             m.insert("_rev".into(), Value::String(r));
         }
@@ -170,19 +180,25 @@ async fn find_and_migrate(c: &HttpClient, ids: &[String]) -> Result<Option<Value
 impl Checkpointer {
     /// Reads both checkpoint documents and decides the start point. `ids` are the base ids
     /// of every id version, the current one first (see [`crate::replication::id::rep_id::checkpoint_ids`]).
-    /// With a `new_target` (created by this start) there is nothing to match: the caller
-    /// read the source's current document (at [`checkpoint_path`]) already, for the revision
-    /// the first checkpoint replaces (one request instead of one per id version on each side).
+    /// With a `new_target` (created by this start) there is nothing to match: only the
+    /// source's current document is needed, for the revision the first checkpoint replaces
+    /// (one request instead of one per id version on each side). `source_current`: that
+    /// document (at [`checkpoint_path`]) when the caller read it already.
     pub async fn load(
         src: Arc<HttpClient>,
         tgt: Arc<HttpClient>,
         ids: &[String],
-        new_target: Option<Option<Value>>,
+        new_target: bool,
+        source_current: Option<Option<Value>>,
     ) -> Result<(Self, StartPoint)> {
         let path = checkpoint_path(ids);
-        let (s, t) = match new_target {
-            Some(source_doc) => (source_doc, None),
-            None => tokio::try_join!(find_and_migrate(&src, ids), find_and_migrate(&tgt, ids))?,
+        let (s, t) = match (new_target, source_current) {
+            (true, Some(doc)) => (doc, None),
+            (true, None) => (read_local(&src, &path).await?, None),
+            (false, current) => tokio::try_join!(
+                find_and_migrate(&src, ids, current),
+                find_and_migrate(&tgt, ids, None)
+            )?,
         };
         let (start, history) = compare_logs(s.as_ref(), t.as_ref());
         // Until a checkpoint is written: the source's document, marked as no change.

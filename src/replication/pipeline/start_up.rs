@@ -136,7 +136,8 @@ pub(crate) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened
     // On a long round trip every step taken one after the other costs a round trip (and a
     // new connection another), so the source is opened and its current checkpoint read while
     // the target is created. A target created now holds no checkpoint: that read is then all
-    // the start needs. Only the target's own reads wait for its creation.
+    // the start needs (an existing target's search of older id versions does not repeat it).
+    // Only the target's own reads wait for its creation.
     let early = o.create_target && o.use_checkpoints;
     let current = checkpoint_path(&checkpoint_ids);
     let (created, source_side) = tokio::join!(
@@ -163,7 +164,7 @@ pub(crate) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened
     let first_since = (created && !o.continuous).then(|| o.since_seq.clone().unwrap_or(json!(0)));
     let (tgt_info, found, first_changes) = tokio::join!(
         open_db(&tgt),
-        find_start(&src, &tgt, o, &checkpoint_ids, created.then_some(src_doc).flatten()),
+        find_start(&src, &tgt, o, &checkpoint_ids, created, src_doc),
         async {
             let since = first_since?;
             let req = feed_request(o, "normal", &since, None);
@@ -202,14 +203,15 @@ pub(crate) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened
 /// or an older one) and its sequence, unless checkpoints are off. `since_seq` overrides the
 /// sequence but keeps the checkpoint's history and counters (CouchDB 3.4). `new_target`: the
 /// target was created just now, so it holds no checkpoint and the replication starts from
-/// scratch; the source's current checkpoint document (`Some(None)`: it has none) was read
-/// already.
+/// scratch. `source_current`: the source's current checkpoint document when it was read
+/// already (`Some(None)`: it has none).
 async fn find_start(
     src: &Arc<HttpClient>,
     tgt: &Arc<HttpClient>,
     o: &ReplicationOptions,
     checkpoint_ids: &[String],
-    new_target: Option<Option<Value>>,
+    new_target: bool,
+    source_current: Option<Option<Value>>,
 ) -> Result<(Option<Checkpointer>, StartPoint)> {
     let mut checkpointer = None;
     let mut start_point = StartPoint {
@@ -217,8 +219,14 @@ async fn find_start(
         seed: None,
     };
     if o.use_checkpoints {
-        let (mut cp, sp) =
-            Checkpointer::load(src.clone(), tgt.clone(), checkpoint_ids, new_target).await?;
+        let (mut cp, sp) = Checkpointer::load(
+            src.clone(),
+            tgt.clone(),
+            checkpoint_ids,
+            new_target,
+            source_current,
+        )
+        .await?;
         cp.set_doc_ids(matches!(o.filter, Filter::DocIds(_)));
         checkpointer = Some(cp);
         start_point = sp;
