@@ -34,6 +34,7 @@ async fn jobs_against_one_server_share_one_session_login() {
         let nodes = Nodes::on_disk();
         let n = nodes.start("n1", test_settings()).await;
         const JOBS: usize = 4;
+        let mut after_first_job = 0;
         for i in 0..JOBS {
             let job =
                 NewJob::transient(ep(&with_admin("src")), ep(&with_admin(&format!("tgt{i}"))))
@@ -42,6 +43,9 @@ async fn jobs_against_one_server_share_one_session_login() {
             n.wait(&id, WaitFor::Completed, Duration::from_secs(60))
                 .await
                 .unwrap();
+            if i == 0 {
+                after_first_job = proxy.log().len();
+            }
         }
         let logins = |log: &[crate::support::proxy::Seen]| {
             log.iter()
@@ -51,6 +55,15 @@ async fn jobs_against_one_server_share_one_session_login() {
         let log = proxy.log();
         // Without sharing: a login per job and endpoint client, 2 x JOBS.
         assert_eq!(logins(&log), 1, "{JOBS} jobs, one server, one user");
+        // Connections are opened ahead only while a login runs: the first job's.
+        let opened_later = log[after_first_job..]
+            .iter()
+            .filter(|r| r.path == "/")
+            .count();
+        assert_eq!(
+            opened_later, 0,
+            "connections opened ahead after the first job"
+        );
         let to_targets: Vec<_> = log.iter().filter(|r| r.path.starts_with("/tgt")).collect();
         assert!(!to_targets.is_empty());
         assert!(

@@ -210,6 +210,8 @@ async fn counters_follow_a_replication_through_5xx_retries() {
         let couch = Couch::new(&format!("{}/", pouch.url));
         couch.create_db("s").await;
         couch.bulk_insert("s", &numbered_docs("d", 20)).await;
+        // Existing, so the job asks it `_revs_diff` (where the faults are); a created one is not asked.
+        couch.create_db("t").await;
         let proxy = FaultProxy::start(&format!("{}/", pouch.url)).await;
         proxy.add(Rule::new(
             Some(Method::POST),

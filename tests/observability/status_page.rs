@@ -36,6 +36,8 @@ async fn the_page_follows_a_job_from_running_to_completed() {
         let couch = Couch::new(&format!("{}/", pouch.url));
         couch.create_db("s").await;
         couch.bulk_insert("s", &numbered_docs("d", 40)).await;
+        // Existing, so the job asks it `_revs_diff` (held below); a created one is not asked.
+        couch.create_db("t").await;
         let proxy = FaultProxy::start(&format!("{}/", pouch.url)).await;
         let (open, held) = tokio::sync::watch::channel(false);
         proxy.add(Rule::new(

@@ -107,6 +107,9 @@ async fn completes_through(rules: Vec<Rule>, extra: Value, what: &str) {
         let rig = Rig::start().await;
         rig.couch.create_db("s").await;
         rig.couch.bulk_insert("s", &numbered_docs("d", 400)).await;
+        // An existing (empty) target: one the job created would not be asked `_revs_diff`,
+        // and several faults are aimed at it.
+        rig.couch.create_db("t").await;
         let n = rules.len();
         for r in rules {
             rig.proxy.add(r);

@@ -367,9 +367,25 @@ async fn source_and_target_on_one_server_share_one_login() {
     s.source = Endpoint::parse(&with_user("src")).unwrap();
     s.target = Endpoint::parse(&with_user("tgt")).unwrap();
     s.options.create_target = true;
-    run_ok(s, &c, "one login for both").await;
+    let warm = s.options.http_connections.div_ceil(2);
+    run_ok(s.clone(), &c, "one login for both").await;
     let logins = p.requests_to("/_session");
     assert_eq!(logins.len(), 1, "{:?}", p.log());
+    // Connections were opened while the login ran, with `GET /` and no credentials: by the
+    // client that logged in, and by the other one if it came while the login was under way.
+    let opened: Vec<_> = p.log().into_iter().filter(|r| r.path == "/").collect();
+    assert!(
+        (warm..=2 * warm).contains(&opened.len()),
+        "{} connections opened ahead, expected {warm}..={}",
+        opened.len(),
+        2 * warm
+    );
+    assert!(
+        opened
+            .iter()
+            .all(|r| r.method == Method::GET && r.headers.get("authorization").is_none()),
+        "{opened:?}"
+    );
     // Both sides used that session.
     for side in ["/src", "/tgt"] {
         assert!(

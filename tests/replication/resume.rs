@@ -206,7 +206,7 @@ async fn since_seq_overrides_the_checkpoint_and_keeps_its_counters() {
 
 /// A target the replication creates holds no checkpoint: the start reads only the source's
 /// current checkpoint document (for the revision the first checkpoint replaces), none on the
-/// target. A re-created target is filled from scratch, and the source's checkpoint left by
+/// target, and asks it no `_revs_diff`. A re-created target is filled from scratch, and the source's checkpoint left by
 /// the first run is replaced, not refused as a conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_target_is_filled_from_scratch_without_looking_for_checkpoints() {
@@ -219,6 +219,7 @@ async fn a_created_target_is_filled_from_scratch_without_looking_for_checkpoints
     s.options.create_target = true;
     for round in 0..2 {
         let before = proxy.requests_to("_local/").len();
+        let diffs_before = proxy.requests_to("/tgt/_revs_diff").len();
         let done = deadline(30, "run", replicate(s.clone(), Context::default()))
             .await
             .unwrap();
@@ -230,6 +231,9 @@ async fn a_created_target_is_filled_from_scratch_without_looking_for_checkpoints
             .collect();
         assert_eq!(reads.len(), 1, "round {round}: checkpoint reads {reads:?}");
         assert!(reads[0].starts_with("/src/"), "{reads:?}");
+        // Nor is the created target asked which revisions it lacks: all of them.
+        let diffs = proxy.requests_to("/tgt/_revs_diff").len() - diffs_before;
+        assert_eq!(diffs, 0, "round {round}: _revs_diff into a created target");
         c.assert_same("src", &c, "tgt").await;
         assert_eq!(c.delete_db("tgt").await, 200);
     }

@@ -59,6 +59,10 @@ pub(crate) struct Auth {
     /// How many times the mode changed (a login, a shared verdict taken): a request sent
     /// before the latest change is retried with what replaced its credentials.
     generation: AtomicU64,
+    /// How many connections to open ahead while the first login runs (see [`Auth::warm_up`]).
+    warm: usize,
+    /// Connections were opened ahead for the requests waiting on the first login.
+    warmed: AtomicBool,
 }
 
 impl std::fmt::Debug for Auth {
@@ -100,7 +104,18 @@ impl Auth {
             refused: AtomicBool::new(false),
             fresh_refusal_retried: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            warm: 2,
+            warmed: AtomicBool::new(false),
         }
+    }
+
+    /// Opens `n` connections ahead while the first login runs (2 by default: the start's
+    /// requests that wait on the login are the source's database and checkpoint and the
+    /// target's creation; a replication's first wave of batches needs about as many as its
+    /// window starts with).
+    pub(crate) fn warming(mut self, n: usize) -> Self {
+        self.warm = n;
+        self
     }
 
     /// Whether the server refused these credentials at `_session`: an endpoint's 401 is then
@@ -133,7 +148,17 @@ impl Auth {
             Mode::Basic => false,
         };
         if due {
+            let started = Instant::now();
+            let warming = match *mode {
+                Mode::Unknown => self.warm_up(http),
+                _ => None,
+            };
             *mode = self.obtain(http, creds).await;
+            if let Some(warming) = warming {
+                // Started with the login, they normally are done with it; a connection still
+                // opening when the waiting requests go would be opened twice.
+                let _ = tokio::time::timeout(started.elapsed() / 4, warming).await;
+            }
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         let header = match &*mode {
@@ -141,6 +166,36 @@ impl Auth {
             _ => self.basic.clone().map(|b| ("authorization", b)),
         };
         (header, self.generation())
+    }
+
+    /// Before the first login: opens the configured number of connections to the server with
+    /// `GET /` (no credentials, so nothing a server could count as a failed login), unless a
+    /// fresh shared verdict makes the login unnecessary. Over a long link the requests waiting
+    /// on the login then find open connections instead of paying a handshake each after it
+    /// (a round trip, and more with TLS). CouchDB's replicator sends no such request.
+    /// Returns what completes once they are back in the pool.
+    fn warm_up(&self, http: &reqwest::Client) -> Option<impl Future<Output = ()> + use<>> {
+        let fresh = self.shared.as_ref().is_some_and(|slot| {
+            slot.try_lock()
+                .is_ok_and(|v| v.as_ref().is_some_and(|v| v.at().elapsed() <= self.refresh))
+        });
+        if fresh || self.warmed.swap(true, Ordering::Relaxed) {
+            return None;
+        }
+        let opened: Vec<_> = (0..self.warm)
+            .map(|_| {
+                let get = http.get(&self.root).header("accept", "application/json");
+                tokio::spawn(async move {
+                    // The body is read so the connection goes back to the pool.
+                    if let Ok(r) = get.send().await {
+                        let _ = r.bytes().await;
+                    }
+                })
+            })
+            .collect();
+        Some(async move {
+            futures::future::join_all(opened).await;
+        })
     }
 
     /// The credentials' generation now.

@@ -175,7 +175,9 @@ impl HttpClient {
         cfg: ClientConfig,
         limiter: Arc<dyn RateLimiter>,
     ) -> Self {
-        let auth = Auth::with_policy(&ep, cfg.auth);
+        // As many connections as a replication's window starts with (half the cap, see
+        // `pipeline::worker::window_limits`) are opened while the first login runs.
+        let auth = Auth::with_policy(&ep, cfg.auth).warming(cfg.http_connections.div_ceil(2));
         let slots = Semaphore::new(cfg.http_connections.max(1));
         cfg.metrics.inc(Series::ConnectionCreates);
         Self {

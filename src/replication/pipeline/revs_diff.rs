@@ -87,6 +87,17 @@ pub fn all_missing(changes: &[Change]) -> Vec<Missing> {
         .collect()
 }
 
+/// What the target held when the replication started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetAtStart {
+    /// This run created it (201): it holds nothing of the source's.
+    Created,
+    /// It existed without documents or deletions.
+    Empty,
+    /// It held something.
+    Holding,
+}
+
 /// CouchDB 3.3's `_revs_diff` skipping: an exponential moving average (decay 0.4) of the
 /// missing fraction; skip while it is above 0.95, but call at least every 37 s.
 #[derive(Debug)]
@@ -109,15 +120,26 @@ impl DiffSkipper {
     const THRESHOLD: f64 = 0.95;
     const MAX_GAP: Duration = Duration::from_secs(37);
 
-    /// A skipper for a target that held nothing when the replication started (created by it,
-    /// or without documents or deletions): every revision should be missing there, so once
-    /// the first diff confirms it, batches skip `_revs_diff` at once instead of after the
-    /// six the moving average needs, saving a round trip each (what decides over a long
-    /// link). Only the batches already under way when the first diff answers call it too.
-    pub fn for_empty_target() -> Self {
-        Self {
-            avg: 1.0,
-            last_call: None,
+    /// A skipper for a target as the start-up found it. A target that held nothing (no
+    /// documents, no deletions) should lack every revision, so once the first diff confirms
+    /// it, batches skip `_revs_diff` at once instead of after the six the moving average
+    /// needs, saving a round trip each (what decides over a long link); only the batches
+    /// already under way when the first diff answers call it too. A target this run created
+    /// is not even asked: its first wave goes straight to the source (a round trip and a
+    /// connection's handshake sooner, see docs/decisions/2026-11-27-wan-first-wave.md). A
+    /// document someone else wrote there meanwhile is written again, which `new_edits=false`
+    /// makes a no-op, and the 37 s check still runs.
+    pub fn for_target(target: TargetAtStart) -> Self {
+        match target {
+            TargetAtStart::Created => Self {
+                avg: 1.0,
+                last_call: Some(Instant::now()),
+            },
+            TargetAtStart::Empty => Self {
+                avg: 1.0,
+                last_call: None,
+            },
+            TargetAtStart::Holding => Self::default(),
         }
     }
 
@@ -159,7 +181,7 @@ mod tests {
 
     #[test]
     fn an_empty_target_skips_once_the_first_diff_confirms_it() {
-        let mut s = DiffSkipper::for_empty_target();
+        let mut s = DiffSkipper::for_target(TargetAtStart::Empty);
         assert!(s.should_call(), "the first batch checks the guess");
         s.record(100, 100);
         assert!(!s.should_call(), "skips from the second diff on");
@@ -168,5 +190,15 @@ mod tests {
             s.should_call(),
             "a diff finding revisions present ends the skipping"
         );
+    }
+
+    #[test]
+    fn a_created_target_is_not_asked_until_the_periodic_check() {
+        let mut s = DiffSkipper::for_target(TargetAtStart::Created);
+        assert!(!s.should_call(), "the first wave goes straight to the source");
+        s.last_call = Some(Instant::now() - DiffSkipper::MAX_GAP);
+        assert!(s.should_call(), "the 37 s check still runs");
+        s.record(100, 0);
+        assert!(s.should_call(), "revisions found present end the skipping");
     }
 }

@@ -125,7 +125,7 @@ async fn run(
         tgt,
         src_info,
         keep_encoding,
-        target_empty,
+        target,
         rep_id,
         checkpointer,
         start_point,
@@ -156,11 +156,7 @@ async fn run(
         counters,
         metrics: ctx.metrics.clone(),
         tracker: Mutex::new(Tracker::new(start_point.seq.clone())),
-        skipper: Mutex::new(if target_empty {
-            DiffSkipper::for_empty_target()
-        } else {
-            DiffSkipper::default()
-        }),
+        skipper: Mutex::new(DiffSkipper::for_target(target)),
         bulk_get: Mutex::new(BulkGetGate::default()),
         keep_encoding,
         source_seq: Mutex::new(base.source_seq.clone()),

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::checkpoint::{Checkpointer, StartPoint, checkpoint_path, instance_start_of, read_local};
 use super::context::{Context, clients};
+use super::revs_diff::TargetAtStart;
 use crate::replication::endpoint::database::{encode_doc_id, encode_query};
 use crate::replication::changes::reader::feed_request;
 use crate::replication::error::{ReplicationError, Result};
@@ -118,8 +119,8 @@ pub(crate) struct Opened {
     pub(crate) tgt: Arc<HttpClient>,
     pub(crate) src_info: Value,
     pub(crate) keep_encoding: bool,
-    /// The target held nothing at start (created now, or no documents and no deletions).
-    pub(crate) target_empty: bool,
+    /// What the target held at start.
+    pub(crate) target: TargetAtStart,
     pub(crate) rep_id: RepId,
     pub(crate) checkpointer: Option<Checkpointer>,
     pub(crate) start_point: StartPoint,
@@ -184,14 +185,19 @@ pub(crate) async fn open(spec: &ReplicationSpec, ctx: &Context) -> Result<Opened
     let is_couch = |info: &Value| info.get("disk_format_version").is_some();
     let keep_encoding = is_couch(&tgt_info) || !is_couch(&src_info);
     let count = |k: &str| tgt_info.get(k).and_then(Value::as_u64);
-    let target_empty =
-        created || (count("doc_count") == Some(0) && count("doc_del_count") == Some(0));
+    let target = if created {
+        TargetAtStart::Created
+    } else if count("doc_count") == Some(0) && count("doc_del_count") == Some(0) {
+        TargetAtStart::Empty
+    } else {
+        TargetAtStart::Holding
+    };
     Ok(Opened {
         src,
         tgt,
         src_info,
         keep_encoding,
-        target_empty,
+        target,
         rep_id,
         checkpointer,
         start_point,
