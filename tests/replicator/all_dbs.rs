@@ -10,7 +10,7 @@ use std::time::Duration;
 use couch_replicator::replicator::replicator_db::doc_processor::{
     DocProcessor, DocProcessorConfig, ReplicatorDb,
 };
-use couch_replicator::replicator::{Replicator, ServerJobView, ServerState};
+use couch_replicator::replicator::{HistoryKind, Replicator, ServerJobView, ServerState};
 use serde_json::{Value, json};
 
 use crate::support::couch::{Couch, numbered_docs};
@@ -81,7 +81,30 @@ async fn server_job_copies_fifty_pouchdb_databases() {
     })
     .await;
     assert_eq!((done.total, done.completed, done.failed), (50, 50, 0));
-    assert_eq!(done.docs_written, 500);
+    // A database job that ran twice (stopped or crashed on a loaded machine) counts, as
+    // CouchDB's do, from its checkpoint: documents written after it and before the stop are
+    // on the target but not counted again. Only without restarts must every one be counted.
+    let restarted = rep
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|v| {
+            v.history
+                .iter()
+                .filter(|h| h.kind == HistoryKind::Started)
+                .count()
+                > 1
+        })
+        .count();
+    match restarted {
+        0 => assert_eq!(done.docs_written, 500),
+        n => assert!(
+            done.docs_written <= 500,
+            "{} written with {n} jobs restarted",
+            done.docs_written
+        ),
+    }
     for db in &names {
         assert_eq!(cs.assert_same(db, &ct, db).await, 10, "{db}");
     }
