@@ -133,8 +133,8 @@ pub use replicator::handle::failure as job_failure;
 pub use replicator::{
     ClusterStatus, DbProgress, EventReceiver, HistoryEvent, HistoryKind, JobError, JobId, JobKind,
     JobRef, JobView, NewJob, NodeName, NodeType, RepState, Replicator, ReplicatorConfig,
-    ReplicatorError, ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobView,
-    ServerSpec, ServerState, SettingsError, WaitFor,
+    ReplicatorError, ReplicatorEvent, ReplicatorResult, ReplicatorSettings, ServerJobId,
+    ServerJobView, ServerSpec, ServerState, SettingsError, WaitFor,
 };
 pub use store::embedded::EmbeddedStore;
 pub use store::etcd::{EtcdConfig, EtcdStats, EtcdStore};

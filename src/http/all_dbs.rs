@@ -14,7 +14,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::HttpResult;
 use super::mask::masked;
-use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerSpec, server_job_id};
+use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerJobId, ServerSpec, server_job_id};
 
 /// Whether a `POST /_replicate` body asks for a whole-server replication.
 pub(crate) fn is_all_dbs(body: &Value) -> bool {
@@ -29,7 +29,7 @@ pub(crate) async fn post(st: &AppState, caller: &Caller, body: Value) -> HttpRes
     let rep = st.replicator();
     if body.get("cancel") == Some(&Value::Bool(true)) {
         let id = match body.get("id").and_then(Value::as_str) {
-            Some(id) => id.to_owned(),
+            Some(id) => ServerJobId::from(id),
             None => server_job_id(&ServerSpec::from_body(&body)?, user.as_deref()),
         };
         let view = rep.cancel_server_job(&id).await?;
@@ -60,6 +60,6 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> HttpResult<Json<Value>> {
     caller.require_admin()?;
-    let job = st.replicator().server_job(&id).await?;
+    let job = st.replicator().server_job(&ServerJobId::from(id)).await?;
     Ok(Json(masked(json!(job))))
 }

@@ -35,4 +35,4 @@ pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
 pub use node::frontend::{Frontend, ServiceError, ServiceFn, ServiceFuture};
 pub use node::name::NodeName;
 pub use node::settings::{NodeType, ReplicatorSettings, SettingsError};
-pub use server_job::spec::{DbProgress, ServerJobView, ServerSpec, ServerState};
+pub use server_job::spec::{DbProgress, ServerJobId, ServerJobView, ServerSpec, ServerState};

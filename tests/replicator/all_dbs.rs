@@ -10,7 +10,9 @@ use std::time::Duration;
 use couch_replicator::replicator::replicator_db::doc_processor::{
     DocProcessor, DocProcessorConfig, ReplicatorDb,
 };
-use couch_replicator::replicator::{HistoryKind, Replicator, ServerJobView, ServerState};
+use couch_replicator::replicator::{
+    HistoryKind, Replicator, ServerJobId, ServerJobView, ServerState,
+};
 use serde_json::{Value, json};
 
 use crate::support::couch::{Couch, numbered_docs};
@@ -22,7 +24,7 @@ use crate::support::wait_for;
 /// Waits until server job `id` satisfies `ok`, returning its view.
 async fn wait_server(
     rep: &Replicator,
-    id: &str,
+    id: &ServerJobId,
     secs: u64,
     what: &str,
     ok: impl Fn(&ServerJobView) -> bool,
@@ -222,7 +224,7 @@ async fn a_replicator_document_starts_and_stops_a_server_job() {
     let doc = body(&src.url(""), &tgt.url(""), json!({"include": ["db-*"]}));
     let (s, put) = ct.put_doc("jobs_replicator", "everything", &doc).await;
     assert_eq!(s, 201, "{put}");
-    let id = "jobs_replicator|everything";
+    let id = &ServerJobId::from("jobs_replicator|everything");
     let done = wait_server(&rep, id, 60, "the document's server job", |v| {
         v.state == ServerState::Completed
     })

@@ -31,7 +31,7 @@ pub use super::writeback::{DocStats, Terminal, write_state};
 use super::writeback::{write_server_state, write_state_if};
 use crate::replicator::job::record::RepJobRecord;
 use crate::replicator::job::view::{REP_JOBS, persistent_job_id, rep_fields};
-use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerSpec};
+use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerJobId, ServerSpec};
 use crate::replicator::{
     JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent,
 };
@@ -334,7 +334,7 @@ impl Follower {
         let added = match ServerSpec::from_body(doc) {
             Ok(spec) => {
                 self.rep
-                    .put_server_job(id.as_str(), spec, owner, false)
+                    .put_server_job(&ServerJobId::from(id.as_str()), spec, owner, false)
                     .await
             }
             Err(e) => Err(e),
@@ -358,7 +358,7 @@ impl Follower {
     async fn remove(&self, doc_id: &str) -> bool {
         let id = persistent_job_id(&self.name, doc_id);
         // The document may have asked for a whole-server copy.
-        match self.rep.cancel_server_job(id.as_str()).await {
+        match self.rep.cancel_server_job(&ServerJobId::from(id.as_str())).await {
             Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "removing the server job failed; will retry");
@@ -449,9 +449,9 @@ impl Writer {
             return;
         };
         for v in servers.iter().filter(|v| v.state.is_terminal()) {
-            let key = (v.id.clone(), v.last_updated);
+            let key = (v.id.to_string(), v.last_updated);
             let doc = self.dbs.iter().find_map(|(db, client)| {
-                let doc_id = v.id.strip_prefix(db.as_str())?.strip_prefix('|')?;
+                let doc_id = v.id.as_str().strip_prefix(db.as_str())?.strip_prefix('|')?;
                 Some((client.clone(), doc_id.to_owned()))
             });
             let Some((client, doc_id)) = doc else {

@@ -198,9 +198,15 @@ pub fn glob(pattern: &str, name: &str) -> bool {
     p[i..].iter().all(|c| *c == '*')
 }
 
+text_id! {
+    /// A whole-server job's couch_jobs id (of the `server_jobs` type): `all_dbs-<md5>` for
+    /// one asked for through `_replicate`, `db|doc_id` for a `_replicator` document's.
+    ServerJobId
+}
+
 /// The job id of a server job: MD5 over everything that makes it a different copy, without
 /// credentials, and the user who asked.
-pub fn server_job_id(spec: &ServerSpec, user: Option<&str>) -> String {
+pub fn server_job_id(spec: &ServerSpec, user: Option<&str>) -> ServerJobId {
     let normalized = json!([
         strip_credentials(&spec.source),
         strip_credentials(&spec.target),
@@ -210,14 +216,14 @@ pub fn server_job_id(spec: &ServerSpec, user: Option<&str>) -> String {
         Value::Object(spec.options.clone()),
         user,
     ]);
-    format!(
+    ServerJobId::from(format!(
         "all_dbs-{}",
         hex::encode(Md5::digest(normalized.to_string().as_bytes()))
-    )
+    ))
 }
 
 /// The pseudo `_replicator` database (and fair-share group) of a server job's replications.
-pub fn group_of(server_job_id: &str) -> String {
+pub fn group_of(server_job_id: &ServerJobId) -> String {
     format!("_server/{server_job_id}")
 }
 
@@ -228,7 +234,7 @@ pub fn is_server_group(db: &str) -> bool {
 }
 
 /// The job kind of database `db`'s replication in server job `id`.
-pub fn db_job_kind(server_job_id: &str, db: &str) -> JobKind {
+pub fn db_job_kind(server_job_id: &ServerJobId, db: &str) -> JobKind {
     JobKind::Persistent {
         db_name: group_of(server_job_id),
         doc_id: db.to_owned(),
@@ -318,7 +324,7 @@ impl ServerRecord {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ServerJobView {
     /// The couch_jobs id (`all_dbs-<md5>`).
-    pub id: String,
+    pub id: ServerJobId,
     /// Source server without credentials.
     pub source: String,
     /// Target server without credentials.
@@ -351,7 +357,7 @@ pub struct ServerJobView {
 
 impl ServerJobView {
     /// The view of record `r` of job `id`.
-    pub fn from_record(id: &str, r: &ServerRecord) -> Self {
+    pub fn from_record(id: &ServerJobId, r: &ServerRecord) -> Self {
         let count = |s: RepState| r.dbs.values().filter(|d| d.state == s).count();
         let (source, target, continuous) = match &r.spec {
             Some(s) => (
@@ -362,7 +368,7 @@ impl ServerJobView {
             None => Default::default(),
         };
         Self {
-            id: id.to_owned(),
+            id: id.clone(),
             source,
             target,
             state: r.state,
@@ -401,12 +407,12 @@ impl Replicator {
     /// another copy).
     pub async fn put_server_job(
         &self,
-        id: &str,
+        id: &ServerJobId,
         spec: ServerSpec,
         user: Option<String>,
         rerun_finished: bool,
     ) -> ReplicatorResult<ServerJobView> {
-        match self.ctx.jobs().get_job_data(SERVER_JOBS, id).await {
+        match self.ctx.jobs().get_job_data(SERVER_JOBS, id.as_str()).await {
             Ok(old) => {
                 let old = ServerRecord::from_data(&old)?;
                 let active = matches!(old.state, ServerState::Pending | ServerState::Running);
@@ -434,11 +440,11 @@ impl Replicator {
             .run(|tx| {
                 let record = record.clone();
                 async move {
-                    match jobs.remove_tx(&tx, SERVER_JOBS, id).await {
+                    match jobs.remove_tx(&tx, SERVER_JOBS, id.as_str()).await {
                         Ok(()) | Err(JobsError::NotFound) => {}
                         Err(e) => return Err(e),
                     }
-                    jobs.add_tx(&tx, SERVER_JOBS, id, record.to_data(), now)
+                    jobs.add_tx(&tx, SERVER_JOBS, id.as_str(), record.to_data(), now)
                         .await
                 }
             })
@@ -447,13 +453,13 @@ impl Replicator {
     }
 
     /// One server job.
-    pub async fn server_job(&self, id: &str) -> ReplicatorResult<ServerJobView> {
-        match self.ctx.jobs().get_job_data(SERVER_JOBS, id).await {
+    pub async fn server_job(&self, id: &ServerJobId) -> ReplicatorResult<ServerJobView> {
+        match self.ctx.jobs().get_job_data(SERVER_JOBS, id.as_str()).await {
             Ok(d) => Ok(ServerJobView::from_record(
                 id,
                 &ServerRecord::from_data(&d)?,
             )),
-            Err(JobsError::NotFound) => Err(ReplicatorError::NotFound(id.to_owned())),
+            Err(JobsError::NotFound) => Err(ReplicatorError::NotFound(id.to_string())),
             Err(e) => Err(e.into()),
         }
     }
@@ -465,7 +471,7 @@ impl Replicator {
             .jobs()
             .fold_jobs(SERVER_JOBS, Vec::new(), |mut acc, j| {
                 if let Ok(r) = ServerRecord::from_data(&j.data) {
-                    acc.push(ServerJobView::from_record(&j.id, &r));
+                    acc.push(ServerJobView::from_record(&ServerJobId::from(&j.id), &r));
                 }
                 acc
             })
@@ -474,9 +480,9 @@ impl Replicator {
 
     /// Removes a server job and every replication it owns (its worker stops at its next
     /// update, when it finds its lock gone).
-    pub async fn cancel_server_job(&self, id: &str) -> ReplicatorResult<ServerJobView> {
+    pub async fn cancel_server_job(&self, id: &ServerJobId) -> ReplicatorResult<ServerJobView> {
         let view = self.server_job(id).await?;
-        match self.ctx.jobs().remove(SERVER_JOBS, id).await {
+        match self.ctx.jobs().remove(SERVER_JOBS, id.as_str()).await {
             Ok(()) | Err(JobsError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
@@ -488,7 +494,7 @@ impl Replicator {
     /// stop of the tree, so this node cannot accept them again): another replication node
     /// takes them at once instead of after the activity timeout. Returns how many.
     pub(crate) async fn release_server_jobs(&self) -> ReplicatorResult<usize> {
-        let mine: Vec<String> = self
+        let mine: Vec<ServerJobId> = self
             .server_jobs()
             .await?
             .into_iter()
@@ -500,7 +506,10 @@ impl Replicator {
         for id in &mine {
             let requeued = jobs
                 .db()
-                .run(|tx| async move { jobs.requeue_running_tx(&tx, SERVER_JOBS, id).await })
+                .run(|tx| async move {
+                    jobs.requeue_running_tx(&tx, SERVER_JOBS, id.as_str())
+                        .await
+                })
                 .await?;
             released += usize::from(requeued);
         }
@@ -508,7 +517,10 @@ impl Replicator {
     }
 
     /// Cancels every replication server job `id` added.
-    pub(crate) async fn cancel_server_replications(&self, id: &str) -> ReplicatorResult<()> {
+    pub(crate) async fn cancel_server_replications(
+        &self,
+        id: &ServerJobId,
+    ) -> ReplicatorResult<()> {
         let group = group_of(id);
         for j in self.list().await? {
             if j.database.as_deref() == Some(group.as_str()) {
@@ -570,7 +582,7 @@ mod tests {
             ServerSpec::from_body(&b).unwrap(),
         );
         assert_eq!(server_job_id(&a, None), server_job_id(&b, None));
-        assert!(!server_job_id(&a, None).contains("p1"));
+        assert!(!server_job_id(&a, None).as_str().contains("p1"));
         for bad in [
             json!({"source": "ftp://h", "target": "http://h:2"}),
             json!({"source": "http://h:1", "target": 3}),

@@ -22,7 +22,8 @@ use crate::replication::endpoint::server::{self, DbUpdates};
 use crate::replication::{Context, ReplicationOptions};
 
 use super::spec::{
-    DbProgress, SERVER_JOBS, ServerRecord, ServerSpec, ServerState, db_job_kind, group_of,
+    DbProgress, SERVER_JOBS, ServerJobId, ServerRecord, ServerSpec, ServerState, db_job_kind,
+    group_of,
 };
 use crate::replicator::handle::Replicator;
 use crate::replicator::new_job::NewJob;
@@ -103,7 +104,8 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
         },
         source_options,
         target_options,
-        group: group_of(&job.id),
+        group: group_of(&ServerJobId::from(&job.id)),
+        id: ServerJobId::from(&job.id),
         since: None,
         db_updates: None,
         listed: false,
@@ -164,6 +166,8 @@ fn endpoint_options(
 struct ServerRun {
     rep: Arc<Replicator>,
     job: Job,
+    /// The job's id, typed (`job.id` is couch_jobs' opaque text).
+    id: ServerJobId,
     record: ServerRecord,
     spec: ServerSpec,
     /// The node's metrics, for the server-level requests.
@@ -260,7 +264,7 @@ impl ServerRun {
     /// Adds (or finds) database `name`'s replication.
     async fn add_db(&self, name: &str) -> DbProgress {
         let job_id = persistent_job_id(&self.group, name);
-        let new = NewJob::from_body(db_job_kind(&self.job.id, name), self.spec.db_body(name));
+        let new = NewJob::from_body(db_job_kind(&self.id, name), self.spec.db_body(name));
         let state = match self.rep.add(new).await {
             Ok(v) => v.state,
             Err(e) => {
@@ -382,12 +386,12 @@ impl ServerRun {
     /// again. If another worker holds it now, that worker owns them.
     async fn stopped(self) {
         if !matches!(
-            self.rep.server_job(&self.job.id).await,
+            self.rep.server_job(&self.id).await,
             Err(crate::replicator::error::ReplicatorError::NotFound(_))
         ) {
             return;
         }
-        if let Err(e) = self.rep.cancel_server_replications(&self.job.id).await {
+        if let Err(e) = self.rep.cancel_server_replications(&self.id).await {
             tracing::warn!(job = %self.job.id, error = %e, "cannot remove replications");
         }
     }
