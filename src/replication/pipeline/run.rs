@@ -137,7 +137,7 @@ async fn run(
         counters.seed(seed);
     }
     let base = ReplicationStats {
-        replication_id: rep_id.full(),
+        replication_id: rep_id.clone(),
         source: display(&spec.source),
         target: display(&spec.target),
         continuous: o.continuous,

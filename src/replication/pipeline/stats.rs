@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::replication::id::rep_id::RepId;
+
 /// Counters shared by the pipeline's tasks.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -49,7 +51,7 @@ impl Counters {
 #[serde(default)]
 pub struct ReplicationStats {
     /// Full replication id (`base+ext`).
-    pub replication_id: String,
+    pub replication_id: RepId,
     /// Source URL, password masked.
     pub source: String,
     /// Target URL, password masked.

@@ -259,7 +259,6 @@ async fn claim(
     now: i64,
 ) -> Result<bool, BoxError> {
     let ctx = &st.ctx;
-    let full = rep_id.full();
     let job_id = st.job_id.clone();
     let jobs = ctx.jobs();
     let mut record = st.record.clone();
@@ -273,7 +272,7 @@ async fn claim(
     record.push_history(HistoryKind::Started, now, None, ctx.settings().max_history);
     if record.rep_stats.is_none() {
         // Listed in `_active_tasks` from the moment it runs, as CouchDB lists a new task.
-        record.rep_stats = Some(first_stats(&full, spec, now));
+        record.rep_stats = Some(first_stats(rep_id, spec, now));
     }
     let data = record.to_data();
     let job = st.job.clone();
@@ -374,10 +373,10 @@ const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
 
 /// The stats of a job that has not reported any yet: CouchDB's task before its first
 /// update (sequences `0`, no counters).
-fn first_stats(rep_id: &str, spec: &ReplicationSpec, now: i64) -> ReplicationStats {
+fn first_stats(rep_id: &RepId, spec: &ReplicationSpec, now: i64) -> ReplicationStats {
     let now = now.max(0) as u64;
     ReplicationStats {
-        replication_id: rep_id.to_owned(),
+        replication_id: rep_id.clone(),
         continuous: spec.options.continuous,
         source_seq: 0.into(),
         through_seq: 0.into(),
