@@ -368,7 +368,7 @@ async fn source_and_target_on_one_server_share_one_login() {
     s.target = Endpoint::parse(&with_user("tgt")).unwrap();
     s.options.create_target = true;
     let warm = s.options.http_connections.div_ceil(2);
-    run_ok(s.clone(), &c, "one login for both").await;
+    run_ok(s, &c, "one login for both").await;
     let logins = p.requests_to("/_session");
     assert_eq!(logins.len(), 1, "{:?}", p.log());
     // Connections were opened while the login ran, with `GET /` and no credentials: by the
