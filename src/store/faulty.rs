@@ -277,15 +277,20 @@ impl FaultyStore {
     }
 
     /// The wrapper from the environment: `COUCH_STORE_FAULTS=RATE[:SEED]` (for example
-    /// `0.01:7`) wraps `inner` with [`FaultRates::uniform`]`(RATE)` but no hung commits
-    /// (each costs a whole 60 s transaction timeout, longer than the time bounds of the
-    /// suites this is for; the chaos test and the store fault suite cover hangs); unset or
-    /// unparsable returns `inner` unchanged. Test helpers use it to run whole suites under
-    /// faults.
+    /// `0.01:7`), as [`FaultyStore::from_spec`]; unset returns `inner` unchanged. Test helpers
+    /// use it to run whole suites under faults.
     pub fn from_env(inner: Arc<dyn Store>) -> Arc<dyn Store> {
-        let Ok(spec) = std::env::var("COUCH_STORE_FAULTS") else {
-            return inner;
-        };
+        match std::env::var("COUCH_STORE_FAULTS") {
+            Ok(spec) => Self::from_spec(inner, &spec),
+            Err(_) => inner,
+        }
+    }
+
+    /// `inner` wrapped with [`FaultRates::uniform`]`(RATE)` from `spec` = `RATE[:SEED]`, but no
+    /// hung commits (each costs a whole 60 s transaction timeout, longer than the time bounds
+    /// of the suites this is for; the chaos test and the store fault suite cover hangs); an
+    /// unparsable spec returns `inner` unchanged, with a warning.
+    pub fn from_spec(inner: Arc<dyn Store>, spec: &str) -> Arc<dyn Store> {
         let mut parts = spec.splitn(2, ':');
         let rate = parts.next().and_then(|r| r.trim().parse::<f64>().ok());
         let seed = parts.next().and_then(|s| s.trim().parse::<u64>().ok());
@@ -300,7 +305,7 @@ impl FaultyStore {
                 Arc::new(FaultyStore::new(inner, rates, seed))
             }
             _ => {
-                tracing::warn!(spec, "COUCH_STORE_FAULTS is not RATE[:SEED]; faults off");
+                tracing::warn!(spec, "store fault spec is not RATE[:SEED]; faults off");
                 inner
             }
         }

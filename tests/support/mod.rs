@@ -34,7 +34,26 @@ pub mod tls;
 pub mod verify;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+
+use couch_replicator::store::Store as StoreEngine;
+use couch_replicator::store::faulty::FaultyStore;
+
+/// The test binary that runs the replicator suites touching the store once more with the
+/// store's fault injection always on (`tests/replicator_under_store_faults.rs`).
+const FAULTED_BINARY: &str = "replicator_under_store_faults";
+
+/// `inner` as this test binary's stores see it: under injected faults at 1 % (seed from
+/// `STORE_FAULTS_SEED`, default 1) in [`FAULTED_BINARY`], under `COUCH_STORE_FAULTS=RATE[:SEED]`
+/// in any binary, else unchanged.
+pub fn with_store_faults(inner: Arc<dyn StoreEngine>) -> Arc<dyn StoreEngine> {
+    if env!("CARGO_CRATE_NAME") == FAULTED_BINARY {
+        let seed = std::env::var("STORE_FAULTS_SEED").unwrap_or_else(|_| "1".into());
+        return FaultyStore::from_spec(inner, &format!("0.01:{seed}"));
+    }
+    FaultyStore::from_env(inner)
+}
 
 /// Runs `f` with a deadline; on expiry panics naming what the test was waiting for.
 pub async fn deadline<T>(secs: u64, what: &str, f: impl Future<Output = T>) -> T {

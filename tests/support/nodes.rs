@@ -23,7 +23,6 @@ use couch_replicator::replicator::{
     Frontend, JobId, JobView, Replicator, ReplicatorConfig, ReplicatorSettings,
 };
 use couch_replicator::store::Db;
-use couch_replicator::store::faulty::FaultyStore;
 use couch_replicator::store::memory::MemoryStore;
 use ractor::ActorStatus;
 use supervisors::SupervisorRef;
@@ -47,8 +46,8 @@ impl Nodes {
     /// Nodes on the in-memory engine with couch_jobs' default settings: for paused time.
     pub fn paused() -> Nodes {
         Nodes {
-            // Under `COUCH_STORE_FAULTS` with injected faults, as `Store::open` does.
-            db: Db::new(FaultyStore::from_env(Arc::new(MemoryStore::new()))),
+            // Under injected store faults where this binary runs them, as `Store::open` does.
+            db: Db::new(super::with_store_faults(Arc::new(MemoryStore::new()))),
             clock: Arc::new(TokioClock::new()),
             jobs: JobsConfig::default(),
             _store: None,

@@ -9,7 +9,6 @@ use couch_replicator::jobs::JobsConfig;
 use couch_replicator::replicator::ReplicatorSettings;
 use couch_replicator::store::Db;
 use couch_replicator::store::embedded::EmbeddedStore;
-use couch_replicator::store::faulty::FaultyStore;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
@@ -163,9 +162,9 @@ pub struct Store {
 
 impl Store {
     /// The embedded engine in a temp dir, or with `COUCH_TEST_STORE=etcd` a 3-member etcd
-    /// cluster of the test's own (multi-threaded tests only: it is started in place); under
-    /// `COUCH_STORE_FAULTS=RATE[:SEED]` wrapped in the fault-injecting store, so whole suites
-    /// run under FDB's failure modes.
+    /// cluster of the test's own (multi-threaded tests only: it is started in place); wrapped in
+    /// the fault-injecting store where [`super::with_store_faults`] says so, so whole suites run
+    /// under FDB's failure modes.
     pub fn open() -> Store {
         let dir = tempfile::tempdir().unwrap();
         if std::env::var("COUCH_TEST_STORE").as_deref() == Ok("etcd") {
@@ -183,14 +182,14 @@ impl Store {
                 })
             });
             return Store {
-                db: Db::new(FaultyStore::from_env(Arc::new(store))),
+                db: Db::new(super::with_store_faults(Arc::new(store))),
                 dir,
                 etcd: Some(cluster),
             };
         }
         let store = EmbeddedStore::open(dir.path().join("replicator.redb")).unwrap();
         Store {
-            db: Db::new(FaultyStore::from_env(Arc::new(store))),
+            db: Db::new(super::with_store_faults(Arc::new(store))),
             dir,
             etcd: None,
         }
