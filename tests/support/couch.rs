@@ -21,7 +21,7 @@ impl Couch {
     pub fn new(root: &str) -> Self {
         Self {
             // A stuck server fails the test with the request named, rather than hanging it.
-            http: reqwest::Client::builder()
+            http: super::http_client()
                 .timeout(std::time::Duration::from_secs(30))
                 .build()
                 .expect("test http client"),

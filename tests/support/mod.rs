@@ -55,6 +55,13 @@ pub fn with_store_faults(inner: Arc<dyn StoreEngine>) -> Arc<dyn StoreEngine> {
     FaultyStore::from_env(inner)
 }
 
+/// An HTTP client builder for the test endpoints. pouchdb-server (Node) closes a keep-alive
+/// connection idle for 5 s, and a request sent on one just as it closes fails ("error
+/// sending request"), so connections idle for 4 s are not reused.
+pub fn http_client() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(4))
+}
+
 /// Runs `f` with a deadline; on expiry panics naming what the test was waiting for.
 pub async fn deadline<T>(secs: u64, what: &str, f: impl Future<Output = T>) -> T {
     match tokio::time::timeout(Duration::from_secs(secs), f).await {

@@ -118,7 +118,7 @@ impl FaultProxy {
         let ctx = Ctx {
             cut: cut.clone(),
             upstream: upstream_root.trim_end_matches('/').to_owned(),
-            http: reqwest::Client::builder()
+            http: super::http_client()
                 .no_gzip()
                 .build()
                 .expect("proxy client"),

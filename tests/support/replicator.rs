@@ -53,7 +53,7 @@ impl Pouch {
             .kill_on_drop(true)
             .spawn()
             .expect("start pouchdb-server");
-        let http = reqwest::Client::new();
+        let http = super::http_client().build().expect("test http client");
         let url = format!("http://127.0.0.1:{port}/");
         for _ in 0..600 {
             // Exited: most likely another test's server took the port first.
