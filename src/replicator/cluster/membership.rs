@@ -3,11 +3,14 @@
 //!
 //! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)`, then one
 //! byte saying whether it runs replications (1) or only the API (0; rows without it run
-//! replications), and bumps
+//! replications); `(prefix, 55, "load", node) -> jobs it runs (u64 LE)` as its job server last
+//! reported them (read by every node's balance, so that it reads one row per node instead of
+//! one per running job); and bumps
 //! `(prefix, 55, "version")` (a versionstamped value) when it joins, leaves or removes
 //! another node. Heartbeats never conflict with each other (see [`Membership::beat_tx`]).
 
 use crate::replicator::node::name::NodeName;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::jobs::job_data::decode_activity;
@@ -86,13 +89,7 @@ impl Membership {
             if !runs_jobs || now_ms - beat > dead_ms {
                 continue;
             }
-            let name = kv
-                .key
-                .strip_prefix(b.as_slice())
-                .and_then(|rest| tuple::unpack::<(Bytes,)>(rest).ok())
-                .and_then(|(name,)| String::from_utf8(name.into_owned()).ok())
-                .map(NodeName::from);
-            out.extend(name);
+            out.extend(Self::node_of(&b, &kv.key));
         }
         Ok(out)
     }
@@ -109,10 +106,47 @@ impl Membership {
     }
 
     fn members_range(&self) -> (Vec<u8>, Vec<u8>) {
-        let begin = self.key(&(NODES, "member"));
+        self.rows_range("member")
+    }
+
+    /// The rows of one kind (`member`, `load`), one per node.
+    fn rows_range(&self, kind: &str) -> (Vec<u8>, Vec<u8>) {
+        let begin = self.key(&(NODES, kind));
         let mut end = begin.clone();
         end.push(0xFF);
         (begin, end)
+    }
+
+    /// The node a row of the range starting at `begin` belongs to.
+    fn node_of(begin: &[u8], key: &[u8]) -> Option<NodeName> {
+        let rest = key.strip_prefix(begin)?;
+        let (name,) = tuple::unpack::<(Bytes,)>(rest).ok()?;
+        String::from_utf8(name.into_owned()).ok().map(NodeName::from)
+    }
+
+    /// The load row of `node`.
+    fn load_key(&self, node: &NodeName) -> Vec<u8> {
+        self.key(&(NODES, "load", Bytes::from(node.as_str().as_bytes())))
+    }
+
+    /// Reports that this node runs `running` jobs: a blind write of its own row, so it
+    /// conflicts with nothing.
+    pub(crate) fn report_load_tx(&self, tx: &Tx, running: usize) {
+        tx.set(&self.load_key(&self.node), &(running as u64).to_le_bytes());
+    }
+
+    /// The jobs each node last reported running, at snapshot isolation (rows of nodes that
+    /// left or were removed are gone; a member that never reported has none).
+    pub(crate) async fn loads_tx(&self, tx: &Tx) -> Result<BTreeMap<NodeName, usize>, JobsError> {
+        let (b, e) = self.rows_range("load");
+        let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|kv| {
+                let n = kv.value.get(..8)?.try_into().ok().map(u64::from_le_bytes)?;
+                Some((Self::node_of(&b, &kv.key)?, n as usize))
+            })
+            .collect())
     }
 
     /// The key whose value changes whenever the membership does (watched by the actor).
@@ -131,13 +165,7 @@ impl Membership {
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut out = Vec::with_capacity(rows.len());
         for kv in rows {
-            let Some(rest) = kv.key.strip_prefix(b.as_slice()) else {
-                continue;
-            };
-            let Ok((name,)) = tuple::unpack::<(Bytes,)>(rest) else {
-                continue;
-            };
-            let Ok(name) = String::from_utf8(name.into_owned()) else {
+            let Some(name) = Self::node_of(&b, &kv.key) else {
                 continue;
             };
             let beat = kv
@@ -145,7 +173,7 @@ impl Membership {
                 .get(..8)
                 .and_then(|b| b.try_into().ok())
                 .map_or(0, i64::from_le_bytes);
-            out.push((NodeName::from(name), beat));
+            out.push((name, beat));
         }
         Ok(out)
     }
@@ -194,6 +222,7 @@ impl Membership {
         {
             tx.add_read_conflict_key(&self.member_key(n));
             tx.clear(&self.member_key(n));
+            tx.clear(&self.load_key(n));
             self.bump_version(tx);
             let requeued = self.requeue_jobs_of(tx, n, REQUEUE_PER_TRANSACTION).await?;
             beat.removed = Some((n.clone(), requeued));
@@ -264,9 +293,83 @@ impl Membership {
             .db()
             .run(|tx| async move {
                 tx.clear(&self.member_key(&self.node));
+                tx.clear(&self.load_key(&self.node));
                 self.bump_version(&tx);
                 Ok::<_, JobsError>(())
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::JobsOptions;
+    use crate::store::Db;
+    use crate::store::memory::MemoryStore;
+    use std::sync::Arc;
+
+    fn members(names: &[&str], dead_after: Duration) -> (Jobs, Vec<Membership>) {
+        let options = JobsOptions::default();
+        let prefix = options.prefix.clone();
+        let jobs = Jobs::new(Db::new(Arc::new(MemoryStore::new())), options);
+        let nodes = names
+            .iter()
+            .map(|n| Membership::new(jobs.clone(), &prefix, &(*n).into(), dead_after))
+            .collect();
+        (jobs, nodes)
+    }
+
+    async fn report(m: &Membership, running: usize) {
+        let db = m.jobs.db();
+        db.run(|tx| async move {
+            m.report_load_tx(&tx, running);
+            Ok::<_, JobsError>(())
+        })
+        .await
+        .unwrap();
+    }
+
+    async fn loads(m: &Membership) -> BTreeMap<NodeName, usize> {
+        let db = m.jobs.db();
+        db.run(|tx| async move { m.loads_tx(&tx).await })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_node_reports_its_load_in_one_row_that_leaving_clears() {
+        let (_jobs, nodes) = members(&["a", "b"], Duration::from_secs(30));
+        for m in &nodes {
+            m.beat(true).await.unwrap();
+        }
+        report(&nodes[0], 7).await;
+        report(&nodes[1], 3).await;
+        report(&nodes[1], 4).await;
+        let seen = loads(&nodes[0]).await;
+        assert_eq!(seen, [("a".into(), 7), ("b".into(), 4)].into());
+        nodes[1].leave().await.unwrap();
+        assert_eq!(loads(&nodes[0]).await, [("a".into(), 7)].into());
+    }
+
+    #[tokio::test]
+    async fn removing_a_dead_neighbour_clears_its_load() {
+        let (jobs, nodes) = members(&["a", "b"], Duration::from_millis(1));
+        for m in &nodes {
+            m.beat(true).await.unwrap();
+            report(m, 5).await;
+        }
+        // "b" stops beating; "a" beats later than b's heartbeat plus `dead_after`.
+        let later = jobs.clock().now_ms() + 1_000;
+        let db = jobs.db();
+        let beat = db
+            .run(|tx| {
+                let a = &nodes[0];
+                async move { a.beat_tx(&tx, later, false).await }
+            })
+            .await
+            .unwrap();
+        assert_eq!(beat.removed, Some(("b".into(), 0)));
+        assert_eq!(loads(&nodes[0]).await, [("a".into(), 5)].into());
     }
 }

@@ -4,8 +4,9 @@
 //! couch_jobs lets any node's acceptor take any pending job, so left alone the node whose
 //! acceptors happen to wait first takes most of them (3 nodes once ran 2/0/4). Every node
 //! reads the same picture in one snapshot ([`read_load`]): the live replication members
-//! (membership rows), the jobs each of them runs (the node each running job's data names)
-//! and the pending jobs; [`node_limit`] then gives each member `total / members` jobs, the
+//! (membership rows), the jobs each of them runs (as it last reported them in its load row,
+//! one row per node: counting the node each running job's data names read every running
+//! job's row at every tick on every node) and the pending jobs; [`node_limit`] then gives each member `total / members` jobs, the
 //! remainder going to the members that run the most already (so a balanced cluster moves
 //! nothing), never more than `max_jobs`. The job server keeps acceptors only up to that
 //! limit and hands jobs over it back to the queue at once, where a node under its limit
@@ -15,14 +16,12 @@
 //! members' `max_jobs`, the limit is `max_jobs` and nothing changes (the rotation then
 //! shares the slots over time).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use crate::jobs::JobsError;
-use crate::jobs::job_data::decode_activity;
-use crate::store::RangeOptions;
 
 use crate::replicator::cluster::membership::Membership;
-use crate::replicator::job::view::{REP_JOBS, running_node};
+use crate::replicator::job::view::REP_JOBS;
 use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::name::NodeName;
 
@@ -39,10 +38,13 @@ pub struct ClusterLoad {
 }
 
 /// Reads the picture at snapshot isolation (it conflicts with nothing). With fewer than
-/// two replication members only the members are read: a single node needs no more.
+/// two replication members only the members are read: a single node needs no more. With
+/// more, this node's load row is set to `my_running` when it says otherwise (a blind write
+/// in the same transaction).
 pub(crate) async fn read_load(
     ctx: &NodeCtx,
     membership: &Membership,
+    my_running: usize,
 ) -> Result<ClusterLoad, JobsError> {
     let jobs = ctx.jobs();
     let now_ms = jobs.clock().now_ms();
@@ -59,21 +61,18 @@ pub(crate) async fn read_load(
             let pending = jobs
                 .pending_count_tx(&tx, REP_JOBS, None, Some(PENDING_LIMIT))
                 .await?;
-            let (b, e) = jobs.keys().activity_range(REP_JOBS);
-            let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
-            let mut seen = HashSet::with_capacity(rows.len());
-            for kv in rows {
-                let Ok((id, data)) = decode_activity(&kv.value) else {
-                    continue;
-                };
-                if !seen.insert(id) {
-                    continue;
-                }
-                if let Some(n) = running_node(&data).and_then(|n| load.running.get_mut(n)) {
-                    *n += 1;
-                }
+            let loads = membership.loads_tx(&tx).await?;
+            if loads.get(ctx.node()) != Some(&my_running) {
+                membership.report_load_tx(&tx, my_running);
             }
-            load.total = pending + seen.len();
+            for (node, running) in load.running.iter_mut() {
+                *running = if node == ctx.node() {
+                    my_running
+                } else {
+                    loads.get(node).copied().unwrap_or(0)
+                };
+            }
+            load.total = pending + load.running.values().sum::<usize>();
             Ok(load)
         })
         .await

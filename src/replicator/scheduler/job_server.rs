@@ -350,7 +350,7 @@ impl JobServer {
             self.ctx.node(),
             s.job_timeout,
         );
-        let load = match balance::read_load(&self.ctx, &membership).await {
+        let load = match balance::read_load(&self.ctx, &membership, st.rot.live()).await {
             Ok(load) => load,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the cluster's load");
