@@ -49,7 +49,7 @@ use crate::jobs::{JobState, JobsError};
 use super::balance;
 use super::job_acceptor::acceptor;
 use super::job_sup::JobSupRef;
-use super::rotation_policy::{acceptors_to_add, extra_acceptor_budget};
+use super::rotation_policy::{acceptors_to_add, cluster_churn, extra_acceptor_budget};
 use super::running_jobs::{Rotation, Worker};
 use super::share::{FairShare, ShareKey};
 use crate::replicator::cluster::membership::Membership;
@@ -161,6 +161,8 @@ pub struct JobServerState {
     retired: Vec<JoinHandle<()>>,
     /// The most jobs this node runs now (see [`JobServerObservation::limit`]).
     limit: usize,
+    /// The replication members the last balance saw (this node included; 1 alone).
+    members: usize,
     /// The task that sends `Rebalance` when a job is enqueued.
     queue_watch: Option<JoinHandle<()>>,
     next_acceptor: u64,
@@ -271,8 +273,11 @@ impl JobServer {
         st.churn = 0;
         // 1. fair-share accounting, then trim what is still over `max_jobs`
         st.share.update(now);
+        // The queue is the cluster's: a trimmed job's turn comes at the cluster's pace.
+        // Counting this node's churn alone held jobs back `members` times too long.
         let pending = self.pending_all().await;
-        st.rot.tick(now, s.interval, pending, s.max_churn);
+        let churn = cluster_churn(s.max_churn, st.members);
+        st.rot.tick(now, s.interval, pending, churn);
         // The jobs surely there: a leaving job may already be counted as pending.
         let all_jobs = pending + st.rot.live();
         st.rot.refresh(&st.share, s.max_jobs, all_jobs);
@@ -357,6 +362,7 @@ impl JobServer {
                 return;
             }
         };
+        st.members = load.running.len().max(1);
         st.limit = balance::node_limit(self.ctx.node().as_str(), st.rot.live(), &load, s.max_jobs);
         let room = st.limit.saturating_sub(st.rot.live());
         let surplus: Vec<u64> = st.acceptors.keys().skip(room).copied().collect();
@@ -451,6 +457,7 @@ impl Server for JobServer {
             acceptors: HashMap::new(),
             retired: Vec::new(),
             limit: self.ctx.settings().max_jobs,
+            members: 1,
             queue_watch: Some(self.watch_queue(&myself)),
             next_acceptor: 0,
             rot: Rotation::new(self.ctx.settings().interval),

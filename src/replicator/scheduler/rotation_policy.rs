@@ -76,6 +76,12 @@ pub fn extra_acceptor_budget(
     churn_left.min(slots)
 }
 
+/// The jobs the cluster starts per cycle at most: the queue is shared, and each of its
+/// `members` replication nodes starts up to `max_churn` of it (1 member when alone).
+pub fn cluster_churn(max_churn: usize, members: usize) -> usize {
+    max_churn.saturating_mul(members.max(1))
+}
+
 /// When a job trimmed now is due to run again, with `pending` jobs waiting and `max_churn`
 /// started per cycle of `cycle` (the measured time between ticks): `pending / max_churn`
 /// cycles on, at least one and at most `max_cycles`. Not rounded to whole cycles: the
@@ -186,6 +192,16 @@ mod tests {
         // A huge queue is capped; a zero churn counts as one.
         assert_eq!(turn_due(1_000_000, 500, c, 40), c * 40);
         assert_eq!(turn_due(3, 0, c, 40), c * 3);
+    }
+
+    #[test]
+    fn in_a_cluster_the_turn_comes_at_the_clusters_pace() {
+        let c = Duration::from_secs(5);
+        // 1,500 waiting, 100 started per cycle by each node: alone 15 cycles, three
+        // members start 300 per cycle, so 5.
+        assert_eq!(turn_due(1_500, cluster_churn(100, 1), c, 40), c * 15);
+        assert_eq!(turn_due(1_500, cluster_churn(100, 3), c, 40), c * 5);
+        assert_eq!(cluster_churn(100, 0), 100);
         // The fair-share factor scales the turn; the margin is the plain turn's, so the
         // order of the turns is kept.
         assert_eq!(eligible_after(c * 3, c, 2.0), c * 5);
