@@ -49,6 +49,24 @@ impl EtcdCluster {
             println!("skipping: the etcd binary is not installed (bash scripts/deps installs it)");
             return None;
         };
+        // A port picked free may be taken by another test's server before the member binds
+        // it; that member then exits at once, and the cluster starts again on new ports.
+        let mut attempt = 1;
+        loop {
+            let mut cluster = Self::spawn_all(&bin, n);
+            match cluster.wait_ready(Duration::from_secs(30)).await {
+                Ok(()) => return Some(cluster),
+                Err(e) if attempt < 3 && cluster.a_member_exited() => {
+                    eprintln!("etcd cluster, attempt {attempt}: {e}; starting again on new ports");
+                    attempt += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// `n` members on free ports, spawned.
+    fn spawn_all(bin: &PathBuf, n: usize) -> Self {
         let members = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -63,10 +81,17 @@ impl EtcdCluster {
             token: format!("t{}", uuid::Uuid::new_v4().simple()),
         };
         for i in 0..n {
-            cluster.spawn(&bin, i);
+            cluster.spawn(bin, i);
         }
-        cluster.wait_ready(Duration::from_secs(30)).await;
-        Some(cluster)
+        cluster
+    }
+
+    /// Some member's process has ended (it could not bind its ports, most likely).
+    fn a_member_exited(&mut self) -> bool {
+        self.members
+            .iter_mut()
+            .filter_map(|m| m.child.as_mut())
+            .any(|c| !matches!(c.try_wait(), Ok(None)))
     }
 
     fn initial_cluster(&self) -> String {
@@ -125,24 +150,28 @@ impl EtcdCluster {
         m.child = Some(cmd.spawn().expect("spawn etcd"));
     }
 
-    async fn wait_ready(&self, within: Duration) {
+    async fn wait_ready(&mut self, within: Duration) -> Result<(), String> {
         let started = Instant::now();
         let endpoints = self.endpoints();
         let mut last = String::new();
         while started.elapsed() < within {
             match etcd_client::Client::connect(&endpoints, None).await {
                 Ok(mut client) => match client.get("ready", None).await {
-                    Ok(_) => return,
+                    Ok(_) => return Ok(()),
                     Err(e) => last = e.to_string(),
                 },
                 Err(e) => last = e.to_string(),
             }
+            if self.a_member_exited() {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!(
-            "etcd not ready after {within:?}: {last}; logs in {}",
+        Err(format!(
+            "etcd not ready after {:?}: {last}; logs in {}",
+            started.elapsed(),
             self.dir.path().display()
-        );
+        ))
     }
 
     /// Client URLs of the members (running or not).
