@@ -6,7 +6,8 @@
 //! reads the same picture in one snapshot ([`read_load`]): the live replication members
 //! (membership rows), the jobs each of them runs (as it last reported them in its load row,
 //! one row per node: counting the node each running job's data names read every running
-//! job's row at every tick on every node) and the pending jobs; [`node_limit`] then gives each member `total / members` jobs, the
+//! job's row at every tick on every node) and the pending jobs; [`node_limit`] then gives
+//! each member `total / members` jobs, the
 //! remainder going to the members that run the most already (so a balanced cluster moves
 //! nothing), never more than `max_jobs`. The job server keeps acceptors only up to that
 //! limit and hands jobs over it back to the queue at once, where a node under its limit
