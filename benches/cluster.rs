@@ -83,7 +83,20 @@ async fn raw_txns(endpoints: &[String]) -> BenchResult<(u64, Duration)> {
 /// CPU seconds (user + system) this process used so far, from `/proc/self/stat` (0 when
 /// unreadable): the client's share of the machine, which the etcd members compete for.
 fn own_cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    cpu_seconds("self")
+}
+
+/// The etcd members' CPU seconds so far, summed.
+fn etcd_cpu_seconds(cluster: &etcd_cluster::EtcdCluster) -> f64 {
+    (0..3)
+        .filter_map(|i| cluster.pid(i))
+        .map(|pid| cpu_seconds(&pid.to_string()))
+        .sum()
+}
+
+/// CPU seconds (user + system) of process `pid` (`self` for this one), 0 when unreadable.
+fn cpu_seconds(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
     // Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
@@ -142,7 +155,9 @@ async fn part1() -> BenchResult<()> {
         return Ok(());
     };
     let endpoints = cluster.endpoints();
+    let etcd_before = etcd_cpu_seconds(&cluster);
     let (raw_n, raw_t) = raw_txns(&endpoints).await?;
+    let raw_etcd_cpu = etcd_cpu_seconds(&cluster) - etcd_before;
     // Other depths than the defaults (commit `Txn`s, first-read `Txn`s in flight), for
     // comparison; each under its own key prefix so that every run starts from an empty store.
     let defaults = (DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE);
@@ -171,8 +186,10 @@ async fn part1() -> BenchResult<()> {
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
     let before = store.stats().requests();
     let cpu_before = own_cpu_seconds();
+    let etcd_before = etcd_cpu_seconds(&cluster);
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
     let cpu = own_cpu_seconds() - cpu_before;
+    let etcd_cpu = etcd_cpu_seconds(&cluster) - etcd_before;
     println!(
         "etcd engine, {} commit / {} read Txns in flight: {}; {:.1} requests per cycle; \
          this process's CPU {:.2} ms per cycle",
@@ -184,21 +201,24 @@ async fn part1() -> BenchResult<()> {
     );
     let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
     let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();
+    let per_op = |cpu: f64, n: u64| cpu * 1000.0 / n.max(1) as f64;
     println!(
-        "{:<60} {:>10} {:>12}",
-        "measurement (3-member etcd)", "count", "per second"
+        "{:<60} {:>10} {:>12} {:>14}",
+        "measurement (3-member etcd)", "count", "per second", "etcd CPU ms/op"
     );
     println!(
-        "{:<60} {:>10} {:>12.0}",
+        "{:<60} {:>10} {:>12.0} {:>14.3}",
         format!("raw single-key Txn, {WORKERS} clients"),
         raw_n,
-        raw_rate
+        raw_rate,
+        per_op(raw_etcd_cpu, raw_n)
     );
     println!(
-        "{:<60} {:>10} {:>12.0}",
+        "{:<60} {:>10} {:>12.0} {:>14.3}",
         format!("job cycles add/accept/update/finish, {WORKERS} workers"),
         cycles_n,
-        cycle_rate
+        cycle_rate,
+        per_op(etcd_cpu, cycles_n)
     );
     for ((commits, reads), n, rate) in depths {
         println!(

@@ -645,6 +645,25 @@ conformance!(
     ]
 );
 
+// The same engine with every read sent to etcd: the path a transaction takes when its
+// replica cannot serve its read version.
+conformance!(
+    etcd_remote_reads,
+    crate::support::store::Etcd::remote_reads(),
+    [
+        get_set_clear,
+        range_limits_and_reverse,
+        read_your_writes,
+        read_write_conflict,
+        snapshot_reads_do_not_conflict,
+        explicit_read_conflict_ranges,
+        range_read_conflicts_on_covered_part,
+        versionstamps,
+        watch_fires_after_commit_not_before,
+        durable_across_reopen,
+    ]
+);
+
 #[cfg(feature = "fdb")]
 conformance!(
     foundationdb,

@@ -151,6 +151,8 @@ impl Harness for Faulty {
 pub struct Etcd {
     pub cluster: crate::support::etcd::EtcdCluster,
     pub store: couch_replicator::store::etcd::EtcdStore,
+    /// Reads served by the engine's local replica (the default) or all sent to etcd.
+    local_reads: bool,
 }
 
 impl Etcd {
@@ -162,13 +164,38 @@ impl Etcd {
     pub async fn with_members(n: usize) -> Option<Self> {
         let cluster = crate::support::etcd::EtcdCluster::start(n).await?;
         let store = Self::connect(&cluster).await;
-        Some(Self { cluster, store })
+        Some(Self {
+            cluster,
+            store,
+            local_reads: true,
+        })
+    }
+
+    /// One member, with every read sent to etcd (`EtcdConfig::local_reads` off).
+    pub async fn remote_reads() -> Option<Self> {
+        let cluster = crate::support::etcd::EtcdCluster::start(1).await?;
+        let store = Self::connect_with(&cluster, false).await;
+        Some(Self {
+            cluster,
+            store,
+            local_reads: false,
+        })
     }
 
     pub async fn connect(
         cluster: &crate::support::etcd::EtcdCluster,
     ) -> couch_replicator::store::etcd::EtcdStore {
-        let config = couch_replicator::store::etcd::EtcdConfig::new(cluster.endpoints());
+        Self::connect_with(cluster, true).await
+    }
+
+    async fn connect_with(
+        cluster: &crate::support::etcd::EtcdCluster,
+        local_reads: bool,
+    ) -> couch_replicator::store::etcd::EtcdStore {
+        let config = couch_replicator::store::etcd::EtcdConfig {
+            local_reads,
+            ..couch_replicator::store::etcd::EtcdConfig::new(cluster.endpoints())
+        };
         couch_replicator::store::etcd::EtcdStore::connect(&config)
             .await
             .expect("connect to etcd")
@@ -186,7 +213,7 @@ impl Harness for Etcd {
 
     async fn reopen(&mut self) {
         // etcd is durable by itself: a new client on the same cluster.
-        self.store = Self::connect(&self.cluster).await;
+        self.store = Self::connect_with(&self.cluster, self.local_reads).await;
     }
 
     async fn finish(self) {}

@@ -45,6 +45,9 @@ pub struct EtcdConfig {
     /// First-read `Txn`s one process keeps in flight at most (reads that start meanwhile
     /// wait and go out together in the next).
     pub read_pipeline: usize,
+    /// Serve reads from a local replica of the prefix kept by a watch (`replica.rs`), asking
+    /// etcd only for read versions; `false` reads every key from etcd.
+    pub local_reads: bool,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -74,6 +77,7 @@ impl EtcdConfig {
             connect_timeout: Duration::from_secs(5),
             pipeline: DEFAULT_PIPELINE,
             read_pipeline: DEFAULT_READ_PIPELINE,
+            local_reads: true,
         }
     }
 

@@ -7,6 +7,9 @@
 //!   transaction that began meanwhile (`read_version.rs`), and its revision is `R`; later
 //!   reads are plain serializable `Range`s at `R`. A `Range` with an explicit revision is
 //!   never sent inside a `Txn` (etcd issue 18667 makes members diverge on 3.4.23).
+//! - With `EtcdConfig::local_reads` (the default) the first read only fetches `R` and the
+//!   clock's mod revision, and every read is served by `replica.rs`, a copy of the prefix
+//!   that one watch keeps, once it has applied that mod revision.
 //! - A commit is one `Txn` whose compares check everything the transaction read
 //!   (`conflicts.rs`): `MOD == seen` per key read (0 when absent) and `MOD < R+1` over each
 //!   range read, whose rows each add their own `MOD == seen` (a range compare misses deletes).
@@ -30,6 +33,7 @@ mod conflicts;
 mod errors;
 mod plan;
 mod read_version;
+mod replica;
 mod tip;
 mod transaction;
 mod watches;
@@ -124,6 +128,14 @@ pub struct EtcdStats {
     /// Reads sent on their own: a transaction's later reads at its revision, and the
     /// committer's reads of the clock.
     pub reads: AtomicU64,
+    /// Write operations (puts and deletes, the clock's included) in the commit `Txn`s sent.
+    pub writes: AtomicU64,
+    /// Compares in the commit `Txn`s sent.
+    pub compares: AtomicU64,
+    /// Reads the local replica served.
+    pub local_reads: AtomicU64,
+    /// Transactions whose read version the replica could not serve (they read from etcd).
+    pub replica_misses: AtomicU64,
 }
 
 impl EtcdStats {
@@ -138,13 +150,17 @@ impl EtcdStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
             "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
-             {} other reads",
+             {} other reads; {} writes, {} compares; {} local reads, {} replica misses",
             get(&self.txns),
             get(&self.committed),
             get(&self.conflicts),
             get(&self.rebuilds),
             get(&self.read_versions),
-            get(&self.reads)
+            get(&self.reads),
+            get(&self.writes),
+            get(&self.compares),
+            get(&self.local_reads),
+            get(&self.replica_misses)
         )
     }
 }
@@ -161,6 +177,8 @@ pub(crate) struct Shared {
     pub(crate) read_pipeline: usize,
     /// The newest revision any answer carried (a revision that existed before now).
     latest: AtomicI64,
+    /// The local replica reads are served from, when enabled (`EtcdConfig::local_reads`).
+    pub(crate) replica: Option<Arc<replica::Replica>>,
 }
 
 impl Shared {
@@ -215,6 +233,8 @@ pub struct EtcdStore {
     shared: Arc<Shared>,
     committer: Committer,
     versions: ReadVersions,
+    /// Stops the replica's task with the last handle.
+    _replica: Option<Arc<replica::ReplicaTask>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -227,20 +247,31 @@ impl EtcdStore {
     /// Connects to the cluster and checks it answers (one read of the clock key).
     pub async fn connect(config: &EtcdConfig) -> Result<Self, StoreError> {
         let client = config.client().await?;
+        let keys = Keys::new(config.prefix.as_bytes());
+        let (replica, task) = match config.local_reads {
+            true => {
+                let (replica, task) =
+                    replica::Replica::start(client.clone(), config.prefix.as_bytes().to_vec());
+                (Some(replica), Some(Arc::new(task)))
+            }
+            false => (None, None),
+        };
         let shared = Arc::new(Shared {
             stats: EtcdStats::default(),
             client,
-            keys: Keys::new(config.prefix.as_bytes()),
+            keys,
             tip: tip::Tip::default(),
             pipeline: config.pipeline,
             read_pipeline: config.read_pipeline,
             latest: AtomicI64::new(0),
+            replica,
         });
         read_version::read_version(&shared).await?;
         Ok(Self {
             committer: Committer::start(shared.clone()),
             versions: ReadVersions::start(shared.clone()),
             shared,
+            _replica: task,
         })
     }
 }
@@ -249,6 +280,13 @@ impl EtcdStore {
     /// Counters of what this store handle (and its clones) did.
     pub fn stats(&self) -> &EtcdStats {
         &self.shared.stats
+    }
+
+    /// Times the local replica loaded the prefix: 1 once started, one more after each
+    /// compaction that removed revisions its watch had not applied (0 without a replica).
+    pub fn replica_loads(&self) -> u64 {
+        let loads = self.shared.replica.as_ref().map(|r| &r.loads);
+        loads.map_or(0, |l| l.load(Ordering::Relaxed))
     }
 }
 

@@ -27,8 +27,16 @@ const MAX_BATCH_ROWS: i64 = 2_000;
 /// Reads in one transaction's group at most (later ones wait for the revision).
 const MAX_GROUP: usize = 32;
 
-/// What a first read found: the revision it read at, and the response to its `Range`.
-type Answer = Result<(i64, Option<GetResponse>), StoreError>;
+/// A read version: the revision `R`, and the clock's mod revision at `R` (0 when absent):
+/// the prefix did not change between the two (every commit writes the clock).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Version {
+    pub(crate) revision: i64,
+    pub(crate) clock_mod: i64,
+}
+
+/// What a first read found: the version it read at, and the response to its `Range`.
+type Answer = Result<(Version, Option<GetResponse>), StoreError>;
 
 /// One read: `None` when only the revision is wanted; else the key, its options (no
 /// revision) and the most rows it can return.
@@ -114,8 +122,8 @@ impl ReadVersions {
         Ok(answer.await.map_err(|_| StoreError::Closed).and_then(|a| a))
     }
 
-    /// The current revision, as the first read of `group`.
-    pub(crate) async fn get(&self, group: &Arc<Group>) -> Result<i64, StoreError> {
+    /// The current version, as the first read of `group`.
+    pub(crate) async fn get(&self, group: &Arc<Group>) -> Result<Version, StoreError> {
         Ok(self.open(group, None).await?.0)
     }
 
@@ -128,13 +136,15 @@ impl ReadVersions {
         key: Vec<u8>,
         options: GetOptions,
         rows: i64,
-    ) -> Result<(i64, GetResponse), StoreError> {
+    ) -> Result<(Version, GetResponse), StoreError> {
         let answer = self.open(group, Some(Box::new((key, options, rows.max(1))))).await;
         with_response(answer?)
     }
 }
 
-pub(crate) fn with_response((revision, resp): (i64, Option<GetResponse>)) -> Result<(i64, GetResponse), StoreError> {
+pub(crate) fn with_response(
+    (revision, resp): (Version, Option<GetResponse>),
+) -> Result<(Version, GetResponse), StoreError> {
     let resp = resp.ok_or_else(|| StoreError::Engine("etcd: a read got no answer".into()))?;
     Ok((revision, resp))
 }
@@ -216,14 +226,20 @@ async fn send(shared: &Shared, batch: Vec<Request>) {
             _ => None,
         })
         .collect();
+    let mut clock_mod = 0;
     if let Some(clock) = gets.first().and_then(|g| g.as_ref()?.kvs().first()) {
+        clock_mod = clock.mod_revision();
         shared
             .tip
-            .saw_clock(Clock::decode(clock.value(), clock.mod_revision()).counter);
+            .saw_clock(Clock::decode(clock.value(), clock_mod).counter);
     }
+    let version = Version {
+        revision,
+        clock_mod,
+    };
     for (index, reply) in replies {
         let read = index.and_then(|i| gets.get_mut(i).and_then(Option::take));
-        let _ = reply.send(Ok((revision, read)));
+        let _ = reply.send(Ok((version, read)));
     }
 }
 

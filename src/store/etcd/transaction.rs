@@ -6,14 +6,15 @@ use std::cmp::Ordering;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use etcd_client::{GetOptions, GetResponse, SortOrder, SortTarget};
+use etcd_client::GetOptions;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use super::committer::Committer;
 use super::conflicts::ReadSet;
-use super::read_version::{Group, ReadVersions, with_response};
+use super::read_version::{Group, ReadVersions, Version, with_response};
+use super::replica::{Page, Snapshot, Spec};
 use super::{MAX_TXN_OPS, Shared};
 use crate::store::embedded::writes::{Lookup, WriteBuffer, unreadable};
 use crate::store::{
@@ -39,6 +40,10 @@ pub(crate) struct EtcdTx {
     versions: ReadVersions,
     /// The read revision `R`, set by the first read (or by [`EtcdTx::revision`]).
     revision: OnceLock<i64>,
+    /// The clock's mod revision at `R`, set with it.
+    clock_mod: OnceLock<i64>,
+    /// The replica's rows at `R` (`None`: it could not serve them, read from etcd).
+    pinned: OnceLock<Option<Snapshot>>,
     /// Held while the first read is in flight, so that a concurrent read that could not
     /// join its group waits for `R`.
     first: tokio::sync::Mutex<()>,
@@ -111,27 +116,24 @@ impl Cursor<'_> {
 
     async fn fetch(&mut self) -> Result<(), StoreError> {
         let keys = &self.tx.shared.keys;
-        let mut options = GetOptions::new()
-            .with_range(keys.data(&self.end))
-            .with_limit(self.page as i64);
-        if self.reverse {
-            options = options.with_sort(SortTarget::Key, SortOrder::Descend);
-        }
-        let resp = self
-            .tx
-            .read(keys.data(&self.begin), options, self.page as i64)
-            .await?;
-        for kv in resp.kvs() {
-            if let Some(key) = keys.strip(kv.key()) {
+        let spec = Spec {
+            key: keys.data(&self.begin),
+            end: Some(keys.data(&self.end)),
+            limit: self.page as i64,
+            reverse: self.reverse,
+        };
+        let page = self.tx.read(spec).await?;
+        for kv in page.rows {
+            if let Some(key) = keys.strip(&kv.key) {
                 self.rows.push_back(Row {
                     key: key.to_vec(),
-                    value: kv.value().to_vec(),
-                    mod_revision: kv.mod_revision(),
+                    value: kv.value,
+                    mod_revision: kv.mod_revision,
                 });
             }
         }
         match self.rows.back() {
-            Some(last) if resp.more() => {
+            Some(last) if page.more => {
                 if self.reverse {
                     self.end = last.key.clone();
                 } else {
@@ -153,6 +155,8 @@ impl EtcdTx {
             versions,
             floor,
             revision: OnceLock::new(),
+            clock_mod: OnceLock::new(),
+            pinned: OnceLock::new(),
             first: tokio::sync::Mutex::new(()),
             group: Mutex::default(),
             state: Mutex::new(State {
@@ -176,15 +180,42 @@ impl EtcdTx {
             return Ok(*r);
         }
         if let Ok(joined) = self.versions.join(&self.group(), None).await {
-            let r = joined?.0;
-            return Ok(*self.revision.get_or_init(|| r));
+            return Ok(self.set_version(joined?.0));
         }
         let _first = self.first.lock().await;
         if let Some(r) = self.revision.get() {
             return Ok(*r);
         }
-        let r = self.versions.get(&self.new_group()).await?;
-        Ok(*self.revision.get_or_init(|| r))
+        let version = self.versions.get(&self.new_group()).await?;
+        Ok(self.set_version(version))
+    }
+
+    /// Fixes `R` (the first version set wins) and returns it.
+    fn set_version(&self, version: Version) -> i64 {
+        let r = *self.revision.get_or_init(|| version.revision);
+        if r == version.revision {
+            let _ = self.clock_mod.set(version.clock_mod);
+        }
+        r
+    }
+
+    /// The replica's rows at `R` (fetching `R` first), once per transaction; `None` without
+    /// a replica or when it cannot serve `R`.
+    async fn snapshot(&self) -> Result<Option<&Snapshot>, StoreError> {
+        let Some(replica) = &self.shared.replica else {
+            return Ok(None);
+        };
+        if let Some(pinned) = self.pinned.get() {
+            return Ok(pinned.as_ref());
+        }
+        let r = self.revision().await?;
+        let clock_mod = self.clock_mod.get().copied().unwrap_or(r);
+        let pinned = replica.pin(r, clock_mod).await;
+        if pinned.is_none() {
+            let misses = &self.shared.stats.replica_misses;
+            misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(self.pinned.get_or_init(|| pinned).as_ref())
     }
 
     fn group(&self) -> Arc<Group> {
@@ -197,39 +228,43 @@ impl EtcdTx {
         group
     }
 
-    /// A `Range` (`options` carry no revision; at most `rows` rows) at `R`. The first read
-    /// of the transaction goes through the batcher and fixes `R`; the later ones are plain
-    /// reads at `R`.
-    async fn read(
-        &self,
-        key: Vec<u8>,
-        options: GetOptions,
-        rows: i64,
-    ) -> Result<GetResponse, StoreError> {
+    /// A `Range` at `R`: from the replica when it serves `R`. Without a replica, the first
+    /// read of the transaction goes through the batcher and fixes `R`; the later ones are
+    /// plain reads at `R`.
+    async fn read(&self, spec: Spec) -> Result<Page, StoreError> {
+        if let Some(snapshot) = self.snapshot().await? {
+            let local = &self.shared.stats.local_reads;
+            local.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(snapshot.read(&spec));
+        }
+        let rows = spec.limit.max(1);
+        let options = spec.options();
         if let Some(r) = self.revision.get() {
-            return self.shared.read_at(key, options.with_revision(*r)).await;
+            let at = options.with_revision(*r);
+            return self.shared.read_at(spec.key, at).await.map(Page::from);
         }
         // Join the transaction's queued first reads, if any.
-        let read = Some(Box::new((key, options, rows)));
+        let read = Some(Box::new((spec.key, options, rows)));
         let (key, options) = match self.versions.join(&self.group(), read).await {
             Ok(joined) => {
-                let (r, resp) = with_response(joined?)?;
-                let _ = self.revision.set(r);
-                return Ok(resp);
+                let (version, resp) = with_response(joined?)?;
+                self.set_version(version);
+                return Ok(resp.into());
             }
             Err(Some(read)) => (read.0, read.1),
             Err(None) => return Err(StoreError::Closed),
         };
         let _first = self.first.lock().await;
         if let Some(r) = self.revision.get() {
-            return self.shared.read_at(key, options.with_revision(*r)).await;
+            let at = options.with_revision(*r);
+            return self.shared.read_at(key, at).await.map(Page::from);
         }
-        let (r, resp) = self
+        let (version, resp) = self
             .versions
             .first_read(&self.new_group(), key, options, rows)
             .await?;
-        let _ = self.revision.set(r);
-        Ok(resp)
+        self.set_version(version);
+        Ok(resp.into())
     }
 
     async fn read_key(&self, key: &[u8], snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
@@ -253,16 +288,22 @@ impl EtcdTx {
             return Err(unreadable());
         }
         let etcd_key = self.shared.keys.data(key);
-        let resp = self.read(etcd_key.clone(), GetOptions::new(), 1).await?;
-        let kv = resp.kvs().first();
-        let seen = kv.map_or(0, |kv| kv.mod_revision());
+        let spec = Spec {
+            key: etcd_key.clone(),
+            end: None,
+            limit: 1,
+            reverse: false,
+        };
+        let page = self.read(spec).await?;
+        let kv = page.rows.into_iter().next();
+        let seen = kv.as_ref().map_or(0, |kv| kv.mod_revision);
         let mut state = self.state();
         state.observed.keys.entry(key.to_vec()).or_insert(seen);
         if !snapshot {
             state.reads.key(etcd_key, seen);
         }
         drop(state);
-        lookup.resolve(kv.map(|kv| kv.value().to_vec()))
+        lookup.resolve(kv.map(|kv| kv.value))
     }
 
     async fn read_range(
