@@ -5,7 +5,8 @@
 //! * couch_jobs cycles (`add` → `accept` → `update` → `finish`, four transactions) per
 //!   second through the etcd engine;
 //!
-//! `RESULT jobs_cycles_etcd_over_raw_txn` is the second over the first. Skips (saying so)
+//! `RESULT jobs_cycles_etcd_over_raw_txn` is the second over the first; the raw rate is
+//! measured before and after the cycles, each phase after a compaction. Skips (saying so)
 //! when the `etcd` binary is not installed.
 //!
 //! Part 2 ([`part2`], `benches/cluster/serve.rs`): three `serve` processes on a 3-member
@@ -150,39 +151,59 @@ async fn sequential(store: &EtcdStore) -> BenchResult<()> {
     Ok(())
 }
 
+/// Compacts the cluster's history up to now, as operators' auto-compaction does, so that
+/// each measurement starts from the same state instead of the history the last one left.
+async fn compact(endpoints: &[String]) -> BenchResult<()> {
+    let mut client = EtcdConfig::new(endpoints.to_vec()).client().await?;
+    let revision = client
+        .get("compact", None)
+        .await?
+        .header()
+        .map_or(0, |h| h.revision());
+    let options = etcd_client::CompactionOptions::new().with_physical();
+    match client.compact(revision, Some(options)).await {
+        // Nothing written since the last compaction.
+        Err(e) if e.to_string().contains("compacted") => Ok(()),
+        other => other.map(drop).map_err(Into::into),
+    }
+}
+
+/// The couch_jobs cycles of one store configuration: (cycles, elapsed, summary line).
+async fn depth_cycles(
+    endpoints: &[String],
+    (commits, reads): (usize, usize),
+) -> BenchResult<(u64, Duration, String)> {
+    let config = EtcdConfig {
+        pipeline: commits,
+        read_pipeline: reads,
+        ..EtcdConfig::new(endpoints.to_vec()).with_prefix(format!("bench-p{commits}-{reads}/"))
+    };
+    let other = EtcdStore::connect(&config).await?;
+    let jobs = Jobs::new(Db::new(Arc::new(other.clone())), JobsOptions::default());
+    let (n, t) = cycles(&jobs).await?;
+    let line = format!(
+        "etcd engine, {commits} commit / {reads} read Txns in flight: {}; {:.1} requests per cycle",
+        other.stats().summary(),
+        other.stats().requests() as f64 / n.max(1) as f64
+    );
+    Ok((n, t, line))
+}
+
 async fn part1() -> BenchResult<()> {
     let Some(cluster) = etcd_cluster::EtcdCluster::start(3).await else {
         return Ok(());
     };
     let endpoints = cluster.endpoints();
+    // Raw Txns before and after the cycles (each phase after a compaction): the cluster
+    // slows as its history grows, so the peer is measured on both sides of the cycles.
+    compact(&endpoints).await?;
     let etcd_before = etcd_cpu_seconds(&cluster);
-    let (raw_n, raw_t) = raw_txns(&endpoints).await?;
-    let raw_etcd_cpu = etcd_cpu_seconds(&cluster) - etcd_before;
-    // Other depths than the defaults (commit `Txn`s, first-read `Txn`s in flight), for
-    // comparison; each under its own key prefix so that every run starts from an empty store.
-    let defaults = (DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE);
-    let mut depths = Vec::new();
-    for (commits, reads) in [(1, 1), (1, 2), (2, 1)] {
-        if (commits, reads) == defaults {
-            continue;
-        }
-        let config = EtcdConfig {
-            pipeline: commits,
-            read_pipeline: reads,
-            ..EtcdConfig::new(endpoints.clone()).with_prefix(format!("bench-p{commits}-{reads}/"))
-        };
-        let other = EtcdStore::connect(&config).await?;
-        let jobs = Jobs::new(Db::new(Arc::new(other.clone())), JobsOptions::default());
-        let (n, t) = cycles(&jobs).await?;
-        println!(
-            "etcd engine, {commits} commit / {reads} read Txns in flight: {}; {:.1} requests per cycle",
-            other.stats().summary(),
-            other.stats().requests() as f64 / n.max(1) as f64
-        );
-        depths.push(((commits, reads), n, n as f64 / t.as_secs_f64()));
-    }
+    let (raw1_n, raw1_t) = raw_txns(&endpoints).await?;
+    let raw1_cpu = etcd_cpu_seconds(&cluster) - etcd_before;
+
     let store = EtcdStore::connect(&EtcdConfig::new(endpoints.clone())).await?;
     sequential(&store).await?;
+    compact(&endpoints).await?;
     let jobs = Jobs::new(Db::new(Arc::new(store.clone())), JobsOptions::default());
     let before = store.stats().requests();
     let cpu_before = own_cpu_seconds();
@@ -190,6 +211,7 @@ async fn part1() -> BenchResult<()> {
     let (cycles_n, cycles_t) = cycles(&jobs).await?;
     let cpu = own_cpu_seconds() - cpu_before;
     let etcd_cpu = etcd_cpu_seconds(&cluster) - etcd_before;
+    let defaults = (DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE);
     println!(
         "etcd engine, {} commit / {} read Txns in flight: {}; {:.1} requests per cycle; \
          this process's CPU {:.2} ms per cycle",
@@ -199,20 +221,45 @@ async fn part1() -> BenchResult<()> {
         (store.stats().requests() - before) as f64 / cycles_n.max(1) as f64,
         cpu * 1000.0 / cycles_n.max(1) as f64
     );
-    let raw_rate = raw_n as f64 / raw_t.as_secs_f64();
-    let cycle_rate = cycles_n as f64 / cycles_t.as_secs_f64();
+
+    compact(&endpoints).await?;
+    let etcd_before = etcd_cpu_seconds(&cluster);
+    let (raw2_n, raw2_t) = raw_txns(&endpoints).await?;
+    let raw2_cpu = etcd_cpu_seconds(&cluster) - etcd_before;
+
+    // Other depths than the defaults (commit `Txn`s, first-read `Txn`s in flight), for
+    // comparison; each under its own key prefix so that every run starts from an empty store.
+    let mut depths = Vec::new();
+    for depth in [(1, 1), (1, 2), (2, 1)] {
+        if depth == defaults {
+            continue;
+        }
+        compact(&endpoints).await?;
+        let (n, t, line) = depth_cycles(&endpoints, depth).await?;
+        println!("{line}");
+        depths.push((depth, n, n as f64 / t.as_secs_f64()));
+    }
+
+    let rate = |n: u64, t: Duration| n as f64 / t.as_secs_f64();
+    let raw_rate = rate(raw1_n + raw2_n, raw1_t + raw2_t);
+    let cycle_rate = rate(cycles_n, cycles_t);
     let per_op = |cpu: f64, n: u64| cpu * 1000.0 / n.max(1) as f64;
     println!(
         "{:<60} {:>10} {:>12} {:>14}",
         "measurement (3-member etcd)", "count", "per second", "etcd CPU ms/op"
     );
-    println!(
-        "{:<60} {:>10} {:>12.0} {:>14.3}",
-        format!("raw single-key Txn, {WORKERS} clients"),
-        raw_n,
-        raw_rate,
-        per_op(raw_etcd_cpu, raw_n)
-    );
+    for (label, n, t, cpu) in [
+        ("before", raw1_n, raw1_t, raw1_cpu),
+        ("after", raw2_n, raw2_t, raw2_cpu),
+    ] {
+        println!(
+            "{:<60} {:>10} {:>12.0} {:>14.3}",
+            format!("raw single-key Txn, {WORKERS} clients, {label} the cycles"),
+            n,
+            rate(n, t),
+            per_op(cpu, n)
+        );
+    }
     println!(
         "{:<60} {:>10} {:>12.0} {:>14.3}",
         format!("job cycles add/accept/update/finish, {WORKERS} workers"),

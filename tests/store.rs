@@ -6,6 +6,7 @@ mod store {
     mod conformance;
     mod crash;
     mod etcd_cluster;
+    mod etcd_lost_commits;
     mod etcd_replica;
     mod faults;
     mod model;

@@ -127,7 +127,8 @@ impl Db {
     /// errors (from the body or from the commit), like FoundationDB's `db.run`. The body may
     /// run several times, so it must not have effects outside the transaction that matter.
     ///
-    /// A body that wrote anything commits a transaction id with its writes; after
+    /// A body that wrote anything commits a transaction id with its writes (unless the
+    /// engine resolves lost commits itself, [`Store::resolves_lost_commits`]); after
     /// [`StoreError::CommitUnknown`] the retry reads it back and returns the earlier
     /// attempt's result when that commit landed, so a body never applies twice. Bounded by
     /// [`RetryPolicy::max_attempts`] and [`RetryPolicy::timeout`].
@@ -190,7 +191,7 @@ impl Db {
         }
         let value = body(tx.clone()).await?;
         let started = std::time::Instant::now();
-        if !tx.wrote() {
+        if !tx.wrote() || self.store.resolves_lost_commits() {
             tx.commit().await?;
             self.stats.committed(started.elapsed());
             return Ok(value);

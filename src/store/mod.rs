@@ -218,6 +218,12 @@ pub trait Store: Send + Sync + 'static {
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn Transaction>, StoreError>>;
     /// A short name for logs ("embedded", "memory", "foundationdb", "etcd").
     fn engine_name(&self) -> &'static str;
+    /// Whether the engine learns by itself what became of a commit whose answer was lost,
+    /// and so never returns [`StoreError::CommitUnknown`]: [`Db::run`] then writes no
+    /// transaction id. `false` unless an engine says so.
+    fn resolves_lost_commits(&self) -> bool {
+        false
+    }
 }
 
 /// A transaction handle that can be moved into async closures.

@@ -23,6 +23,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::conflicts::{Check, ReadSet, overlap};
 use super::errors::{commit_error, read_error};
 use super::plan::{WritePlan, write_spans};
+use super::resolve::{self, Resolution};
 use super::tip::{self, Basis, Seen};
 use super::{Clock, Keys, MAX_REQUEST_BYTES, MAX_TXN_OPS, Shared};
 use crate::store::embedded::writes::Mutation;
@@ -215,7 +216,7 @@ fn seen_from(responses: Vec<TxnOpResponse>, adds: &[Vec<u8>]) -> Seen {
         };
         let kv = get.kvs().first();
         if i == 0 {
-            seen.counter = kv.map_or(0, |kv| Clock::decode(kv.value(), kv.mod_revision()).counter);
+            seen.clock = kv.map_or_else(Clock::default, |kv| Clock::decode(kv.value()));
         } else if let Some(key) = adds.get(i - 1) {
             seen.adds
                 .insert(key.clone(), kv.map(|kv| kv.value().to_vec()));
@@ -263,8 +264,8 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
     let checks: Vec<&Check> = members.iter().flat_map(|m| &m.checks).collect();
     for _ in 0..REBUILDS {
         let basis = reserve(shared, &plan, &adds).await?;
-        let counter = basis.counter + 1;
-        let txn = match build(shared, &plan, &checks, &adds, &basis, counter) {
+        let counter = basis.next.counter;
+        let txn = match build(shared, &plan, &checks, &adds, &basis) {
             Ok(txn) => txn,
             Err(e) => {
                 // Reserved but never sent: the prediction past it is wrong.
@@ -273,28 +274,21 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
             }
         };
         shared.stats.txns.fetch_add(1, Ordering::Relaxed);
+        let after = shared.latest();
         let resp: TxnResponse = match shared.kv().txn(txn).await {
             Ok(resp) => resp,
             Err(e) => {
                 shared.tip.forget();
-                return Err(commit_error(e));
+                return match commit_error(e) {
+                    StoreError::CommitUnknown => lost(shared, members, &basis, after).await,
+                    e => Err(e),
+                };
             }
         };
         shared.saw(resp.header());
         if resp.succeeded() {
             let revision = resp.header().map_or(0, |h| h.revision());
-            let n = members.len();
-            shared
-                .stats
-                .committed
-                .fetch_add(n as u64, Ordering::Relaxed);
-            let committed = (0..n)
-                .map(|i| Committed {
-                    stamp: commit_stamp(counter, i as u16),
-                    revision,
-                })
-                .collect();
-            return Ok(Outcome::Committed(committed));
+            return Ok(landed(shared, members.len(), counter, revision));
         }
         let mut responses = resp.op_responses();
         let probes = responses.split_off((1 + adds.len()).min(responses.len()));
@@ -310,6 +304,40 @@ async fn commit_members(shared: &Shared, members: &[Member]) -> Result<Outcome, 
         shared.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
     }
     Ok(Outcome::Failed((0..members.len()).collect()))
+}
+
+/// A batch of `n` members that committed at `revision` with the clock's `counter`.
+fn landed(shared: &Shared, n: usize, counter: u64, revision: i64) -> Outcome {
+    let committed = &shared.stats.committed;
+    committed.fetch_add(n as u64, Ordering::Relaxed);
+    let committed = (0..n)
+        .map(|i| Committed {
+            stamp: commit_stamp(counter, i as u16),
+            revision,
+        })
+        .collect();
+    Outcome::Committed(committed)
+}
+
+/// The `Txn` built on `basis` got no answer: asks etcd what became of it (`resolve.rs`).
+async fn lost(
+    shared: &Shared,
+    members: &[Member],
+    basis: &Basis,
+    after: i64,
+) -> Result<Outcome, StoreError> {
+    shared.stats.lost.fetch_add(1, Ordering::Relaxed);
+    match resolve::outcome(shared, basis.next, after).await {
+        Resolution::Committed(revision) => {
+            Ok(landed(shared, members.len(), basis.next.counter, revision))
+        }
+        Resolution::NotCommitted => Err(StoreError::Unavailable(
+            "etcd did not answer a commit, which did not land".into(),
+        )),
+        // Not `CommitUnknown`: `Db::run` writes no transaction id on this engine, so a retry
+        // could apply the transaction twice.
+        Resolution::Unknown => Err(StoreError::TimedOut),
+    }
 }
 
 /// The members with a check that the probes show failed.
@@ -347,7 +375,6 @@ fn build(
     checks: &[&Check],
     adds: &[Vec<u8>],
     basis: &Basis,
-    counter: u64,
 ) -> Result<Txn, StoreError> {
     let mut compares: Vec<Compare> = checks.iter().map(|c| c.compare()).collect();
     compares.extend(adds.iter().map(|key| {
@@ -355,9 +382,10 @@ fn build(
         tip::holds(key.clone(), &base)
     }));
     let clock = shared.keys.clock().to_vec();
-    compares.push(tip::clock_holds(clock.clone(), basis.counter));
-    let mut ops = plan.ops(counter, &basis.bases)?;
-    ops.push(TxnOp::put(clock, counter.to_be_bytes().to_vec(), None));
+    compares.push(tip::clock_holds(clock.clone(), basis.clock));
+    let mut ops = plan.ops(basis.next.counter, &basis.bases)?;
+    let next = basis.next.encode().unwrap_or_default();
+    ops.push(TxnOp::put(clock, next, None));
     let mut failure = get_ops(shared, adds);
     failure.extend(checks.iter().map(|c| c.probe()));
     too_many("compares", compares.len())?;

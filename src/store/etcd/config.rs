@@ -36,7 +36,7 @@ pub struct EtcdConfig {
     pub cert_file: Option<PathBuf>,
     /// The client certificate's PEM private key.
     pub key_file: Option<PathBuf>,
-    /// Every request fails after this (a commit then ends as `CommitUnknown`).
+    /// Every request fails after this (a commit's fate is then asked of etcd, `resolve.rs`).
     pub request_timeout: Duration,
     /// Connecting fails after this.
     pub connect_timeout: Duration,

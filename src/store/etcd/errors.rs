@@ -1,7 +1,8 @@
 //! etcd's errors as the contract's: a compacted revision is FDB's `transaction_too_old`, too
 //! many operations or too large a request is `TooLarge`, and anything that may have cut a
-//! commit short (unavailable, timeout, leader change, lost connection) is `CommitUnknown`;
-//! the same outside a commit is `Unavailable`. Status messages are etcd's own (they carry no
+//! commit short (unavailable, timeout, leader change, lost connection) is `CommitUnknown`,
+//! which the committer then resolves from etcd (`resolve.rs`); the same outside a commit is
+//! `Unavailable`. Status messages are etcd's own (they carry no
 //! credentials).
 
 use etcd_client::Error;

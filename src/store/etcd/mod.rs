@@ -24,8 +24,10 @@
 //! - `watches.rs` are native etcd watches from the transaction's read revision (or its commit
 //!   revision for keys it wrote), re-armed after a compaction or a lost stream.
 //! - Errors (`errors.rs`): compacted revision → `TooOld`; too many operations or too large a
-//!   request → `TooLarge`; unavailable, timeout or lost connection during a commit →
-//!   `CommitUnknown` (resolved by `Db::run`'s transaction ids).
+//!   request → `TooLarge`. A commit whose answer was lost (unavailable, timeout, lost
+//!   connection) is resolved from etcd (`resolve.rs`, through the clock's nonce): landed,
+//!   or `Unavailable` (retryable, it did not land), or `TimedOut` when etcd cannot tell;
+//!   so `Db::run` writes no transaction ids on this engine.
 
 mod committer;
 mod config;
@@ -34,6 +36,7 @@ mod errors;
 mod plan;
 mod read_version;
 mod replica;
+mod resolve;
 mod tip;
 mod transaction;
 mod watches;
@@ -94,20 +97,47 @@ impl Keys {
     }
 }
 
-/// What a process knows of the clock key: the counter and the revision it was written at.
+/// The clock key's value: the counter every writing commit advances by one (the
+/// versionstamps), and the nonce of the `Txn` that wrote it, which tells a committer whose
+/// `Txn`'s outcome was lost whether that `Txn` is the one that took the counter
+/// (`resolve.rs`). Stores written before the nonce existed hold the counter alone.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Clock {
     pub(crate) counter: u64,
-    pub(crate) mod_revision: i64,
+    pub(crate) nonce: u64,
 }
 
 impl Clock {
-    pub(crate) fn decode(value: &[u8], mod_revision: i64) -> Self {
-        let counter = <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes);
+    pub(crate) fn decode(value: &[u8]) -> Self {
+        let word = |at: usize| {
+            let bytes = value.get(at..at + 8).and_then(|b| <[u8; 8]>::try_from(b).ok());
+            bytes.map_or(0, u64::from_be_bytes)
+        };
         Self {
-            counter,
-            mod_revision,
+            counter: word(0),
+            nonce: word(8),
         }
+    }
+
+    /// The value that follows this one, written by a `Txn` with a fresh (non-zero) nonce.
+    pub(crate) fn next(self) -> Self {
+        Self {
+            counter: self.counter + 1,
+            nonce: rand::random::<u64>() | 1,
+        }
+    }
+
+    /// The stored bytes; `None` for the clock never written. Nonce 0 is the counter alone,
+    /// as stores written before the nonce hold it.
+    pub(crate) fn encode(self) -> Option<Vec<u8>> {
+        if self == Self::default() {
+            return None;
+        }
+        let mut v = self.counter.to_be_bytes().to_vec();
+        if self.nonce != 0 {
+            v.extend_from_slice(&self.nonce.to_be_bytes());
+        }
+        Some(v)
     }
 }
 
@@ -132,10 +162,14 @@ pub struct EtcdStats {
     pub writes: AtomicU64,
     /// Compares in the commit `Txn`s sent.
     pub compares: AtomicU64,
+    /// Commit `Txn`s whose answer was lost, resolved from etcd (`resolve.rs`).
+    pub lost: AtomicU64,
     /// Reads the local replica served.
     pub local_reads: AtomicU64,
     /// Transactions whose read version the replica could not serve (they read from etcd).
     pub replica_misses: AtomicU64,
+    /// Microseconds transactions waited for the replica to apply their read version.
+    pub replica_wait_us: AtomicU64,
 }
 
 impl EtcdStats {
@@ -150,7 +184,8 @@ impl EtcdStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
             "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
-             {} other reads; {} writes, {} compares; {} local reads, {} replica misses",
+             {} other reads; {} writes, {} compares; {} local reads, {} replica misses, \
+             {} ms waiting for the replica",
             get(&self.txns),
             get(&self.committed),
             get(&self.conflicts),
@@ -160,7 +195,8 @@ impl EtcdStats {
             get(&self.writes),
             get(&self.compares),
             get(&self.local_reads),
-            get(&self.replica_misses)
+            get(&self.replica_misses),
+            get(&self.replica_wait_us) / 1000
         )
     }
 }
@@ -306,5 +342,9 @@ impl Store for EtcdStore {
 
     fn engine_name(&self) -> &'static str {
         "etcd"
+    }
+
+    fn resolves_lost_commits(&self) -> bool {
+        true
     }
 }

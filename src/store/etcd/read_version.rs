@@ -231,7 +231,7 @@ async fn send(shared: &Shared, batch: Vec<Request>) {
         clock_mod = clock.mod_revision();
         shared
             .tip
-            .saw_clock(Clock::decode(clock.value(), clock_mod).counter);
+            .saw_clock(Clock::decode(clock.value()));
     }
     let version = Version {
         revision,

@@ -18,31 +18,34 @@ use std::sync::{Mutex, MutexGuard};
 
 use etcd_client::{Compare, CompareOp};
 
+use super::Clock;
 use super::plan::{Bases, WritePlan};
 
 /// Predicted add keys kept at most (the hot ones are a few per job type).
 const MAX_ADDS: usize = 1024;
 
-/// What a `Txn` was built on: the counter before it and the values its adds apply to.
+/// What a `Txn` was built on: the clock before it, the clock it writes, and the values its
+/// adds apply to.
 #[derive(Debug, Clone)]
 pub(crate) struct Basis {
     pub(crate) epoch: u64,
-    pub(crate) counter: u64,
+    pub(crate) clock: Clock,
+    pub(crate) next: Clock,
     pub(crate) bases: Bases,
 }
 
-/// The clock counter and add keys' values as read from etcd.
+/// The clock and add keys' values as read from etcd.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Seen {
-    pub(crate) counter: u64,
+    pub(crate) clock: Clock,
     pub(crate) adds: Bases,
 }
 
 #[derive(Default)]
 struct State {
     epoch: u64,
-    /// The counter after every reserved `Txn`; `None` when unknown (read it).
-    clock: Option<u64>,
+    /// The clock after every reserved `Txn`; `None` when unknown (read it).
+    clock: Option<Clock>,
     adds: Bases,
 }
 
@@ -55,11 +58,11 @@ impl Tip {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A counter a linearizable read saw, used when nothing is predicted.
-    pub(crate) fn saw_clock(&self, counter: u64) {
+    /// A clock a linearizable read saw, used when nothing is predicted.
+    pub(crate) fn saw_clock(&self, clock: Clock) {
         let mut state = self.lock();
         if state.clock.is_none() {
-            state.clock = Some(counter);
+            state.clock = Some(clock);
         }
     }
 
@@ -67,7 +70,7 @@ impl Tip {
     pub(crate) fn learn(&self, seen: Seen) {
         let mut state = self.lock();
         if state.clock.is_none() {
-            state.clock = Some(seen.counter);
+            state.clock = Some(seen.clock);
         }
         for (key, value) in seen.adds {
             state.adds.entry(key).or_insert(value);
@@ -78,12 +81,13 @@ impl Tip {
     /// tip moved past it; `None` when the clock or an added key is unknown (read them).
     pub(crate) fn reserve(&self, plan: &WritePlan, adds: &[Vec<u8>]) -> Option<Basis> {
         let mut state = self.lock();
-        let counter = state.clock?;
+        let clock = state.clock?;
         let bases: Bases = adds
             .iter()
             .map(|k| state.adds.get(k).map(|v| (k.clone(), v.clone())))
             .collect::<Option<_>>()?;
-        state.clock = Some(counter + 1);
+        let next = clock.next();
+        state.clock = Some(next);
         if state.adds.len() + adds.len() > MAX_ADDS {
             state.adds.retain(|k, _| adds.contains(k));
         }
@@ -94,7 +98,8 @@ impl Tip {
         }
         Some(Basis {
             epoch: state.epoch,
-            counter,
+            clock,
+            next,
             bases,
         })
     }
@@ -105,7 +110,7 @@ impl Tip {
         let mut state = self.lock();
         if state.epoch == epoch {
             state.epoch += 1;
-            state.clock = Some(seen.counter);
+            state.clock = Some(seen.clock);
             state.adds = seen.adds;
         }
     }
@@ -129,10 +134,9 @@ pub(crate) fn holds(key: Vec<u8>, value: &Option<Vec<u8>>) -> Compare {
     }
 }
 
-/// The clock holds `counter` (0: the clock key was never written).
-pub(crate) fn clock_holds(key: Vec<u8>, counter: u64) -> Compare {
-    let value = (counter > 0).then(|| counter.to_be_bytes().to_vec());
-    holds(key, &value)
+/// The clock holds `clock` (its default: the clock key was never written).
+pub(crate) fn clock_holds(key: Vec<u8>, clock: Clock) -> Compare {
+    holds(key, &clock.encode())
 }
 
 #[cfg(test)]
@@ -155,18 +159,22 @@ mod tests {
         let (plan, adds) = plan_adding(b"n", 1);
         assert!(tip.reserve(&plan, &adds).is_none());
         let mut seen = Seen {
-            counter: 7,
+            clock: Clock {
+                counter: 7,
+                nonce: 9,
+            },
             ..Seen::default()
         };
         seen.adds.insert(adds[0].clone(), None);
         tip.learn(seen.clone());
         let first = tip.reserve(&plan, &adds).unwrap();
         let second = tip.reserve(&plan, &adds).unwrap();
-        assert_eq!((first.counter, second.counter), (7, 8));
+        assert_eq!((first.clock.counter, second.clock.counter), (7, 8));
+        assert_eq!(second.clock, first.next, "chained on the value the first writes");
         assert_eq!(second.bases[&adds[0]], Some(1i64.to_le_bytes().to_vec()));
         tip.missed(first.epoch, seen.clone());
         // The second was built before the reset: its miss changes nothing.
         tip.missed(second.epoch, Seen::default());
-        assert_eq!(tip.reserve(&plan, &adds).unwrap().counter, 7);
+        assert_eq!(tip.reserve(&plan, &adds).unwrap().clock, seen.clock);
     }
 }

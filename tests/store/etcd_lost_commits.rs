@@ -1,0 +1,113 @@
+//! The etcd engine learns by itself what became of a commit whose answer was lost, so
+//! `Db::run` writes no transaction ids on it: through a TCP relay that delays one direction,
+//! the connection is cut while the commit `Txn` is in flight. Cut after etcd applied it (the
+//! answer still on its way back): the commit is reported as landed, once. Cut before it
+//! reached etcd: a fence takes the clock's next counter, so the lost `Txn` can never apply,
+//! and `Db::run` runs the transaction again. Either way the counter ends at exactly 2 and
+//! etcd holds no key but the counter and the clock.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
+use couch_replicator::store::{Db, RetryPolicy, StoreError, Tx};
+
+use crate::support::deadline;
+use crate::support::relay::{Link, Relay};
+use crate::support::store::Etcd;
+
+async fn add_one(db: &Db, key: &'static [u8]) -> Result<(), StoreError> {
+    db.run(|tx: Tx| async move {
+        tx.atomic_add(key, 1);
+        Ok::<_, StoreError>(())
+    })
+    .await
+}
+
+async fn lost_answer(h: Etcd, link: Link) {
+    let endpoint = h.cluster.endpoint(0);
+    let port: u16 = endpoint
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let delay = link.up.max(link.down);
+    let relay = Relay::with_link(port, link).await.expect("relay");
+    let url = relay.url("").trim_end_matches('/').to_string();
+    let store = EtcdStore::connect(&EtcdConfig::new(vec![url]))
+        .await
+        .expect("connect");
+    let db = Db::new(Arc::new(store.clone())).with_retry(RetryPolicy {
+        timeout: Some(Duration::from_secs(60)),
+        ..RetryPolicy::default()
+    });
+    // The committer now knows the clock and the counter: the next commit is one `Txn`.
+    add_one(&db, b"n").await.expect("warm-up");
+    let commit = tokio::spawn({
+        let db = db.clone();
+        async move { add_one(&db, b"n").await }
+    });
+    tokio::time::sleep(delay / 3).await;
+    relay.cut();
+    commit
+        .await
+        .expect("task")
+        .expect("the commit ends as landed");
+    assert_eq!(
+        store.stats().lost.load(Ordering::Relaxed),
+        1,
+        "{}",
+        store.stats().summary()
+    );
+
+    let direct = Db::new(Arc::new(h.store.clone()));
+    let n = direct
+        .run(|tx: Tx| async move { tx.get(b"n", false).await })
+        .await
+        .expect("read");
+    assert_eq!(n, Some(2i64.to_le_bytes().to_vec()), "applied exactly once");
+    let mut admin = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("admin");
+    let all = admin
+        .get(
+            "",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_all_keys()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .expect("keys");
+    assert_eq!(
+        all.kvs().len(),
+        2,
+        "the counter and the clock; no transaction ids"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lost_after_etcd_applied_the_commit_reports_it_landed() {
+    let Some(h) = Etcd::new().await else {
+        return;
+    };
+    let link = Link {
+        down: Duration::from_millis(900),
+        ..Link::default()
+    };
+    deadline(90, "lost answer, applied", lost_answer(h, link)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_lost_before_etcd_saw_it_is_fenced_and_run_again() {
+    let Some(h) = Etcd::new().await else {
+        return;
+    };
+    let link = Link {
+        up: Duration::from_millis(900),
+        ..Link::default()
+    };
+    deadline(90, "lost commit, never applied", lost_answer(h, link)).await;
+}
