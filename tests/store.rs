@@ -8,6 +8,7 @@ mod store {
     mod etcd_cluster;
     mod etcd_lost_commits;
     mod etcd_replica;
+    mod etcd_tls;
     mod faults;
     mod model;
 }

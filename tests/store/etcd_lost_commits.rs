@@ -3,8 +3,9 @@
 //! the connection is cut while the commit `Txn` is in flight. Cut after etcd applied it (the
 //! answer still on its way back): the commit is reported as landed, once. Cut before it
 //! reached etcd: a fence takes the clock's next counter, so the lost `Txn` can never apply,
-//! and `Db::run` runs the transaction again. Either way the counter ends at exactly 2 and
-//! etcd holds no key but the counter and the clock.
+//! and `Db::run` runs the transaction again. Each case also runs with another process
+//! committing right after the cut, so the clock's history has to tell. The counter always
+//! ends at exactly 2 and etcd holds no key but the counters and the clock.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,7 +26,9 @@ async fn add_one(db: &Db, key: &'static [u8]) -> Result<(), StoreError> {
     .await
 }
 
-async fn lost_answer(h: Etcd, link: Link) {
+/// `interleave`: another process commits right after the cut, so the clock is past the lost
+/// `Txn`'s counter when the engine asks, and its history must tell.
+async fn lost_answer(h: Etcd, link: Link, interleave: bool) {
     let endpoint = h.cluster.endpoint(0);
     let port: u16 = endpoint
         .rsplit(':')
@@ -50,6 +53,12 @@ async fn lost_answer(h: Etcd, link: Link) {
     });
     tokio::time::sleep(delay / 3).await;
     relay.cut();
+    let direct = Db::new(Arc::new(h.store.clone()));
+    if interleave {
+        add_one(&direct, b"other")
+            .await
+            .expect("another process's commit");
+    }
     commit
         .await
         .expect("task")
@@ -61,7 +70,6 @@ async fn lost_answer(h: Etcd, link: Link) {
         store.stats().summary()
     );
 
-    let direct = Db::new(Arc::new(h.store.clone()));
     let n = direct
         .run(|tx: Tx| async move { tx.get(b"n", false).await })
         .await
@@ -81,11 +89,9 @@ async fn lost_answer(h: Etcd, link: Link) {
         )
         .await
         .expect("keys");
-    assert_eq!(
-        all.kvs().len(),
-        2,
-        "the counter and the clock; no transaction ids"
-    );
+    let expected = if interleave { 3 } else { 2 };
+    let what = "the counters and the clock; no transaction ids";
+    assert_eq!(all.kvs().len(), expected, "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,7 +103,19 @@ async fn an_answer_lost_after_etcd_applied_the_commit_reports_it_landed() {
         down: Duration::from_millis(900),
         ..Link::default()
     };
-    deadline(90, "lost answer, applied", lost_answer(h, link)).await;
+    deadline(90, "lost answer, applied", lost_answer(h, link, false)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lost_after_etcd_applied_the_commit_is_found_in_the_clocks_history() {
+    let Some(h) = Etcd::new().await else {
+        return;
+    };
+    let link = Link {
+        down: Duration::from_millis(900),
+        ..Link::default()
+    };
+    deadline(90, "lost answer, history", lost_answer(h, link, true)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,5 +127,22 @@ async fn a_commit_lost_before_etcd_saw_it_is_fenced_and_run_again() {
         up: Duration::from_millis(900),
         ..Link::default()
     };
-    deadline(90, "lost commit, never applied", lost_answer(h, link)).await;
+    deadline(
+        90,
+        "lost commit, never applied",
+        lost_answer(h, link, false),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_lost_before_etcd_saw_it_and_overtaken_is_run_again() {
+    let Some(h) = Etcd::new().await else {
+        return;
+    };
+    let link = Link {
+        up: Duration::from_millis(900),
+        ..Link::default()
+    };
+    deadline(90, "lost commit, overtaken", lost_answer(h, link, true)).await;
 }

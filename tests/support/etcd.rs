@@ -23,6 +23,24 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     dir: tempfile::TempDir,
     token: String,
+    /// Serve clients over TLS: the directory holding `ca.pem`, `server.pem` and
+    /// `server-key.pem`, client certificates required.
+    tls: Option<PathBuf>,
+}
+
+/// A client of `endpoints` that trusts `tls`'s CA and presents `client_cert`/`client_key`
+/// (plain without `tls`).
+async fn client_of(
+    endpoints: &[String],
+    tls: Option<&PathBuf>,
+) -> Result<etcd_client::Client, String> {
+    let mut config = couch_replicator::store::etcd::EtcdConfig::new(endpoints.to_vec());
+    if let Some(dir) = tls {
+        config.ca_file = Some(dir.join("ca.pem"));
+        config.cert_file = Some(dir.join("inter-client.pem"));
+        config.key_file = Some(dir.join("inter-client-key.pem"));
+    }
+    config.client().await.map_err(|e| e.to_string())
 }
 
 fn free_port() -> u16 {
@@ -45,6 +63,17 @@ impl EtcdCluster {
     /// Starts `n` members and waits until the cluster serves a linearizable read; `None`
     /// (after printing why) when etcd is not installed.
     pub async fn start(n: usize) -> Option<Self> {
+        Self::start_with(n, None).await
+    }
+
+    /// One member serving clients over TLS with the certificates in `pki_dir` (`ca.pem`,
+    /// `server.pem`, `server-key.pem`), requiring a client certificate signed by that CA;
+    /// the readiness check presents `inter-client.pem`/`inter-client-key.pem`.
+    pub async fn start_tls(pki_dir: PathBuf) -> Option<Self> {
+        Self::start_with(1, Some(pki_dir)).await
+    }
+
+    async fn start_with(n: usize, tls: Option<PathBuf>) -> Option<Self> {
         let Some(bin) = etcd_bin() else {
             println!("skipping: the etcd binary is not installed (bash scripts/deps installs it)");
             return None;
@@ -53,7 +82,7 @@ impl EtcdCluster {
         // it; that member then exits at once, and the cluster starts again on new ports.
         let mut attempt = 1;
         loop {
-            let mut cluster = Self::spawn_all(&bin, n);
+            let mut cluster = Self::spawn_all(&bin, n, tls.clone());
             match cluster.wait_ready(Duration::from_secs(30)).await {
                 Ok(()) => return Some(cluster),
                 Err(e) if attempt < 3 && cluster.a_member_exited() => {
@@ -66,7 +95,7 @@ impl EtcdCluster {
     }
 
     /// `n` members on free ports, spawned.
-    fn spawn_all(bin: &PathBuf, n: usize) -> Self {
+    fn spawn_all(bin: &PathBuf, n: usize, tls: Option<PathBuf>) -> Self {
         let members = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -79,6 +108,7 @@ impl EtcdCluster {
             members,
             dir: tempfile::tempdir().expect("tempdir"),
             token: format!("t{}", uuid::Uuid::new_v4().simple()),
+            tls,
         };
         for i in 0..n {
             cluster.spawn(bin, i);
@@ -105,6 +135,7 @@ impl EtcdCluster {
     fn spawn(&mut self, bin: &PathBuf, i: usize) {
         let initial = self.initial_cluster();
         let dir = self.dir.path().to_path_buf();
+        let tls = self.tls.clone();
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -112,7 +143,8 @@ impl EtcdCluster {
             .open(dir.join(format!("{}.log", m.name)))
             .expect("member log");
         let log2 = log.try_clone().expect("log");
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let mut cmd = Command::new(bin);
         cmd.arg("--name")
@@ -136,10 +168,15 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             // Fast elections on loopback, so a killed leader is replaced in well under a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .args(["--logger", "zap", "--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        if let Some(pki) = &tls {
+            let file = |n: &str| pki.join(n).display().to_string();
+            cmd.args(["--cert-file", &file("server.pem")])
+                .args(["--key-file", &file("server-key.pem")])
+                .args(["--trusted-ca-file", &file("ca.pem")])
+                .arg("--client-cert-auth");
+        }
+        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
         // SAFETY: prctl is async-signal-safe; called between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -155,7 +192,7 @@ impl EtcdCluster {
         let endpoints = self.endpoints();
         let mut last = String::new();
         while started.elapsed() < within {
-            match etcd_client::Client::connect(&endpoints, None).await {
+            match client_of(&endpoints, self.tls.as_ref()).await {
                 Ok(mut client) => match client.get("ready", None).await {
                     Ok(_) => return Ok(()),
                     Err(e) => last = e.to_string(),
@@ -178,7 +215,10 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| {
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://127.0.0.1:{}", m.client_port)
+            })
             .collect()
     }
 

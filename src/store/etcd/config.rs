@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions, OpenSslClientConfig};
+use etcd_client::{BalancedChannelBuilder, Channel, Client, ConnectOptions};
+
+use super::tls_channel::TlsFiles;
 
 use super::errors::read_error;
 use crate::store::StoreError;
@@ -87,33 +89,17 @@ impl EtcdConfig {
         self
     }
 
-    fn tls(&self) -> Result<Option<OpenSslClientConfig>, StoreError> {
+    /// The TLS files when any endpoint is `https://` or a CA or certificate is given.
+    fn tls(&self) -> Option<TlsFiles> {
         let wants_tls = self.ca_file.is_some()
             || self.cert_file.is_some()
+            || self.key_file.is_some()
             || self.endpoints.iter().any(|e| e.starts_with("https://"));
-        if !wants_tls {
-            return Ok(None);
-        }
-        let read = |path: &PathBuf| {
-            std::fs::read(path)
-                .map_err(|e| StoreError::Invalid(format!("etcd TLS file {}: {e}", path.display())))
-        };
-        let mut tls = OpenSslClientConfig::default();
-        if let Some(ca) = &self.ca_file {
-            tls = tls.ca_cert_pem(&read(ca)?);
-        }
-        match (&self.cert_file, &self.key_file) {
-            (Some(cert), Some(key)) => {
-                tls = tls.client_cert_pem_and_key(&read(cert)?, &read(key)?);
-            }
-            (None, None) => {}
-            _ => {
-                return Err(StoreError::Invalid(
-                    "etcd client certificate and key must be given together".into(),
-                ));
-            }
-        }
-        Ok(Some(tls))
+        wants_tls.then(|| TlsFiles {
+            ca: self.ca_file.clone(),
+            cert: self.cert_file.clone(),
+            key: self.key_file.clone(),
+        })
     }
 
     /// An etcd client with these settings (what the store itself uses).
@@ -132,18 +118,13 @@ impl EtcdConfig {
         if let Some((name, password)) = &self.user {
             options = options.with_user(name.clone(), password.clone());
         }
-        let tls = self.tls()?;
-        let secure = tls.is_some();
-        if let Some(tls) = tls {
-            options = options.with_openssl_tls(tls);
-        }
         let endpoints: Vec<String> = self
             .endpoints
             .iter()
             .map(|e| e.trim_end_matches('/').to_string())
             .collect();
-        if secure {
-            return Client::connect(endpoints, Some(options))
+        if let Some(tls) = self.tls() {
+            return Client::connect_with_balanced_channel(endpoints, Some(options), tls.channel()?)
                 .await
                 .map_err(read_error);
         }
@@ -156,7 +137,7 @@ impl EtcdConfig {
 /// tonic's own balanced channel for `http://` endpoints. etcd-client's OpenSSL transport
 /// (which it uses for every endpoint once its `tls-openssl` feature is on) leaves Nagle's
 /// algorithm on, and each small request then waits ~40 ms for a delayed ACK on loopback;
-/// tonic's connector sets `TCP_NODELAY`.
+/// tonic's connector sets `TCP_NODELAY` (`https://` goes through `tls_channel.rs`).
 struct PlainChannel;
 
 type EndpointUpdater = tokio::sync::mpsc::Sender<

@@ -38,6 +38,7 @@ mod read_version;
 mod replica;
 mod resolve;
 mod tip;
+mod tls_channel;
 mod transaction;
 mod watches;
 

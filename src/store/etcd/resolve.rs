@@ -6,8 +6,9 @@
 //! nonce of its own, under a compare on the exact old value, so exactly one `Txn` ever writes
 //! each counter. Ours landed iff the value with our counter carries our nonce:
 //! - the clock holds our value: landed, at its mod revision;
-//! - it is past our counter: the watch history from before we sent shows who wrote our
-//!   counter (unknown only if those revisions were compacted meanwhile);
+//! - it is past our counter: reads of the clock at past revisions (a binary search from the
+//!   revision we knew before sending) find who wrote our counter (unknown only if those
+//!   revisions were compacted meanwhile);
 //! - it is still before our counter: ours may yet apply, so we take the next counter
 //!   ourselves with a fence `Txn` (a fresh nonce, no data). Once the fence lands no `Txn`
 //!   chained on the values we predicted can match its compare any more: not landed.
@@ -16,10 +17,12 @@
 
 use std::time::Duration;
 
-use etcd_client::{Txn, TxnOp, WatchOptions};
+use etcd_client::{GetOptions, Txn, TxnOp};
 
+use super::errors::read_error;
 use super::tip::clock_holds;
 use super::{Clock, Shared};
+use crate::store::StoreError;
 
 /// How long the engine keeps asking before it gives up (the caller's own timeout, such as
 /// `RetryPolicy::timeout`, usually ends it sooner).
@@ -56,13 +59,9 @@ pub(crate) async fn outcome(shared: &Shared, ours: Clock, after: i64) -> Resolut
     Resolution::Unknown
 }
 
-async fn step(
-    shared: &Shared,
-    ours: Clock,
-    after: i64,
-) -> Result<Option<Resolution>, etcd_client::Error> {
+async fn step(shared: &Shared, ours: Clock, after: i64) -> Result<Option<Resolution>, StoreError> {
     let key = shared.keys.clock().to_vec();
-    let resp = shared.kv().get(key.clone(), None).await?;
+    let resp = shared.kv().get(key.clone(), None).await.map_err(read_error)?;
     shared.saw(resp.header());
     let (now, revision) = resp.kvs().first().map_or((Clock::default(), 0), |kv| {
         (Clock::decode(kv.value()), kv.mod_revision())
@@ -71,45 +70,61 @@ async fn step(
         return Ok(Some(Resolution::Committed(revision)));
     }
     if now.counter >= ours.counter {
-        return history(shared, ours, after).await.map(Some);
+        let upto = resp.header().map_or(revision, |h| h.revision());
+        return match history(shared, ours, after, upto).await {
+            Ok(resolution) => Ok(Some(resolution)),
+            Err(StoreError::TooOld) => {
+                tracing::warn!("etcd: a lost commit's history was compacted; its outcome is unknown");
+                Ok(Some(Resolution::Unknown))
+            }
+            // Retried like a failed request.
+            Err(e) => Err(e),
+        };
     }
     let fence = now.next();
     let txn = Txn::new()
         .when([clock_holds(key.clone(), now)])
         .and_then([TxnOp::put(key, fence.encode().unwrap_or_default(), None)]);
-    let resp = shared.kv().txn(txn).await?;
+    let resp = shared.kv().txn(txn).await.map_err(read_error)?;
     shared.saw(resp.header());
     Ok(resp.succeeded().then_some(Resolution::NotCommitted))
 }
 
-/// Who wrote `ours.counter`, from the clock's history after `after`.
+/// Who wrote `ours.counter`, from the clock's history after `after` (up to `upto`, where
+/// the clock holds that counter or a later one): a binary search of reads at past revisions,
+/// each a plain request that a dead member only delays.
 async fn history(
     shared: &Shared,
     ours: Clock,
     after: i64,
-) -> Result<Resolution, etcd_client::Error> {
-    let options = WatchOptions::new().with_start_revision(after + 1);
-    let key = shared.keys.clock().to_vec();
-    let mut stream = shared.client.watch_client().watch(key, Some(options)).await?;
-    while let Some(resp) = stream.message().await? {
-        if resp.canceled() {
-            tracing::warn!(
-                compacted = resp.compact_revision(),
-                "etcd: a lost commit's history was compacted; its outcome stays unknown"
-            );
-            return Ok(Resolution::Unknown);
-        }
-        for kv in resp.events().iter().filter_map(|e| e.kv()) {
-            let clock = Clock::decode(kv.value());
-            if clock.counter < ours.counter {
-                continue;
-            }
-            return Ok(if clock == ours {
-                Resolution::Committed(kv.mod_revision())
-            } else {
-                Resolution::NotCommitted
-            });
+    upto: i64,
+) -> Result<Resolution, StoreError> {
+    let (mut lo, mut hi) = (after, upto);
+    if at(shared, lo).await?.0.counter >= ours.counter {
+        // Taken before ours was even sent.
+        return Ok(Resolution::NotCommitted);
+    }
+    // Invariant: the counter is below ours at `lo` and has reached it at `hi`.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if at(shared, mid).await?.0.counter >= ours.counter {
+            hi = mid;
+        } else {
+            lo = mid;
         }
     }
-    Ok(Resolution::Unknown)
+    let (clock, revision) = at(shared, hi).await?;
+    Ok(if clock == ours {
+        Resolution::Committed(revision)
+    } else {
+        Resolution::NotCommitted
+    })
+}
+
+/// The clock and its mod revision as of `revision`.
+async fn at(shared: &Shared, revision: i64) -> Result<(Clock, i64), StoreError> {
+    let options = GetOptions::new().with_revision(revision);
+    let resp = shared.read_at(shared.keys.clock().to_vec(), options).await?;
+    let kv = resp.kvs().first();
+    Ok(kv.map_or((Clock::default(), 0), |kv| (Clock::decode(kv.value()), kv.mod_revision())))
 }
