@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
 use couch_replicator::store::{Db, RetryPolicy, StoreError, Tx};
 
 use crate::support::deadline;
-use crate::support::relay::{Link, Relay};
+use crate::support::relay::Link;
 use crate::support::store::Etcd;
 
 async fn add_one(db: &Db, key: &'static [u8]) -> Result<(), StoreError> {
@@ -30,17 +29,8 @@ async fn add_one(db: &Db, key: &'static [u8]) -> Result<(), StoreError> {
 /// `Txn`'s counter when the engine asks, and its history must tell.
 async fn lost_answer(h: Etcd, link: Link, interleave: bool) {
     let endpoint = h.cluster.endpoint(0);
-    let port: u16 = endpoint
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
     let delay = link.up.max(link.down);
-    let relay = Relay::with_link(port, link).await.expect("relay");
-    let url = relay.url("").trim_end_matches('/').to_string();
-    let store = EtcdStore::connect(&EtcdConfig::new(vec![url]))
-        .await
-        .expect("connect");
+    let (relay, store) = h.behind_relay(link).await;
     let db = Db::new(Arc::new(store.clone())).with_retry(RetryPolicy {
         timeout: Some(Duration::from_secs(60)),
         ..RetryPolicy::default()

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
 use couch_replicator::store::{Db, RangeOptions, StoreError, Tx};
 
-use crate::support::relay::Relay;
+use crate::support::relay::Link;
 use crate::support::store::Etcd;
 use crate::support::{deadline, wait_for};
 
@@ -94,18 +94,8 @@ async fn reads_from_the_replica_see_the_commits_of_other_processes() {
 /// on etcd, it must load again rather than serve what it had.
 async fn reload_after_compaction(h: Etcd) {
     let endpoint = h.cluster.endpoint(0);
-    let port: u16 = endpoint
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
-    let relay = Relay::start(port).await.expect("relay");
+    let (relay, reader_store) = h.behind_relay(Link::default()).await;
     let writer = Db::new(Arc::new(h.store.clone()));
-    let reader_store = EtcdStore::connect(&EtcdConfig::new(vec![
-        relay.url("").trim_end_matches('/').to_string(),
-    ]))
-    .await
-    .expect("reader");
     let reader = Db::new(Arc::new(reader_store.clone()));
     wait_for(10, "the replica's first load", || async {
         (reader_store.replica_loads() == 1).then_some(())

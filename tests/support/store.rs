@@ -182,6 +182,29 @@ impl Etcd {
         })
     }
 
+    /// A second store handle on member 0 reached through a TCP relay over `link` (to cut,
+    /// block or delay that process's connection alone).
+    pub async fn behind_relay(
+        &self,
+        link: crate::support::relay::Link,
+    ) -> (
+        crate::support::relay::Relay,
+        couch_replicator::store::etcd::EtcdStore,
+    ) {
+        let endpoint = self.cluster.endpoint(0);
+        let port = endpoint.rsplit(':').next().and_then(|p| p.parse().ok());
+        let port: u16 = port.expect("member 0's port");
+        let relay = crate::support::relay::Relay::with_link(port, link)
+            .await
+            .expect("relay");
+        let url = relay.url("").trim_end_matches('/').to_string();
+        let config = couch_replicator::store::etcd::EtcdConfig::new(vec![url]);
+        let store = couch_replicator::store::etcd::EtcdStore::connect(&config)
+            .await
+            .expect("connect through the relay");
+        (relay, store)
+    }
+
     pub async fn connect(
         cluster: &crate::support::etcd::EtcdCluster,
     ) -> couch_replicator::store::etcd::EtcdStore {
