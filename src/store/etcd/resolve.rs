@@ -99,7 +99,8 @@ async fn history(
     after: i64,
     upto: i64,
 ) -> Result<Resolution, StoreError> {
-    let (mut lo, mut hi) = (after, upto);
+    // A revision of 0 would read the current state: start at etcd's first revision at least.
+    let (mut lo, mut hi) = (after.max(1), upto);
     if at(shared, lo).await?.0.counter >= ours.counter {
         // Taken before ours was even sent.
         return Ok(Resolution::NotCommitted);
