@@ -84,55 +84,47 @@ async fn lost_answer(h: Etcd, link: Link, interleave: bool) {
     assert_eq!(all.kvs().len(), expected, "{what}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answer_lost_after_etcd_applied_the_commit_reports_it_landed() {
+/// Where the relay holds bytes for 900 ms: on the way to etcd (the commit is cut before
+/// etcd sees it) or back (its answer is cut after etcd applied it).
+enum Cut {
+    BeforeEtcd,
+    AfterEtcd,
+}
+
+async fn case(cut: Cut, interleave: bool, what: &str) {
     let Some(h) = Etcd::new().await else {
         return;
     };
-    let link = Link {
-        down: Duration::from_millis(900),
-        ..Link::default()
+    let held = Duration::from_millis(900);
+    let link = match cut {
+        Cut::BeforeEtcd => Link {
+            up: held,
+            ..Link::default()
+        },
+        Cut::AfterEtcd => Link {
+            down: held,
+            ..Link::default()
+        },
     };
-    deadline(90, "lost answer, applied", lost_answer(h, link, false)).await;
+    deadline(90, what, lost_answer(h, link, interleave)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lost_after_etcd_applied_the_commit_reports_it_landed() {
+    case(Cut::AfterEtcd, false, "lost answer, applied").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_lost_after_etcd_applied_the_commit_is_found_in_the_clocks_history() {
-    let Some(h) = Etcd::new().await else {
-        return;
-    };
-    let link = Link {
-        down: Duration::from_millis(900),
-        ..Link::default()
-    };
-    deadline(90, "lost answer, history", lost_answer(h, link, true)).await;
+    case(Cut::AfterEtcd, true, "lost answer, history").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_lost_before_etcd_saw_it_is_fenced_and_run_again() {
-    let Some(h) = Etcd::new().await else {
-        return;
-    };
-    let link = Link {
-        up: Duration::from_millis(900),
-        ..Link::default()
-    };
-    deadline(
-        90,
-        "lost commit, never applied",
-        lost_answer(h, link, false),
-    )
-    .await;
+    case(Cut::BeforeEtcd, false, "lost commit, never applied").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_lost_before_etcd_saw_it_and_overtaken_is_run_again() {
-    let Some(h) = Etcd::new().await else {
-        return;
-    };
-    let link = Link {
-        up: Duration::from_millis(900),
-        ..Link::default()
-    };
-    deadline(90, "lost commit, overtaken", lost_answer(h, link, true)).await;
+    case(Cut::BeforeEtcd, true, "lost commit, overtaken").await;
 }
