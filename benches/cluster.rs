@@ -246,7 +246,7 @@ async fn part1() -> BenchResult<()> {
 
     // The ceiling: the same cycles as an ideal client would send them (`cluster/ceiling.rs`).
     let mut ideal = Vec::new();
-    for per_txn in [1, 4, 16] {
+    for per_txn in [1, 4, 8, 16] {
         compact(&endpoints).await?;
         let etcd_before = etcd_cpu_seconds(&cluster);
         let (n, t) = ceiling::ideal_cycles(&endpoints, WORKERS, per_txn, RUN_FOR).await?;
