@@ -2,13 +2,15 @@
 //! transactions read from its replica yet see what another process committed just before
 //! (read versions still come from etcd); and a replica cut off etcd while the other process
 //! writes, deletes and compacts the revisions it missed loads the prefix again once it
-//! reaches etcd, so it never serves a deleted or stale row.
+//! reaches etcd, so it never serves a deleted or stale row. Store watches are served by the
+//! replica's stream (no etcd watch of their own) and fire on another process's change, also
+//! when that change happened while the replica was cut off.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
-use couch_replicator::store::{Db, RangeOptions, StoreError, Tx};
+use couch_replicator::store::{Db, RangeOptions, StoreError, Tx, Watch};
 
 use crate::support::relay::Link;
 use crate::support::store::Etcd;
@@ -46,6 +48,71 @@ async fn keys(db: &Db, options: RangeOptions) -> Vec<String> {
         .into_iter()
         .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect()
+}
+
+/// Reads `key` and watches it, in one transaction.
+async fn watch(db: &Db, key: &'static str) -> Watch {
+    db.run(|tx: Tx| async move {
+        tx.get(key.as_bytes(), false).await?;
+        Ok::<_, StoreError>(tx.watch(key.as_bytes()))
+    })
+    .await
+    .expect("watch")
+}
+
+/// Another process's change fires a watch the replica serves; an unchanged key's does not.
+async fn replica_watches(h: Etcd) {
+    let writer = Db::new(Arc::new(h.store.clone()));
+    let reader_store = EtcdStore::connect(&EtcdConfig::new(h.cluster.endpoints()))
+        .await
+        .expect("reader");
+    let reader = Db::new(Arc::new(reader_store.clone()));
+    put(&writer, "w", "0").await;
+    put(&writer, "quiet", "0").await;
+    wait_for(10, "the replica's first load", || async {
+        (reader_store.replica_loads() == 1).then_some(())
+    })
+    .await;
+    for i in 1..=5 {
+        // Waiting before the change comes: fired by the replica's event.
+        let changed = tokio::spawn(watch(&reader, "w").await);
+        let quiet = watch(&reader, "quiet").await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        put(&writer, "w", &i.to_string()).await;
+        tokio::time::timeout(std::time::Duration::from_secs(10), changed)
+            .await
+            .expect("the watch fires on the change")
+            .expect("task")
+            .expect("watch");
+        let unchanged = tokio::time::timeout(std::time::Duration::from_millis(200), quiet).await;
+        assert!(
+            unchanged.is_err(),
+            "round {i}: an unchanged key's watch fired"
+        );
+    }
+    // A key written after the watch's read, before the watch was registered, still fires it.
+    let late = watch(&reader, "w").await;
+    put(&writer, "w", "late").await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), late)
+        .await
+        .expect("a change before the wait still fires")
+        .expect("watch");
+    let stats = reader_store.stats();
+    assert_eq!(
+        stats.native_watches.load(Ordering::Relaxed),
+        0,
+        "{}",
+        stats.summary()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_serves_watches_without_an_etcd_watch_each() {
+    let Some(h) = Etcd::new().await else {
+        return;
+    };
+    deadline(60, "replica watches", replica_watches(h)).await;
 }
 
 /// Another process's commit is visible to the next transaction, served by the replica.
@@ -104,6 +171,7 @@ async fn reload_after_compaction(h: Etcd) {
     put(&writer, "gone", "soon").await;
     put(&writer, "k", "old").await;
     assert_eq!(get(&reader, "gone").await.as_deref(), Some("soon"));
+    let k_changed = watch(&reader, "k").await;
 
     relay.block();
     writer
@@ -148,6 +216,10 @@ async fn reload_after_compaction(h: Etcd) {
         "loaded at start and after the compaction"
     );
     assert_eq!(get(&reader, "churn").await.as_deref(), Some("9"));
+    tokio::time::timeout(std::time::Duration::from_secs(10), k_changed)
+        .await
+        .expect("a change made while the replica was cut off fires its watch")
+        .expect("watch");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

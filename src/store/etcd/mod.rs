@@ -21,8 +21,10 @@
 //!   under a `MOD ==` compare, so stamps are unique and in commit order.
 //! - `committer.rs` batches one process's concurrent commits into one `Txn` when their read
 //!   and write sets are disjoint, the way FoundationDB's commit proxies batch.
-//! - `watches.rs` are native etcd watches from the transaction's read revision (or its commit
-//!   revision for keys it wrote), re-armed after a compaction or a lost stream.
+//! - `watches.rs` wait for a key to change from the transaction's read revision (or its
+//!   commit revision for keys it wrote): served by the replica's stream when it has one
+//!   (`key_watchers.rs`), else a native etcd watch, re-armed after a compaction or a lost
+//!   stream.
 //! - Errors (`errors.rs`): compacted revision → `TooOld`; too many operations or too large a
 //!   request → `TooLarge`. A commit whose answer was lost (unavailable, timeout, lost
 //!   connection) is resolved from etcd (`resolve.rs`, through the clock's nonce): landed,
@@ -35,6 +37,7 @@ mod conflicts;
 mod errors;
 mod plan;
 mod read_version;
+mod key_watchers;
 mod replica;
 mod resolve;
 mod tip;
@@ -171,6 +174,8 @@ pub struct EtcdStats {
     pub replica_misses: AtomicU64,
     /// Microseconds transactions waited for the replica to apply their read version.
     pub replica_wait_us: AtomicU64,
+    /// Store watches sent to etcd as watches of their own (the replica serves the others).
+    pub native_watches: AtomicU64,
 }
 
 impl EtcdStats {
@@ -186,7 +191,7 @@ impl EtcdStats {
         format!(
             "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
              {} other reads; {} writes, {} compares; {} local reads, {} replica misses, \
-             {} ms waiting for the replica",
+             {} ms waiting for the replica, {} native watches",
             get(&self.txns),
             get(&self.committed),
             get(&self.conflicts),
@@ -197,7 +202,8 @@ impl EtcdStats {
             get(&self.compares),
             get(&self.local_reads),
             get(&self.replica_misses),
-            get(&self.replica_wait_us) / 1000
+            get(&self.replica_wait_us) / 1000,
+            get(&self.native_watches)
         )
     }
 }

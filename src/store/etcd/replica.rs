@@ -15,6 +15,9 @@
 //! `Range`s; when the replica cannot (stream down, too far behind), the transaction reads
 //! from etcd as before. Read versions still come from etcd, so transactions stay strictly
 //! serializable; commits still check every read with compares.
+//!
+//! It also serves the store's watches ([`Replica::watch`], waiters kept in
+//! [`KeyWatchers`]): the events it applies are the changes a watch waits for.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,9 +25,10 @@ use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, GetResponse, WatchOptions};
 use imbl::OrdMap;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::errors::read_error;
+use super::key_watchers::KeyWatchers;
 use crate::store::StoreError;
 
 /// How long a transaction waits for the replica to apply its read version before it reads
@@ -163,6 +167,8 @@ struct State {
     maps: VecDeque<(i64, Rows)>,
     /// The watch is armed: a transaction may wait for it to catch up.
     live: bool,
+    /// Store watches waiting for a key to change.
+    watchers: KeyWatchers,
 }
 
 /// The replica; its task stops when the store's last handle drops ([`ReplicaTask`]).
@@ -180,6 +186,7 @@ impl Replica {
                 revision: 0,
                 maps: VecDeque::new(),
                 live: false,
+                watchers: KeyWatchers::default(),
             }),
             applied: watch::channel(0).0,
             loads: Default::default(),
@@ -194,7 +201,11 @@ impl Replica {
     pub(crate) fn start(client: Client, prefix: Vec<u8>) -> (Arc<Self>, ReplicaTask) {
         let replica = Arc::new(Self::new());
         let task = tokio::spawn(run(replica.clone(), client, prefix));
-        (replica, ReplicaTask(task))
+        let handle = ReplicaTask {
+            task,
+            replica: replica.clone(),
+        };
+        (replica, handle)
     }
 
     /// The prefix's rows at `revision`, given `clock_mod`, the clock's mod revision at it;
@@ -221,7 +232,36 @@ impl Replica {
     }
 }
 
+impl Replica {
+    /// Fires once `key` (an etcd key in the prefix) changed at or after `start`, or at once
+    /// if it already did; `None` when the replica cannot tell (nothing loaded yet, or the
+    /// revision before `start` is older than the maps kept): the caller watches etcd.
+    pub(crate) fn watch(&self, key: &[u8], start: i64) -> Option<oneshot::Receiver<()>> {
+        let mut state = self.state();
+        if state.maps.is_empty() {
+            return None;
+        }
+        // Events up to the replica's revision are applied: look at them; later ones fire
+        // the registered watch as they come.
+        if start - 1 <= state.revision && state.changed_since(key, start)? {
+            let (fire, fired) = oneshot::channel();
+            let _ = fire.send(());
+            return Some(fired);
+        }
+        Some(state.watchers.add(key, start))
+    }
+}
+
 impl State {
+    /// Whether `key` changed at or after `start` in the maps kept (its mod revision, 0 when
+    /// absent, differs from the one before `start`); `None` when that one is not kept.
+    fn changed_since(&self, key: &[u8], start: i64) -> Option<bool> {
+        let seen = |rows: &Rows| rows.get(key).map_or(0, |e| e.mod_revision);
+        let before = seen(&self.at(start - 1)?);
+        let later = self.maps.iter().filter(|(r, _)| *r >= start);
+        Some(later.map(|(_, rows)| seen(rows)).any(|m| m != before))
+    }
+
     /// The rows at `revision`, which the prefix did not change after the replica's state
     /// (or, if the replica is past it, the newest map at or before it).
     fn at(&self, revision: i64) -> Option<Rows> {
@@ -249,12 +289,20 @@ impl State {
     }
 }
 
-/// Aborts the replica's task when dropped (with the store's last handle).
-pub(crate) struct ReplicaTask(tokio::task::JoinHandle<()>);
+/// Aborts the replica's task when dropped (with the store's last handle), and fires the
+/// watches it served: later ones watch etcd.
+pub(crate) struct ReplicaTask {
+    task: tokio::task::JoinHandle<()>,
+    replica: Arc<Replica>,
+}
 
 impl Drop for ReplicaTask {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        let mut state = self.replica.state();
+        state.live = false;
+        state.maps.clear();
+        state.watchers.fire_all();
     }
 }
 
@@ -279,6 +327,8 @@ async fn run(replica: Arc<Replica>, client: Client, prefix: Vec<u8>) {
             let mut state = replica.state();
             state.maps.clear();
             state.push(revision, rows);
+            // What changed while the replica was cut off is unknown: every watch fires.
+            state.watchers.fire_all();
         }
         replica.loads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         replica.applied.send_replace(revision);
@@ -376,6 +426,7 @@ fn apply(replica: &Replica, events: &[etcd_client::Event]) {
             state.push(current, rows.clone());
         }
         current = revision;
+        state.watchers.changed(kv.key(), revision);
         match event.event_type() {
             EventType::Put => {
                 let entry = Entry {
@@ -447,6 +498,7 @@ mod tests {
             revision: 0,
             maps: VecDeque::new(),
             live: true,
+            watchers: KeyWatchers::default(),
         };
         assert!(state.at(5).is_none(), "nothing loaded");
         state.push(10, rows(&[("a", 10)]));
@@ -460,5 +512,27 @@ mod tests {
             state.push(r, Rows::new());
         }
         assert!(state.at(12).is_none(), "dropped past the kept maps");
+    }
+
+    #[test]
+    fn a_key_changed_since_a_revision_is_seen_in_the_maps_kept() {
+        let mut state = State {
+            revision: 0,
+            maps: VecDeque::new(),
+            live: true,
+            watchers: KeyWatchers::default(),
+        };
+        state.push(10, rows(&[("a", 10), ("b", 10)]));
+        state.push(11, rows(&[("a", 11), ("b", 10)]));
+        // Created and deleted again after 11: absent before and after, changed between.
+        state.push(12, rows(&[("a", 11), ("b", 10), ("c", 12)]));
+        state.push(13, rows(&[("a", 11), ("b", 10)]));
+        let changed = |key: &str, start| state.changed_since(key.as_bytes(), start);
+        assert_eq!(changed("a", 11), Some(true));
+        assert_eq!(changed("a", 12), Some(false));
+        assert_eq!(changed("b", 11), Some(false));
+        assert_eq!(changed("c", 12), Some(true), "a create then delete is a change");
+        assert_eq!(changed("c", 14), Some(false), "nothing applied from there yet");
+        assert_eq!(changed("a", 10), None, "the map before 10 is not kept");
     }
 }

@@ -1,9 +1,13 @@
-//! Watches: a native etcd watch on one key from a start revision (the transaction's read
+//! Watches: a wait for one key to change from a start revision (the transaction's read
 //! revision + 1, or its commit revision + 1 for a key it wrote), so a change the watch was
-//! not yet listening for still fires it. A lost stream is re-armed from the same revision; a
-//! compaction that cancels the watch is re-armed from now if the key provably did not change
-//! (else the watch fires, and callers re-read as the contract says).
+//! not yet listening for still fires it.
+//!
+//! The local replica serves it when it can (its one stream already carries every change of
+//! the prefix). Otherwise it is a native etcd watch: a lost stream is re-armed from the same
+//! revision; a compaction that cancels the watch is re-armed from now if the key provably
+//! did not change (else the watch fires, and callers re-read as the contract says).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use etcd_client::{GetOptions, WatchOptions};
@@ -16,6 +20,13 @@ const REARM: Duration = Duration::from_millis(250);
 
 /// Resolves once `key` (etcd key) changed at or after `start`.
 pub(crate) async fn wait(shared: &Shared, key: Vec<u8>, mut start: i64) -> Result<(), StoreError> {
+    if let Some(fired) = shared.replica.as_ref().and_then(|r| r.watch(&key, start)) {
+        // Also fires (without a change) when the replica loads again or the store is
+        // dropped: callers read again, as after any watch.
+        let _ = fired.await;
+        return Ok(());
+    }
+    shared.stats.native_watches.fetch_add(1, Ordering::Relaxed);
     loop {
         let options = WatchOptions::new().with_start_revision(start);
         let mut stream = match shared
