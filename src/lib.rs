@@ -142,7 +142,7 @@ pub use store::etcd::{EtcdConfig, EtcdStats, EtcdStore};
 pub use store::fdb::FdbStore;
 pub use store::memory::MemoryStore;
 pub use store::{
-    CommitStamp, Db, KeyValue, RangeOptions, RetryPolicy, RetryableError, Store, StoreError,
-    Transaction, Tx, Watch,
+    CommitStamp, Db, EngineCounter, KeyValue, RangeOptions, RetryPolicy, RetryableError, Store,
+    StoreError, Transaction, Tx, Watch,
 };
 pub use telemetry::StoreStats;

@@ -135,7 +135,13 @@ pub async fn render(st: &AppState) -> String {
     render_job_states(&mut e, &refreshed);
     job_gauges::render(&mut e, &refreshed.samples);
     render_queues(st, &mut e).await;
-    st.replicator().jobs().db().stats().render(&mut e);
+    let db = st.replicator().jobs().db();
+    db.stats().render(&mut e);
+    let (engine, counters) = db.engine_counters();
+    for c in counters {
+        let name = format!("couch_replicator_store_{engine}_{}_total", c.name);
+        e.single(&name, "counter", c.help, c.value as f64);
+    }
     e.finish()
 }
 

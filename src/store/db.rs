@@ -90,6 +90,11 @@ impl Db {
         &self.stats
     }
 
+    /// The engine's name and its own counters (see [`Store::counters`]).
+    pub fn engine_counters(&self) -> (&'static str, Vec<super::EngineCounter>) {
+        (self.store.engine_name(), self.store.counters())
+    }
+
     /// Replaces the retry policy [`Db::run`] uses.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;

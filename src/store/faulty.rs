@@ -358,6 +358,10 @@ impl Store for FaultyStore {
     fn engine_name(&self) -> &'static str {
         self.inner.engine_name()
     }
+
+    fn counters(&self) -> Vec<crate::store::EngineCounter> {
+        self.inner.counters()
+    }
 }
 
 /// One transaction under faults. The inner transaction is dropped (rolled back) as soon as

@@ -212,6 +212,18 @@ pub trait Transaction: Send + Sync {
     }
 }
 
+/// One of an engine's own counters (requests it sent, conflicts it met, ...), which the node
+/// exposes as `couch_replicator_store_{engine}_{name}_total` on `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineCounter {
+    /// A Prometheus name part: lower case and underscores.
+    pub name: &'static str,
+    /// What it counts, one line.
+    pub help: &'static str,
+    /// Its value since the store was opened.
+    pub value: u64,
+}
+
 /// An engine: a source of transactions.
 pub trait Store: Send + Sync + 'static {
     /// Starts a transaction at the current read version.
@@ -223,6 +235,10 @@ pub trait Store: Send + Sync + 'static {
     /// transaction id. `false` unless an engine says so.
     fn resolves_lost_commits(&self) -> bool {
         false
+    }
+    /// The engine's own counters (none unless an engine keeps some).
+    fn counters(&self) -> Vec<EngineCounter> {
+        Vec::new()
     }
 }
 

@@ -89,6 +89,23 @@ async fn serve_keeps_jobs_in_etcd_and_refuses_another_uuid() {
         assert_eq!(done["history"][0]["docs_written"], 50, "{done}");
         let (_, info) = b.get("tgt").await;
         assert_eq!(info["doc_count"], 50);
+        // The engine's own counters are on /metrics: commits went to etcd as Txns, and the
+        // replica served watches (a watch set before its first load goes to etcd).
+        let metrics = reqwest::get(format!("{}/metrics", node.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let counter = |name: &str| {
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name} ")));
+            line.and_then(|l| l.split(' ').nth(1)?.parse::<f64>().ok())
+        };
+        let txns = counter("couch_replicator_store_etcd_txns_total");
+        assert!(txns.is_some_and(|n| n > 0.0), "{metrics}");
+        let served = counter("couch_replicator_store_etcd_replica_watches_total");
+        assert!(served.is_some_and(|n| n > 0.0), "{metrics}");
+        assert!(counter("couch_replicator_store_etcd_native_watches_total").is_some());
 
         let stderr = refused(dir.path(), &endpoints, "another-uuid").await;
         assert!(

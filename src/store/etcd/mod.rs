@@ -58,7 +58,7 @@ use self::committer::Committer;
 use self::errors::read_error;
 use self::read_version::ReadVersions;
 use self::transaction::EtcdTx;
-use super::{Store, StoreError, Transaction};
+use super::{EngineCounter, Store, StoreError, Transaction};
 
 /// etcd's default `--max-txn-ops`: compares, success and failure operations each.
 pub const MAX_TXN_OPS: usize = 128;
@@ -174,11 +174,37 @@ pub struct EtcdStats {
     pub replica_misses: AtomicU64,
     /// Microseconds transactions waited for the replica to apply their read version.
     pub replica_wait_us: AtomicU64,
-    /// Store watches sent to etcd as watches of their own (the replica serves the others).
+    /// Store watches the local replica served.
+    pub replica_watches: AtomicU64,
+    /// Store watches sent to etcd as watches of their own (the replica could not tell).
     pub native_watches: AtomicU64,
 }
 
 impl EtcdStats {
+    /// Every counter, named for `/metrics`.
+    pub fn counters(&self) -> Vec<EngineCounter> {
+        let counter = |name, help, value: &AtomicU64| EngineCounter {
+            name,
+            help,
+            value: value.load(Ordering::Relaxed),
+        };
+        vec![
+            counter("txns", "commit Txns sent to etcd", &self.txns),
+            counter("committed", "transactions those Txns committed", &self.committed),
+            counter("conflicts", "transactions that failed a read compare", &self.conflicts),
+            counter("rebuilds", "commit Txns rebuilt on a moved clock or added key", &self.rebuilds),
+            counter("read_versions", "read-version Txns sent", &self.read_versions),
+            counter("reads", "reads sent to etcd on their own", &self.reads),
+            counter("writes", "puts and deletes in the commit Txns", &self.writes),
+            counter("compares", "compares in the commit Txns", &self.compares),
+            counter("lost", "commit Txns whose answer was lost, resolved from etcd", &self.lost),
+            counter("local_reads", "reads the local replica served", &self.local_reads),
+            counter("replica_misses", "transactions that read from etcd, the replica behind", &self.replica_misses),
+            counter("replica_watches", "store watches the local replica served", &self.replica_watches),
+            counter("native_watches", "store watches sent to etcd as watches of their own", &self.native_watches),
+        ]
+    }
+
     /// Requests sent to etcd (commits, read versions, reads; not watches).
     pub fn requests(&self) -> u64 {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -191,7 +217,7 @@ impl EtcdStats {
         format!(
             "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
              {} other reads; {} writes, {} compares; {} local reads, {} replica misses, \
-             {} ms waiting for the replica, {} native watches",
+             {} ms waiting for the replica; watches: {} served by the replica, {} native",
             get(&self.txns),
             get(&self.committed),
             get(&self.conflicts),
@@ -203,6 +229,7 @@ impl EtcdStats {
             get(&self.local_reads),
             get(&self.replica_misses),
             get(&self.replica_wait_us) / 1000,
+            get(&self.replica_watches),
             get(&self.native_watches)
         )
     }
@@ -353,5 +380,9 @@ impl Store for EtcdStore {
 
     fn resolves_lost_commits(&self) -> bool {
         true
+    }
+
+    fn counters(&self) -> Vec<EngineCounter> {
+        self.shared.stats.counters()
     }
 }

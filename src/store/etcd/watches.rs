@@ -21,6 +21,7 @@ const REARM: Duration = Duration::from_millis(250);
 /// Resolves once `key` (etcd key) changed at or after `start`.
 pub(crate) async fn wait(shared: &Shared, key: Vec<u8>, mut start: i64) -> Result<(), StoreError> {
     if let Some(fired) = shared.replica.as_ref().and_then(|r| r.watch(&key, start)) {
+        shared.stats.replica_watches.fetch_add(1, Ordering::Relaxed);
         // Also fires (without a change) when the replica loads again or the store is
         // dropped: callers read again, as after any watch.
         let _ = fired.await;
