@@ -77,12 +77,7 @@ async fn raw_txns(endpoints: &[String]) -> BenchResult<(u64, Duration)> {
             })
         })
         .collect();
-    tokio::time::sleep(RUN_FOR).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await??;
-    }
-    Ok((done.load(Ordering::Relaxed), start.elapsed()))
+    job_cycles::stop_after(tasks, &stop, &done, start, RUN_FOR).await
 }
 
 /// CPU seconds (user + system) this process used so far, from `/proc/self/stat` (0 when

@@ -168,10 +168,5 @@ pub async fn ideal_cycles(
             ))
         })
         .collect();
-    tokio::time::sleep(run_for).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await??;
-    }
-    Ok((done.load(Ordering::Relaxed), start.elapsed()))
+    super::job_cycles::stop_after(tasks, &stop, &done, start, run_for).await
 }

@@ -46,10 +46,25 @@ pub async fn cycles(
             })
         })
         .collect();
+    stop_after(tasks, &stop, &done, start, run_for).await
+}
+
+/// Lets `tasks` run for `run_for`, stops them through `stop` and waits for them; returns
+/// what `done` counted and the time since `start`.
+pub async fn stop_after<E>(
+    tasks: Vec<tokio::task::JoinHandle<Result<(), E>>>,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+    start: Instant,
+    run_for: Duration,
+) -> Result<(u64, Duration), Box<dyn std::error::Error + Send + Sync>>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     tokio::time::sleep(run_for).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
-        t.await??;
+        t.await?.map_err(Into::into)?;
     }
     Ok((done.load(Ordering::Relaxed), start.elapsed()))
 }
