@@ -5,6 +5,7 @@
 //! prefixes keep two clusters apart in one etcd, and etcd users and passwords are used.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::support::deadline;
@@ -107,8 +108,10 @@ async fn increments_survive_a_killed_member() {
 
 /// Two clusters' stores under different prefixes in one etcd see nothing of each other;
 /// with etcd's authentication on, the store connects with a user and password and is
-/// refused without (and the refusal does not show the password).
-async fn prefixes_and_auth(h: Etcd) {
+/// refused without (and the refusal does not show the password). A store idle past its
+/// auth token's lifetime (a node cut off etcd for longer than `--auth-token-ttl`), or back
+/// from a member restart, takes a new token and goes on.
+async fn prefixes_and_auth(mut h: Etcd) {
     use couch_replicator::store::etcd::{EtcdConfig, EtcdStore};
     let endpoints = h.cluster.endpoints();
     let other = EtcdStore::connect(&EtcdConfig::new(endpoints.clone()).with_prefix("other/"))
@@ -143,11 +146,29 @@ async fn prefixes_and_auth(h: Etcd) {
     admin.auth_enable().await.expect("auth enable");
     let mut config = EtcdConfig::new(endpoints.clone());
     config.user = Some(("root".into(), "r00t-pw".into()));
-    let authed = EtcdStore::connect(&config).await.expect("connect as root");
+    let authed_store = EtcdStore::connect(&config).await.expect("connect as root");
+    let authed = Db::new(Arc::new(authed_store.clone()));
+    assert_eq!(get(authed.clone()).await.as_deref(), Some(&b"mine"[..]));
+    // The test cluster's tokens expire after 2 s unused.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let read = authed.run(|tx: Tx| async move { tx.get(b"k", false).await });
     assert_eq!(
-        get(Db::new(Arc::new(authed))).await.as_deref(),
+        read.await.expect("a read with an expired token").as_deref(),
         Some(&b"mine"[..])
     );
+    h.cluster.kill(0);
+    h.cluster.restart(0);
+    let local = || authed_store.stats().local_reads.load(Ordering::Relaxed);
+    let before = local();
+    // Back once a read succeeds and the replica (its watch re-armed) served it.
+    let after_restart =
+        crate::support::wait_for(30, "a replica read after the restart", || async {
+            let read = authed.run(|tx: Tx| async move { tx.get(b"k", false).await });
+            let value = read.await.ok().flatten();
+            value.filter(|_| local() > before)
+        })
+        .await;
+    assert_eq!(after_restart, b"mine");
     config.user = Some(("root".into(), "wrong-pw".into()));
     let refused = EtcdStore::connect(&config)
         .await

@@ -168,6 +168,9 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             // Fast elections on loopback, so a killed leader is replaced in well under a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            // Auth tokens unused for 2 s expire (300 s by default), so that a test with
+            // authentication on sees a client outlive its token.
+            .args(["--auth-token-ttl", "2"])
             .args(["--logger", "zap", "--log-level", "warn"]);
         if let Some(pki) = &tls {
             let file = |n: &str| pki.join(n).display().to_string();

@@ -116,7 +116,11 @@ impl EtcdConfig {
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
             .with_keep_alive_while_idle(true);
         if let Some((name, password)) = &self.user {
-            options = options.with_user(name.clone(), password.clone());
+            // etcd drops a token unused for `--auth-token-ttl` (300 s): a node cut off
+            // longer than that would otherwise be refused ("invalid auth token") for good.
+            options = options
+                .with_user(name.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         let endpoints: Vec<String> = self
             .endpoints

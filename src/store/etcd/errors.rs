@@ -69,3 +69,12 @@ pub(crate) fn commit_error(e: Error) -> StoreError {
         (Kind::Refused, message) => StoreError::Engine(format!("etcd: {message}")),
     }
 }
+
+/// After etcd cancelled a watch for `reason`: takes a new auth token when the reason is the
+/// token (a stream re-armed after the token expired), since only unary calls refresh it.
+pub(crate) async fn refresh_if_auth(client: &etcd_client::Client, reason: &str) {
+    let auth = reason.contains("auth") || reason.contains("permission denied");
+    if auth && let Err(e) = client.refresh_token().await {
+        tracing::debug!(error = %e, "etcd: auth token not refreshed");
+    }
+}

@@ -390,7 +390,10 @@ async fn follow(replica: &Replica, client: &Client, prefix: &[u8], end: &[u8]) {
         replica.state().live = true;
         let compacted = loop {
             match stream.message().await {
-                Ok(Some(resp)) if resp.canceled() => break resp.compact_revision() > 0,
+                Ok(Some(resp)) if resp.canceled() => {
+                    super::errors::refresh_if_auth(client, resp.cancel_reason()).await;
+                    break resp.compact_revision() > 0;
+                }
                 Ok(Some(resp)) => apply(replica, resp.events()),
                 Ok(None) | Err(_) => break false,
             }

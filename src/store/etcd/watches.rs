@@ -56,6 +56,7 @@ pub(crate) async fn wait(shared: &Shared, key: Vec<u8>, mut start: i64) -> Resul
                     }
                 }
                 Ok(Some(resp)) if resp.canceled() => {
+                    super::errors::refresh_if_auth(&shared.client, resp.cancel_reason()).await;
                     tracing::debug!(
                         reason = resp.cancel_reason(),
                         "etcd: watch cancelled, re-arming"
