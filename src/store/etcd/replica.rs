@@ -17,7 +17,9 @@
 //! serializable; commits still check every read with compares.
 //!
 //! It also serves the store's watches ([`Replica::watch`], waiters kept in
-//! [`KeyWatchers`]): the events it applies are the changes a watch waits for.
+//! [`KeyWatchers`]): the events it applies are the changes a watch waits for. A stream that
+//! stays silent while etcd commits (its member cut off from the leader keeps it open) is
+//! replaced once a transaction waited for it in vain.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -175,6 +177,10 @@ struct State {
 pub(crate) struct Replica {
     state: Mutex<State>,
     applied: watch::Sender<i64>,
+    /// Told when a transaction waited [`PIN_WAIT`] in vain for a revision etcd had already
+    /// committed: the stream may be silent (its member cut off from the leader keeps it open
+    /// and sends nothing), so the task arms a new one from where it is.
+    stale: tokio::sync::Notify,
     /// Times the prefix was loaded (1 at start, +1 per compaction that cut the watch off).
     pub(crate) loads: std::sync::atomic::AtomicU64,
 }
@@ -189,6 +195,7 @@ impl Replica {
                 watchers: KeyWatchers::default(),
             }),
             applied: watch::channel(0).0,
+            stale: tokio::sync::Notify::new(),
             loads: Default::default(),
         }
     }
@@ -226,7 +233,11 @@ impl Replica {
             }
             match tokio::time::timeout_at(deadline, applied.changed()).await {
                 Ok(Ok(())) => {}
-                _ => return None,
+                Ok(Err(_)) => return None,
+                Err(_) => {
+                    self.stale.notify_one();
+                    return None;
+                }
             }
         }
     }
@@ -371,9 +382,21 @@ async fn load(client: &Client, prefix: &[u8], end: &[u8]) -> Result<(i64, Rows),
     }
 }
 
+/// Why a watch stream ended.
+enum End {
+    /// The revisions the replica needs were compacted: load again.
+    Compacted,
+    /// The stream failed or was cancelled: arm a new one after a pause.
+    Lost,
+    /// Transactions waited in vain for it: arm a new one at once (the state stays valid).
+    Stale,
+}
+
 /// Applies the watch's events from the replica's revision on; returns when the replica must
 /// load again (the revisions it needs were compacted).
 async fn follow(replica: &Replica, client: &Client, prefix: &[u8], end: &[u8]) {
+    // A stream armed less than this ago is not replaced for being behind.
+    const STALE_AFTER: Duration = Duration::from_secs(1);
     loop {
         let start = replica.state().revision + 1;
         let options = WatchOptions::new()
@@ -388,19 +411,38 @@ async fn follow(replica: &Replica, client: &Client, prefix: &[u8], end: &[u8]) {
             }
         };
         replica.state().live = true;
-        let compacted = loop {
-            match stream.message().await {
+        let armed = tokio::time::Instant::now();
+        let ended = loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                () = replica.stale.notified() => {
+                    if armed.elapsed() < STALE_AFTER {
+                        continue;
+                    }
+                    tracing::info!("etcd replica: the watch fell behind etcd, arming a new one");
+                    break End::Stale;
+                }
+            };
+            match message {
                 Ok(Some(resp)) if resp.canceled() => {
                     super::errors::refresh_if_auth(client, resp.cancel_reason()).await;
-                    break resp.compact_revision() > 0;
+                    if resp.compact_revision() > 0 {
+                        break End::Compacted;
+                    }
+                    break End::Lost;
                 }
                 Ok(Some(resp)) => apply(replica, resp.events()),
-                Ok(None) | Err(_) => break false,
+                Ok(None) | Err(_) => break End::Lost,
             }
         };
-        replica.state().live = false;
-        replica.applied.send_modify(|_| {});
-        if compacted {
+        match ended {
+            End::Stale => continue,
+            End::Compacted | End::Lost => {
+                replica.state().live = false;
+                replica.applied.send_modify(|_| {});
+            }
+        }
+        if matches!(ended, End::Compacted) {
             tracing::info!("etcd replica: revisions compacted past the watch, loading again");
             return;
         }
@@ -537,5 +579,20 @@ mod tests {
         assert_eq!(changed("c", 12), Some(true), "a create then delete is a change");
         assert_eq!(changed("c", 14), Some(false), "nothing applied from there yet");
         assert_eq!(changed("a", 10), None, "the map before 10 is not kept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_in_vain_tells_the_task_its_stream_is_stale() {
+        let replica = Replica::new();
+        {
+            let mut state = replica.state();
+            state.live = true;
+            state.push(5, rows(&[("a", 5)]));
+        }
+        let told = || tokio::time::timeout(Duration::from_millis(1), replica.stale.notified());
+        assert!(replica.pin(5, 5).await.is_some());
+        assert!(told().await.is_err(), "caught up: nothing to tell");
+        assert!(replica.pin(10, 10).await.is_none(), "revision 10 never came");
+        assert!(told().await.is_ok(), "the task is told to arm a new stream");
     }
 }
