@@ -74,14 +74,26 @@ impl CouchPeer {
 
     /// Logs in once before replicating: a fresh CouchDB creates its cookie secret at the
     /// first login, and concurrent first logins (source and target clients) can race.
+    /// Also waits for `_users`: a single-node CouchDB creates its system databases just after
+    /// it starts answering `_up`, so a test's first user could otherwise meet a 404.
     pub async fn warm_up_sessions(&self) {
-        let r = reqwest::Client::new()
+        let http = reqwest::Client::new();
+        let r = http
             .post(format!("{}/_session", self.url()))
             .json(&serde_json::json!({"name": "admin", "password": "admin"}))
             .send()
             .await
             .expect("POST _session");
         assert!(r.status().is_success(), "_session: {}", r.status());
+        let users = format!("{}/_users", self.admin_url());
+        for _ in 0..300 {
+            let r = http.get(&users).send().await;
+            if r.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("CouchDB did not create _users within 30 s");
     }
 
     /// Turns HTTPS on with `[ssl]` keys `ssl` (besides `enable` and `port`) on a fresh free
