@@ -202,6 +202,7 @@ impl EtcdStats {
             counter("replica_misses", "transactions that read from etcd, the replica behind", &self.replica_misses),
             counter("replica_watches", "store watches the local replica served", &self.replica_watches),
             counter("native_watches", "store watches sent to etcd as watches of their own", &self.native_watches),
+            counter("replica_wait_us", "microseconds transactions waited for the replica", &self.replica_wait_us),
         ]
     }
 
@@ -211,27 +212,14 @@ impl EtcdStats {
         get(&self.txns) + get(&self.read_versions) + get(&self.reads)
     }
 
-    /// A one-line summary.
+    /// A one-line summary: every counter of [`EtcdStats::counters`], value then name.
     pub fn summary(&self) -> String {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        format!(
-            "{} txns committed {} transactions; {} conflicts, {} rebuilds, {} read versions, \
-             {} other reads; {} writes, {} compares; {} local reads, {} replica misses, \
-             {} ms waiting for the replica; watches: {} served by the replica, {} native",
-            get(&self.txns),
-            get(&self.committed),
-            get(&self.conflicts),
-            get(&self.rebuilds),
-            get(&self.read_versions),
-            get(&self.reads),
-            get(&self.writes),
-            get(&self.compares),
-            get(&self.local_reads),
-            get(&self.replica_misses),
-            get(&self.replica_wait_us) / 1000,
-            get(&self.replica_watches),
-            get(&self.native_watches)
-        )
+        let parts: Vec<String> = self
+            .counters()
+            .iter()
+            .map(|c| format!("{} {}", c.value, c.name))
+            .collect();
+        parts.join(", ")
     }
 }
 
