@@ -164,6 +164,7 @@ pub fn is_known(key: &str) -> bool {
         || PER_JOB_NUMBERS.contains(&key)
         || PER_JOB_BOOLS.contains(&key)
         || TLS_AND_PROTOCOLS.contains(&key)
+        || super::limits_section::KEYS.contains(&key)
         || IGNORED.iter().any(|(k, _)| *k == key)
         || matches!(key, "interval" | "health_threshold" | "socket_options")
 }
@@ -205,6 +206,7 @@ pub fn read(cfg: &ConfigFile) -> Result<ReplicatorSection, String> {
         }
     }
     defaults.auth = auth_policy(cfg, &mut notes)?;
+    defaults.limits = super::limits_section::read(cfg)?;
     settings.job_defaults = defaults;
     settings.validate().map_err(|e| {
         // Named as the operator wrote it: the `[replicator]` key, not the field.

@@ -64,6 +64,14 @@ pub enum ReplicationError {
     /// An internal task of the pipeline died.
     #[error("worker_died: {0}")]
     WorkerDied(String),
+    /// An endpoint answered with more than the node holds for one response
+    /// (`[replicator] max_response_bytes`, `max_feed_line_bytes`).
+    #[error("endpoint_response_too_large: {0}")]
+    EndpointResponseTooLarge(String),
+    /// An endpoint sent a body slower than `[replicator] min_bytes_per_sec` once
+    /// `connection_timeout` had passed.
+    #[error("endpoint_response_too_slow: {0}")]
+    EndpointResponseTooSlow(String),
 }
 
 impl ReplicationError {
@@ -84,9 +92,23 @@ impl ReplicationError {
     /// last failure's text, without repeating the tag when that failure already was one.
     pub(crate) fn into_changes_failure(self) -> Self {
         match self {
-            e @ Self::ChangesReqFailed(_) => e,
+            e @ (Self::ChangesReqFailed(_)
+            | Self::EndpointResponseTooLarge(_)
+            | Self::EndpointResponseTooSlow(_)) => e,
             other => Self::ChangesReqFailed(other.to_string()),
         }
+    }
+
+    /// Whether a changes feed ends at once rather than reconnecting: the endpoint would only
+    /// answer the same (429 exhaustion, a missing database, a response past the caps).
+    pub(crate) fn ends_feed(&self) -> bool {
+        matches!(
+            self,
+            Self::MaxBackoff(_)
+                | Self::DbNotFound(_)
+                | Self::EndpointResponseTooLarge(_)
+                | Self::EndpointResponseTooSlow(_)
+        )
     }
 
     /// Whether the replication could not get going (endpoints unusable, options or filter
@@ -123,6 +145,8 @@ impl ReplicationError {
             Self::FilterFetch(_) => ReasonTag::FilterFetchError,
             Self::BadResponse(_) => ReasonTag::BadResponse,
             Self::WorkerDied(_) => ReasonTag::WorkerDied,
+            Self::EndpointResponseTooLarge(_) => ReasonTag::EndpointResponseTooLarge,
+            Self::EndpointResponseTooSlow(_) => ReasonTag::EndpointResponseTooSlow,
         }
     }
 
@@ -169,6 +193,10 @@ pub enum ReasonTag {
     BadResponse,
     /// `worker_died`.
     WorkerDied,
+    /// `endpoint_response_too_large`.
+    EndpointResponseTooLarge,
+    /// `endpoint_response_too_slow`.
+    EndpointResponseTooSlow,
 }
 
 impl ReasonTag {
@@ -191,6 +219,8 @@ impl ReasonTag {
             Self::FilterFetchError => "filter_fetch_error",
             Self::BadResponse => "bad_response",
             Self::WorkerDied => "worker_died",
+            Self::EndpointResponseTooLarge => "endpoint_response_too_large",
+            Self::EndpointResponseTooSlow => "endpoint_response_too_slow",
         }
     }
 }

@@ -164,6 +164,7 @@ fn client(url: &str) -> HttpClient {
             metrics: Arc::default(),
             tls: Default::default(),
             auth: Default::default(),
+            limits: Default::default(),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )

@@ -1,13 +1,16 @@
 //! The `_changes` row format both readers of a feed share: the changes reader, which turns
 //! rows into work for a job, and the change watch's feed, which only needs their sequences.
 
+use std::time::Duration;
+
 use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio_util::codec::{Decoder, LinesCodec};
+use tokio_util::codec::{Decoder, LinesCodec, LinesCodecError};
 
 use crate::replication::endpoint::database::encode_query;
 use crate::replication::error::{ReplicationError, Result};
+use crate::replication::http::limits::{EndpointLimits, Pace};
 
 /// One leaf revision of a change row.
 #[derive(Debug, Deserialize)]
@@ -43,35 +46,59 @@ pub fn parse_feed_line(line: &[u8]) -> Result<Option<Row>> {
         .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))
 }
 
-/// The longest feed line accepted: a row lists one document's leaves, so anything near this is
-/// not a change row, and holding more would let a broken server fill our memory.
-const MAX_LINE: usize = 16 << 20;
-
 /// Cuts a continuous feed's body into lines in time linear in its length: `LinesCodec`
-/// remembers how far it has searched, and taking a line off the front moves no bytes.
+/// remembers how far it has searched, and taking a line off the front moves no bytes. A line
+/// longer than `max_feed_line_bytes`, or one that arrives slower than the endpoint's pace
+/// (a line's grace is `connection_timeout`; heartbeats are lines), ends the feed.
 pub(crate) struct FeedLines {
     codec: LinesCodec,
     buf: BytesMut,
+    max: usize,
+    pace: Pace,
+    rate: u64,
 }
 
 impl FeedLines {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(limits: &EndpointLimits, connection_timeout: Duration) -> Self {
         Self {
-            codec: LinesCodec::new_with_max_length(MAX_LINE),
+            codec: LinesCodec::new_with_max_length(limits.max_feed_line_bytes),
             buf: BytesMut::new(),
+            max: limits.max_feed_line_bytes,
+            pace: limits.pace(connection_timeout),
+            rate: limits.min_bytes_per_sec,
         }
     }
 
-    /// Appends a chunk of the body.
-    pub(crate) fn push(&mut self, chunk: &[u8]) {
+    /// Appends a chunk of the body; an error when the line it continues is too slow.
+    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<()> {
         self.buf.extend_from_slice(chunk);
+        if tokio::time::Instant::now() > self.pace.deadline(self.buf.len() as u64) {
+            return Err(ReplicationError::EndpointResponseTooSlow(format!(
+                "_changes: {} bytes of one line in {:.0} s, slower than {} bytes per second",
+                self.buf.len(),
+                self.pace.elapsed().as_secs_f64(),
+                self.rate
+            )));
+        }
+        Ok(())
     }
 
     /// The next whole line, if one has arrived (without its `\n` / `\r\n`).
     pub(crate) fn next_line(&mut self) -> Result<Option<String>> {
-        self.codec
-            .decode(&mut self.buf)
-            .map_err(|e| ReplicationError::BadResponse(format!("_changes line: {e}")))
+        match self.codec.decode(&mut self.buf) {
+            Ok(Some(line)) => {
+                self.pace.restart();
+                Ok(Some(line))
+            }
+            Ok(None) => Ok(None),
+            Err(LinesCodecError::MaxLineLengthExceeded) => {
+                Err(ReplicationError::EndpointResponseTooLarge(format!(
+                    "_changes: a line longer than {} bytes; the cap is [replicator] max_feed_line_bytes",
+                    self.max
+                )))
+            }
+            Err(e) => Err(ReplicationError::BadResponse(format!("_changes line: {e}"))),
+        }
     }
 }
 

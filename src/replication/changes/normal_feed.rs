@@ -19,63 +19,139 @@ enum State {
     Tail,
 }
 
-/// The parser state: unconsumed bytes and where in the object it is.
+/// Where the scan of the row being received stands: each byte is looked at once, so a long
+/// row costs time linear in its length however it is chunked.
 #[derive(Debug, Default)]
+struct Scan {
+    /// Bytes of `buf` already scanned.
+    at: usize,
+    /// Brackets and braces open.
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+}
+
+/// The parser state: unconsumed bytes and where in the object it is.
+#[derive(Debug)]
 pub struct NormalFeed {
     buf: Vec<u8>,
     state: State,
+    scan: Scan,
+    /// The most bytes one row (or the head, or the tail) may take.
+    max_row: usize,
+}
+
+impl Default for NormalFeed {
+    fn default() -> Self {
+        Self::new(crate::replication::http::limits::DEFAULT_MAX_FEED_LINE_BYTES)
+    }
 }
 
 fn bad(what: impl std::fmt::Display) -> ReplicationError {
     ReplicationError::BadResponse(format!("_changes: {what}"))
 }
 
+const RESULTS: &[u8] = b"\"results\"";
+
 impl NormalFeed {
+    /// A parser that refuses rows longer than `max_row` bytes.
+    pub fn new(max_row: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            state: State::Head,
+            scan: Scan::default(),
+            max_row,
+        }
+    }
+
     /// Adds a chunk and returns the rows completed by it.
     pub fn push<T: DeserializeOwned>(&mut self, chunk: &[u8]) -> Result<Vec<T>> {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         if self.state == State::Head {
-            let Some(at) = find(&self.buf, b"\"results\"") else {
-                return Ok(out);
+            // Only the bytes not searched yet, plus a needle's length of overlap.
+            let from = self.scan.at.saturating_sub(RESULTS.len());
+            let Some(at) = find(&self.buf[from..], RESULTS).map(|i| from + i) else {
+                self.scan.at = self.buf.len();
+                return self.bounded(out);
             };
             let Some(open) = self.buf[at..].iter().position(|b| *b == b'[') else {
-                return Ok(out);
+                return self.bounded(out);
             };
             self.buf.drain(..at + open + 1);
             self.state = State::Rows;
+            self.scan = Scan::default();
         }
-        if self.state != State::Rows {
-            return Ok(out);
-        }
-        let mut pos = 0;
-        loop {
-            while pos < self.buf.len()
-                && (self.buf[pos].is_ascii_whitespace() || self.buf[pos] == b',')
-            {
-                pos += 1;
-            }
-            if pos >= self.buf.len() {
-                break;
-            }
-            if self.buf[pos] == b']' {
-                pos += 1;
+        while self.state == State::Rows {
+            let Some(end) = self.row_end()? else { break };
+            let row = &self.buf[..end];
+            let trimmed = row.trim_ascii_start();
+            if trimmed.first() == Some(&b']') {
+                self.buf.drain(..row.len() - trimmed.len() + 1);
                 self.state = State::Tail;
-                break;
+            } else {
+                out.push(serde_json::from_slice(row).map_err(bad)?);
+                self.buf.drain(..end);
             }
-            let mut it = serde_json::Deserializer::from_slice(&self.buf[pos..]).into_iter::<T>();
-            match it.next() {
-                Some(Ok(row)) => {
-                    pos += it.byte_offset();
-                    out.push(row);
+            self.scan = Scan::default();
+        }
+        self.bounded(out)
+    }
+
+    /// The bytes held for the row being received.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// `out`, unless the bytes held for one unfinished row passed the cap.
+    fn bounded<T>(&self, out: Vec<T>) -> Result<Vec<T>> {
+        if self.buf.len() > self.max_row {
+            return Err(ReplicationError::EndpointResponseTooLarge(format!(
+                "_changes: a row longer than {} bytes; the cap is [replicator] max_feed_line_bytes",
+                self.max_row
+            )));
+        }
+        Ok(out)
+    }
+
+    /// The end of the next row in `buf` (after the value, or after a closing `]`), skipping
+    /// the separators before it; `None` while it is incomplete.
+    fn row_end(&mut self) -> Result<Option<usize>> {
+        let s = &mut self.scan;
+        while s.at < self.buf.len() {
+            let b = self.buf[s.at];
+            s.at += 1;
+            if s.in_string {
+                match b {
+                    _ if s.escaped => s.escaped = false,
+                    b'\\' => s.escaped = true,
+                    b'"' => s.in_string = false,
+                    _ => {}
                 }
-                Some(Err(e)) if e.is_eof() => break, // the row continues in the next chunk
-                Some(Err(e)) => return Err(bad(e)),
-                None => break,
+                continue;
+            }
+            match b {
+                b'"' => s.in_string = true,
+                b'{' | b'[' => s.depth += 1,
+                b'}' | b']' if s.depth > 0 => {
+                    s.depth -= 1;
+                    if s.depth == 0 {
+                        return Ok(Some(s.at));
+                    }
+                }
+                // The end of the results array.
+                b']' => return Ok(Some(s.at)),
+                b',' if s.depth == 0 => {
+                    // A separator between rows: drop it and what came before.
+                    self.buf.drain(..s.at);
+                    s.at = 0;
+                }
+                b if b.is_ascii_whitespace() => {}
+                _ if s.depth == 0 => return Err(bad("a row that is not an object")),
+                _ => {}
             }
         }
-        self.buf.drain(..pos);
-        Ok(out)
+        Ok(None)
     }
 
     /// The body ended: returns its `last_seq`.
@@ -137,5 +213,35 @@ mod tests {
         assert!(f.finish().is_err());
         let mut f = NormalFeed::default();
         assert!(f.push::<Value>(br#"{"results":[nonsense]}"#).is_err());
+    }
+
+    #[test]
+    fn a_row_past_the_cap_is_refused_while_it_arrives() {
+        let mut f = NormalFeed::new(1000);
+        let _ = f.push::<Value>(br#"{"results":[{"seq":1,"id":""#).unwrap();
+        let mut refused = None;
+        for i in 0..100 {
+            if let Err(e) = f.push::<Value>(&[b'a'; 100]) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let (at, e) = refused.expect("the row was never refused");
+        assert!(at < 11, "refused after {at} pushes");
+        assert!(matches!(e, ReplicationError::EndpointResponseTooLarge(_)), "{e}");
+        // Nor can a head without "results" grow past it.
+        let mut f = NormalFeed::new(1000);
+        assert!((0..20).any(|_| f.push::<Value>(&[b' '; 100]).is_err()));
+    }
+
+    #[test]
+    fn brackets_and_quotes_inside_strings_do_not_end_a_row() {
+        let body = r#"{"results":[{"seq":"1-]}","id":"a\"}{[","changes":[{"rev":"1-x"}]}],"last_seq":"1-]}"}"#;
+        for piece in [1, 2, 5, 100] {
+            let (rows, last) = parse_in_pieces(body, piece);
+            assert_eq!(rows.len(), 1, "piece {piece}");
+            assert_eq!(rows[0]["id"], "a\"}{[");
+            assert_eq!(last, serde_json::json!("1-]}"));
+        }
     }
 }

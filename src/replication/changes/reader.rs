@@ -163,7 +163,7 @@ impl ChangesReader {
         if !r.status.is_success() {
             return Err(refused(self.client.endpoint(), r.status));
         }
-        let mut feed = NormalFeed::default();
+        let mut feed = NormalFeed::new(self.client.limits().max_feed_line_bytes);
         let rows = feed.push::<Row>(&r.body)?;
         let last = feed.finish()?;
         Ok((rows, last))
@@ -245,7 +245,7 @@ impl ChangesReader {
             let before = since.clone();
             match self.stream_normal(&mut since, &tx, &stop).await {
                 Ok(()) => return Ok(()),
-                Err(e @ (ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_))) => {
+                Err(e) if e.ends_feed() => {
                     return Err(e);
                 }
                 Err(e) => {
@@ -287,13 +287,27 @@ impl ChangesReader {
             return Err(refused(self.client.endpoint(), resp.status()));
         }
         let max = self.opts.worker_batch_size.max(1);
-        let mut feed = NormalFeed::default();
+        let mut feed = NormalFeed::new(self.client.limits().max_feed_line_bytes);
         let mut pending: Vec<Change> = Vec::new();
         let mut pending_seq: Option<Value> = None;
         let mut body = resp.bytes_stream();
+        let limits = *self.client.limits();
+        let mut pace = limits.pace(self.opts.connection_timeout);
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-            for row in feed.push::<Row>(&chunk)? {
+            let rows = feed.push::<Row>(&chunk)?;
+            if !rows.is_empty() {
+                pace.restart();
+            } else if tokio::time::Instant::now() > pace.deadline(feed.held() as u64) {
+                return Err(ReplicationError::EndpointResponseTooSlow(format!(
+                    "{}: _changes sent {} bytes of one row in {:.0} s, slower than {} bytes per second",
+                    self.client.endpoint(),
+                    feed.held(),
+                    pace.elapsed().as_secs_f64(),
+                    limits.min_bytes_per_sec
+                )));
+            }
+            for row in rows {
                 if let Some(seq) = row.seq.clone() {
                     pending_seq = Some(seq);
                 }
@@ -353,10 +367,7 @@ impl ChangesReader {
                     progressed = p;
                 }
                 Err(e) => {
-                    if matches!(
-                        e,
-                        ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_)
-                    ) {
+                    if e.ends_feed() {
                         return Err(e);
                     }
                     tracing::debug!(error = %e, "changes feed interrupted");
@@ -395,7 +406,7 @@ impl ChangesReader {
             return Err(refused(self.client.endpoint(), resp.status()));
         }
         let mut body = resp.bytes_stream();
-        let mut lines = FeedLines::new();
+        let mut lines = FeedLines::new(self.client.limits(), self.opts.connection_timeout);
         let mut progressed = false;
         let max = self.opts.worker_batch_size;
         let far = Duration::from_secs(86_400 * 365);
@@ -407,7 +418,7 @@ impl ChangesReader {
             };
             let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-            lines.push(&chunk);
+            lines.push(&chunk)?;
             let mut pending: Vec<Change> = Vec::new();
             let mut pending_seq: Option<Value> = None;
             let mut ended = false;

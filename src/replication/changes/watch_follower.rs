@@ -72,10 +72,10 @@ async fn follow_once(
         sink.blind();
     }
     let mut body = resp.bytes_stream();
-    let mut lines = FeedLines::new();
+    let mut lines = FeedLines::new(client.limits(), client.connection_timeout());
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-        lines.push(&chunk);
+        lines.push(&chunk)?;
         let (mut ids, mut ended) = (Vec::new(), false);
         while let Some(line) = lines.next_line()? {
             let Some(row) = parse_feed_line(line.as_bytes())? else {

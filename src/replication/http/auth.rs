@@ -186,10 +186,17 @@ impl Auth {
             .map(|_| {
                 let get = http.get(&self.root).header("accept", "application/json");
                 tokio::spawn(async move {
-                    // The body is read so the connection goes back to the pool.
-                    if let Ok(r) = get.send().await {
-                        let _ = r.bytes().await;
-                    }
+                    // The body is read so the connection goes back to the pool; one longer
+                    // or slower than a welcome message is dropped with its connection.
+                    let drain = async {
+                        let Ok(mut r) = get.send().await else { return };
+                        let mut room: usize = 64 << 10;
+                        while let Ok(Some(c)) = r.chunk().await {
+                            let Some(left) = room.checked_sub(c.len()) else { return };
+                            room = left;
+                        }
+                    };
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), drain).await;
                 })
             })
             .collect();

@@ -10,33 +10,26 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use reqwest::{Method, StatusCode};
 use tokio::sync::Semaphore;
 
 use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
+use super::body::{BodyError, collect};
 use super::coalesce::Coalescer;
+use super::limits::EndpointLimits;
+use super::reqwest_client::{build_http, transport_key};
 use super::session_cache::SessionCache;
 pub use super::response::Resp;
 use super::tls::TlsOptions;
-use super::transport::{TransportKey, Transports};
+use super::transport::Transports;
 use crate::replication::changes::watch::Watches;
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::rate_limit::limiter::{RateKey, RateLimiter};
 use crate::telemetry::{NodeMetrics, Series};
-
-/// The process-wide TLS connector. Building a reqwest client otherwise sets up OpenSSL from
-/// scratch (system roots, providers): ~150 ms of CPU per client, and jobs build clients at
-/// every start, so a node rotating many jobs spent its time there. `None` if it cannot be
-/// built (each client then sets up its own and reports the error).
-#[cfg(feature = "tls")]
-fn shared_tls() -> Option<native_tls::TlsConnector> {
-    static TLS: std::sync::OnceLock<Option<native_tls::TlsConnector>> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| native_tls::TlsConnector::new().ok())
-        .clone()
-}
 
 /// First retry sleep.
 const FIRST_WAIT: Duration = Duration::from_millis(250);
@@ -64,6 +57,8 @@ pub struct ClientConfig {
     pub tls: TlsOptions,
     /// Session cookie or Basic.
     pub auth: AuthPolicy,
+    /// What the endpoint may send (node configuration).
+    pub limits: EndpointLimits,
 }
 
 /// A request to send: relative path (with query), optional body.
@@ -294,7 +289,7 @@ impl HttpClient {
                 };
                 self.cfg.metrics.inc(Series::Requests);
                 let sent = Instant::now();
-                let out = self.attempt(req, buffer, &mut credentials).await;
+                let out = self.attempt(req, buffer, &mut credentials, &what).await;
                 // Round trips decide a replication over a long link: this is where to see them.
                 tracing::trace!(%what, status = ?out.as_ref().map(Outcome::status).ok(),
                     ms = sent.elapsed().as_secs_f64() * 1e3, "request");
@@ -328,7 +323,8 @@ impl HttpClient {
                         return Ok(out);
                     }
                 }
-                Err(e) => e,
+                Err(Attempt::Retry(e)) => e,
+                Err(Attempt::Fatal(e)) => return Err(e),
             };
             self.congestion.fetch_add(1, Ordering::Relaxed);
             let first = *first_failure.get_or_insert_with(Instant::now);
@@ -378,7 +374,7 @@ impl HttpClient {
             self.limiter.success(&key);
         }
         let headers = resp.headers().clone();
-        let body = resp.bytes().await.map_err(|e| failed(describe(&e)))?;
+        let body = self.read_body(resp, &what).await?;
         Ok(Resp {
             status,
             headers,
@@ -453,74 +449,93 @@ impl HttpClient {
         req: &Req,
         buffer: bool,
         credentials: &mut u64,
-    ) -> Result<Outcome, String> {
+        what: &str,
+    ) -> Result<Outcome, Attempt> {
         let mut rb = self.builder(req, credentials).await;
         if let Some(body) = &req.body {
             rb = rb
                 .header("content-type", req.content_type.as_ref())
                 .body(body.clone());
         }
-        let resp = rb.send().await.map_err(|e| describe(&e))?;
+        let resp = rb.send().await.map_err(|e| {
+            if e.is_redirect() {
+                // A redirect loop answers the same again: not worth a retry.
+                Attempt::Fatal(ReplicationError::HttpRequestFailed(format!(
+                    "{what}: more than {} redirects",
+                    self.cfg.limits.max_redirects
+                )))
+            } else {
+                Attempt::Retry(describe(&e))
+            }
+        })?;
         if !buffer {
             return Ok(Outcome::Stream(resp));
         }
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = resp.bytes().await.map_err(|e| describe(&e))?;
+        let body = self.read_body(resp, what).await.map_err(|e| match e {
+            ReplicationError::HttpRequestFailed(m) => Attempt::Retry(m),
+            other => Attempt::Fatal(other),
+        })?;
         Ok(Outcome::Full(Resp {
             status,
             headers,
             body,
         }))
     }
+
+    /// The inactivity timeout of a request.
+    pub(crate) fn connection_timeout(&self) -> Duration {
+        self.cfg.connection_timeout
+    }
+
+    /// What this endpoint may send.
+    pub(crate) fn limits(&self) -> &EndpointLimits {
+        &self.cfg.limits
+    }
+
+    /// Reads `resp`'s body whole within the endpoint's limits: too large or too slow is
+    /// `endpoint_response_too_large` / `_too_slow` naming `what`, a broken connection
+    /// `http_request_failed`.
+    pub(crate) async fn read_body(&self, resp: reqwest::Response, what: &str) -> Result<Bytes> {
+        let declared = resp.content_length();
+        // Without decompression the declared length is the body's; with it, reqwest drops
+        // the header, and the cap counts decoded bytes as they come.
+        let stream = resp.bytes_stream().map(|r| r.map_err(|e| describe(&e)));
+        self.collect_within_limits(stream, declared, self.cfg.limits.max_response_bytes, what)
+            .await
+    }
+
+    /// [`collect`] with this endpoint's pace, its errors named after `what`.
+    pub(crate) async fn collect_within_limits(
+        &self,
+        stream: impl futures::Stream<Item = std::result::Result<Bytes, String>>,
+        declared: Option<u64>,
+        cap: u64,
+        what: &str,
+    ) -> Result<Bytes> {
+        let l = &self.cfg.limits;
+        let pace = l.pace(self.cfg.connection_timeout);
+        collect(stream, declared, cap, pace, l.min_bytes_per_sec)
+            .await
+            .map_err(|e| match e {
+                BodyError::TooLarge { .. } => ReplicationError::EndpointResponseTooLarge(format!(
+                    "{what} answered {e}; the cap is [replicator] max_response_bytes"
+                )),
+                BodyError::TooSlow { .. } => ReplicationError::EndpointResponseTooSlow(format!(
+                    "{what} answered {e} after connection_timeout"
+                )),
+                BodyError::Transport(m) => ReplicationError::HttpRequestFailed(format!("{what}: {m}")),
+            })
+    }
 }
 
-/// The reqwest client of an endpoint: everything but the pool sizing, which `b` carries.
-fn build_http(
-    ep: &Endpoint,
-    cfg: &ClientConfig,
-    b: reqwest::ClientBuilder,
-) -> Result<reqwest::Client> {
-    let mut b = b
-        .gzip(!is_loopback(ep))
-        .read_timeout(cfg.connection_timeout)
-        .connect_timeout(cfg.connection_timeout)
-        .tcp_nodelay(cfg.tcp_nodelay)
-        .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));
-    #[cfg(feature = "tls")]
-    if ep.parsed_url().scheme() == "https" {
-        let tls = super::tls::connector(&cfg.tls)
-            .map_err(|e| ReplicationError::InvalidEndpoint(format!("{ep}: {e}")))?;
-        b = b.tls_backend_preconfigured(tls);
-    } else if let Some(tls) = shared_tls() {
-        // Only an https proxy uses it.
-        b = b.tls_backend_preconfigured(tls);
-    }
-    b = match &cfg.proxy {
-        Some(p) => b.proxy(
-            reqwest::Proxy::all(p)
-                .map_err(|_| ReplicationError::InvalidOptions("invalid proxy URL".into()))?,
-        ),
-        None => b.no_proxy(),
-    };
-    b.build().map_err(|e| {
-        ReplicationError::InvalidEndpoint(format!("{ep}: cannot build HTTP client: {e}"))
-    })
-}
-
-/// Everything [`build_http`] reads: clients with equal keys are interchangeable.
-fn transport_key(ep: &Endpoint, cfg: &ClientConfig) -> TransportKey {
-    let url = ep.parsed_url();
-    TransportKey {
-        scheme: url.scheme().to_owned(),
-        host: url.host_str().unwrap_or("").to_owned(),
-        port: url.port_or_known_default().unwrap_or(0),
-        proxy: cfg.proxy.clone(),
-        connection_timeout: cfg.connection_timeout,
-        tcp_nodelay: cfg.tcp_nodelay,
-        gzip: !is_loopback(ep),
-        tls: cfg.tls.clone(),
-    }
+/// Why one try failed: worth another, or not.
+enum Attempt {
+    /// A transport failure (retried with backoff).
+    Retry(String),
+    /// Retrying cannot help (a cap tripped, a redirect loop).
+    Fatal(ReplicationError),
 }
 
 enum Outcome {
@@ -534,18 +549,6 @@ impl Outcome {
             Self::Full(r) => r.status,
             Self::Stream(r) => r.status(),
         }
-    }
-}
-
-/// Whether the endpoint is on this machine. Compression is then not asked for: there is no
-/// bandwidth to save, and gzip costs CPU on both ends (on a single-threaded server such as
-/// pouchdb-server it is a large share of a `_bulk_get`).
-fn is_loopback(ep: &Endpoint) -> bool {
-    match ep.parsed_url().host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        None => false,
     }
 }
 
@@ -579,21 +582,5 @@ pub fn describe(e: &reqwest::Error) -> String {
         kind.to_string()
     } else {
         format!("{kind} ({})", causes.join(": "))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn compression_is_asked_for_only_off_this_machine() {
-        let ep = |u: &str| Endpoint::parse(u).unwrap();
-        assert!(is_loopback(&ep("http://127.0.0.1:5984/db")));
-        assert!(is_loopback(&ep("http://127.8.0.1:5984/db")));
-        assert!(is_loopback(&ep("http://[::1]:5984/db")));
-        assert!(is_loopback(&ep("http://LocalHost:5984/db")));
-        assert!(!is_loopback(&ep("http://10.0.0.1:5984/db")));
-        assert!(!is_loopback(&ep("https://couch.example.com/db")));
     }
 }

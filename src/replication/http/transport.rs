@@ -47,6 +47,8 @@ pub struct TransportKey {
     pub tcp_nodelay: bool,
     /// Whether responses may be compressed.
     pub gzip: bool,
+    /// Redirects followed per request.
+    pub max_redirects: usize,
     /// CA file, client certificate, verification (never displayed).
     pub tls: TlsOptions,
 }
@@ -234,6 +236,7 @@ mod tests {
             connection_timeout: Duration::from_secs(30),
             tcp_nodelay: false,
             gzip: false,
+            max_redirects: 10,
             tls: TlsOptions::default(),
         }
     }

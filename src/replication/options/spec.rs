@@ -12,6 +12,7 @@ use super::values::{infinity_or, ranged, socket_nodelay};
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::auth::AuthPolicy;
+use crate::replication::http::limits::EndpointLimits;
 use crate::replication::http::tls::TlsOptions;
 
 /// Which changes to replicate.
@@ -86,6 +87,8 @@ pub struct ReplicationOptions {
     pub proxy_protocols: Vec<String>,
     /// How endpoints authenticate (`auth_plugins`, node configuration only).
     pub auth: AuthPolicy,
+    /// What endpoints may send (node configuration only: a document cannot raise it).
+    pub limits: EndpointLimits,
 }
 
 impl Default for ReplicationOptions {
@@ -116,6 +119,7 @@ impl Default for ReplicationOptions {
             endpoint_protocols: vec!["http".into(), "https".into()],
             proxy_protocols: vec!["http".into(), "https".into(), "socks5".into()],
             auth: AuthPolicy::default(),
+            limits: EndpointLimits::default(),
         }
     }
 }
@@ -305,6 +309,7 @@ impl ReplicationOptions {
             endpoint_protocols: d.endpoint_protocols.clone(),
             proxy_protocols: d.proxy_protocols.clone(),
             auth: d.auth,
+            limits: d.limits,
         })
     }
 }

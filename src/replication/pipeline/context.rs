@@ -63,6 +63,7 @@ pub(crate) fn clients(
         metrics: ctx.metrics.clone(),
         tls: o.tls.clone(),
         auth: o.auth,
+        limits: o.limits,
     };
     // Without shared transports, source and target still share their logins: on one server
     // as one user they log in once, not twice at the same moment (two first logins at once

@@ -422,12 +422,11 @@ pub async fn open_revs(
         let stream = resp
             .bytes_stream()
             .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
-        return parse_mixed(multer::Multipart::new(stream, boundary), &w.id, sink).await;
+        let mp = multer::Multipart::new(stream, boundary);
+        return parse_mixed(source, mp, &w.id, sink).await;
     }
-    let body = resp
-        .bytes()
-        .await
-        .map_err(|e| ReplicationError::OpenDocRevsFailed(describe(&e)))?;
+    let what = format!("GET {}/{}", source.endpoint(), encode_doc_id(&w.id));
+    let body = source.read_body(resp, &what).await?;
     parse_json_revs(&body)
 }
 
@@ -478,13 +477,18 @@ pub(crate) fn part_type(field: &multer::Field<'_>) -> String {
         .to_owned()
 }
 
+/// Reads an `open_revs` `multipart/mixed` answer. Parts kept in memory count against the
+/// endpoint's `max_response_bytes` together; parts passed through to `sink` are not held.
 async fn parse_mixed(
+    source: &HttpClient,
     mut mp: multer::Multipart<'static>,
     id: &str,
     sink: Option<&HttpClient>,
 ) -> Result<Vec<Fetched>> {
     let err =
         |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
+    let what = format!("GET {}/{} (multipart)", source.endpoint(), encode_doc_id(id));
+    let mut room = source.limits().max_response_bytes;
     let mut out = Vec::new();
     while let Some(field) = mp.next_field().await.map_err(err)? {
         let ctype = part_type(&field);
@@ -498,7 +502,9 @@ async fn parse_mixed(
             ));
             continue;
         }
-        let data = field.bytes().await.map_err(err)?;
+        let part = field.map(|r| r.map_err(|e| e.to_string()));
+        let data = source.collect_within_limits(part, None, room, &what).await?;
+        room -= data.len() as u64;
         if ctype.starts_with("multipart/related") {
             let boundary = boundary_of(&ctype)?;
             let inner = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(data) });

@@ -146,6 +146,7 @@ fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, Replicat
             metrics: Arc::default(),
             tls: cfg.tls.clone(),
             auth: Default::default(),
+            limits: Default::default(),
         },
         Arc::new(Aimd::new()),
     )

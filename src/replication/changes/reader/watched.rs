@@ -102,7 +102,7 @@ impl ChangesReader {
                     };
                     last_read = tokio::time::Instant::now();
                 }
-                Err(e @ (ReplicationError::MaxBackoff(_) | ReplicationError::DbNotFound(_))) => {
+                Err(e) if e.ends_feed() => {
                     return Err(e);
                 }
                 Err(e) => {
