@@ -5,6 +5,16 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `mi_option_purge_delay` in mimalloc.h (v3): how long freed pages stay resident.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn main() -> std::process::ExitCode {
+    // Freed pages go back to the system at once instead of 10 ms later: a response body
+    // read up to its cap and dropped otherwise stayed resident while the next one was read,
+    // and a node's memory under hostile endpoints doubled (docs/operations.md, "Caps on what
+    // endpoints send").
+    // SAFETY: sets a process-wide option before any other thread exists; mimalloc allows
+    // options to be set at any time.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     couch_replicator::cli::main()
 }

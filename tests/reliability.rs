@@ -5,6 +5,7 @@ mod support;
 mod reliability {
     mod cutoff;
     mod faults;
+    mod hostile_endpoints;
     mod inputs;
     mod kill9;
     mod nodeloss;

@@ -1,6 +1,6 @@
 //! The caps on what endpoints may send, read from `[replicator]` (ours; CouchDB has none):
-//! `max_response_bytes`, `max_feed_line_bytes`, `max_redirects`, `min_bytes_per_sec` and
-//! `compress_loopback`. Node configuration only: replication documents cannot set them.
+//! `max_response_bytes`, `max_feed_line_bytes`, `max_redirects`, `min_bytes_per_sec`,
+//! `response_budget_bytes` and `compress_loopback`. Node configuration only: replication documents cannot set them.
 
 use crate::replication::http::limits::EndpointLimits;
 
@@ -12,6 +12,7 @@ pub const KEYS: &[&str] = &[
     "max_feed_line_bytes",
     "max_redirects",
     "min_bytes_per_sec",
+    "response_budget_bytes",
     "compress_loopback",
 ];
 
@@ -41,6 +42,15 @@ pub fn read(cfg: &ConfigFile) -> Result<EndpointLimits, String> {
     }
     if let Some(n) = number("min_bytes_per_sec", 1)? {
         l.min_bytes_per_sec = n;
+    }
+    if let Some(n) = number("response_budget_bytes", 1 << 20)? {
+        l.response_budget_bytes = n;
+    }
+    if l.response_budget_bytes < l.max_response_bytes {
+        return Err(format!(
+            "[replicator] response_budget_bytes ({}) must be at least max_response_bytes ({})",
+            l.response_budget_bytes, l.max_response_bytes
+        ));
     }
     if let Some(v) = cfg.get("replicator", "compress_loopback") {
         l.compress_loopback = match v.trim() {

@@ -44,6 +44,10 @@ pub struct NodeMetrics {
     pub jobs_running: AtomicU64,
     /// Scheduling passes the job server made.
     pub reschedules: AtomicU64,
+    /// Bytes of the response budget held by bodies being read (a gauge).
+    pub response_bytes_held: AtomicU64,
+    /// Times a body waited for the response budget.
+    pub response_budget_waits: AtomicU64,
     /// Requests this node's API answered, by method and status.
     http_requests: Mutex<BTreeMap<(String, u16), u64>>,
 }
@@ -102,7 +106,19 @@ impl NodeMetrics {
         for (name, help, v) in ours {
             e.single(name, "counter", help, v.load(Relaxed) as f64);
         }
-        let scheduler: [(&str, &str, &str, &AtomicU64); 3] = [
+        let scheduler: [(&str, &str, &str, &AtomicU64); 5] = [
+            (
+                "couch_replicator_response_bytes_held",
+                "gauge",
+                "bytes of the node's response budget held by bodies being read",
+                &self.response_bytes_held,
+            ),
+            (
+                "couch_replicator_response_budget_waits_total",
+                "counter",
+                "times a response body waited for the node's response budget",
+                &self.response_budget_waits,
+            ),
             (
                 "couch_replicator_jobs_accepting",
                 "gauge",

@@ -165,6 +165,12 @@ fn client(url: &str) -> HttpClient {
             tls: Default::default(),
             auth: Default::default(),
             limits: Default::default(),
+            budget: Arc::new(
+                couch_replicator::replication::http::budget::ResponseBudget::new(
+                    1 << 30,
+                    Arc::default(),
+                ),
+            ),
         },
         Arc::new(couch_replicator::replication::Aimd::new()),
     )

@@ -4,7 +4,7 @@
 //! headless Chromium over WebDriver ([`browser`]), a real CouchDB 3.4.3 where CouchDB's
 //! own behaviour is the oracle ([`couchdb`]), small client helpers to fill and compare databases
 //! ([`couch`]), and an in-process fault-injecting proxy for faults a real server cannot produce
-//! on demand ([`proxy`]), a socket-counting TCP relay ([`tcp_count`]), a byte-counting relay that
+//! on demand ([`proxy`]), an endpoint that turns hostile at a chosen stage ([`hostile`]), a socket-counting TCP relay ([`tcp_count`]), a byte-counting relay that
 //! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), the node harness for
 //! paused time with CouchDB's default intervals that fails a test leaving a node running ([`nodes`]), a node with
 //! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]) and N of them on one etcd
@@ -17,6 +17,7 @@ pub mod browser;
 pub mod couch;
 pub mod couchdb;
 pub mod etcd;
+pub mod hostile;
 pub mod http;
 pub mod nodes;
 pub mod proxy;

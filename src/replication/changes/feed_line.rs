@@ -71,6 +71,10 @@ impl FeedLines {
 
     /// Appends a chunk of the body; an error when the line it continues is too slow.
     pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<()> {
+        if self.buf.is_empty() {
+            // A line's time starts at its first byte.
+            self.pace.restart();
+        }
         self.buf.extend_from_slice(chunk);
         if tokio::time::Instant::now() > self.pace.deadline(self.buf.len() as u64) {
             return Err(ReplicationError::EndpointResponseTooSlow(format!(

@@ -25,6 +25,8 @@ enum State {
 struct Scan {
     /// Bytes of `buf` already scanned.
     at: usize,
+    /// Where the row being scanned starts (after the blanks and commas before it).
+    row_start: usize,
     /// Brackets and braces open.
     depth: u32,
     in_string: bool,
@@ -83,16 +85,16 @@ impl NormalFeed {
             self.scan = Scan::default();
         }
         while self.state == State::Rows {
-            let Some(end) = self.row_end()? else { break };
-            let row = &self.buf[..end];
-            let trimmed = row.trim_ascii_start();
-            if trimmed.first() == Some(&b']') {
-                self.buf.drain(..row.len() - trimmed.len() + 1);
+            let Some((start, end)) = self.row_end()? else {
+                break;
+            };
+            let row = &self.buf[start..end];
+            if row == b"]" {
                 self.state = State::Tail;
             } else {
                 out.push(serde_json::from_slice(row).map_err(bad)?);
-                self.buf.drain(..end);
             }
+            self.buf.drain(..end);
             self.scan = Scan::default();
         }
         self.bounded(out)
@@ -114,9 +116,10 @@ impl NormalFeed {
         Ok(out)
     }
 
-    /// The end of the next row in `buf` (after the value, or after a closing `]`), skipping
-    /// the separators before it; `None` while it is incomplete.
-    fn row_end(&mut self) -> Result<Option<usize>> {
+    /// The next row in `buf` as a range (its value, or a closing `]`), skipping the blanks and
+    /// commas before it; `None` while it is incomplete. Blanks scanned without a row are
+    /// dropped, so `buf` then holds only the start of an unfinished row.
+    fn row_end(&mut self) -> Result<Option<(usize, usize)>> {
         let s = &mut self.scan;
         while s.at < self.buf.len() {
             let b = self.buf[s.at];
@@ -131,25 +134,26 @@ impl NormalFeed {
                 continue;
             }
             match b {
-                b'"' => s.in_string = true,
+                b'"' if s.depth > 0 => s.in_string = true,
                 b'{' | b'[' => s.depth += 1,
                 b'}' | b']' if s.depth > 0 => {
                     s.depth -= 1;
                     if s.depth == 0 {
-                        return Ok(Some(s.at));
+                        return Ok(Some((s.row_start, s.at)));
                     }
                 }
                 // The end of the results array.
-                b']' => return Ok(Some(s.at)),
-                b',' if s.depth == 0 => {
-                    // A separator between rows: drop it and what came before.
-                    self.buf.drain(..s.at);
-                    s.at = 0;
-                }
-                b if b.is_ascii_whitespace() => {}
+                b']' => return Ok(Some((s.row_start, s.at))),
+                // Separators between rows.
+                b',' if s.depth == 0 => s.row_start = s.at,
+                b if s.depth == 0 && b.is_ascii_whitespace() => s.row_start = s.at,
                 _ if s.depth == 0 => return Err(bad("a row that is not an object")),
                 _ => {}
             }
+        }
+        if s.depth == 0 {
+            self.buf.drain(..s.at);
+            *s = Scan::default();
         }
         Ok(None)
     }

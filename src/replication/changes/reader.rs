@@ -296,7 +296,8 @@ impl ChangesReader {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
             let rows = feed.push::<Row>(&chunk)?;
-            if !rows.is_empty() {
+            // Only an unfinished row is held to the pace (heartbeats hold nothing).
+            if !rows.is_empty() || feed.held() == 0 {
                 pace.restart();
             } else if tokio::time::Instant::now() > pace.deadline(feed.held() as u64) {
                 return Err(ReplicationError::EndpointResponseTooSlow(format!(

@@ -6,6 +6,7 @@
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 
+use super::budget::ResponseBudget;
 use super::limits::Pace;
 
 /// Why a body could not be read.
@@ -36,17 +37,31 @@ pub(crate) enum BodyError {
     Transport(String),
 }
 
+/// How a body is read: its cap and pace, and the node's budget it reads within (waiting for
+/// it up to `patience`).
+pub(crate) struct Bounds<'a> {
+    pub(crate) cap: u64,
+    pub(crate) pace: Pace,
+    pub(crate) rate: u64,
+    pub(crate) budget: &'a ResponseBudget,
+    pub(crate) patience: std::time::Duration,
+}
+
 /// Reads `stream` whole, holding at most `cap` bytes; `declared` is the `Content-Length`.
-pub(crate) async fn collect<S>(
-    stream: S,
-    declared: Option<u64>,
-    cap: u64,
-    pace: Pace,
-    rate: u64,
-) -> Result<Bytes, BodyError>
+/// The pace starts at the first byte.
+pub(crate) async fn collect<S>(stream: S, declared: Option<u64>, b: Bounds<'_>) -> Result<Bytes, BodyError>
 where
     S: Stream<Item = Result<Bytes, String>>,
 {
+    let Bounds {
+        cap,
+        mut pace,
+        rate,
+        budget,
+        patience,
+    } = b;
+    // No body can outgrow the node's whole budget.
+    let cap = cap.min(budget.total_bytes() + super::budget::UNBUDGETED_BYTES);
     if let Some(n) = declared.filter(|n| *n > cap) {
         return Err(BodyError::TooLarge {
             read: n,
@@ -55,12 +70,19 @@ where
         });
     }
     let mut stream = std::pin::pin!(stream);
+    // Chunks are copied out of the transport's buffers: a chunk shares its allocation with
+    // the unused rest of a read buffer, and held as it comes, a body took twice its size.
+    let mut exact = declared.map(|n| BytesMut::with_capacity(n as usize));
     let mut parts: Vec<Bytes> = Vec::new();
     let mut received: u64 = 0;
+    let mut share = budget.share();
+    // Until the first byte only the read timeout applies: a long poll is silent, then whole.
+    let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365);
     loop {
+        let deadline = if received == 0 { far } else { pace.deadline(received) };
         let next = tokio::select! {
             n = stream.next() => n,
-            _ = tokio::time::sleep_until(pace.deadline(received)) => {
+            _ = tokio::time::sleep_until(deadline) => {
                 return Err(BodyError::TooSlow {
                     read: received,
                     secs: pace.elapsed().as_secs_f64(),
@@ -70,6 +92,9 @@ where
         };
         let Some(chunk) = next else { break };
         let chunk = chunk.map_err(BodyError::Transport)?;
+        if received == 0 {
+            pace.restart();
+        }
         received += chunk.len() as u64;
         if received > cap {
             return Err(BodyError::TooLarge {
@@ -78,9 +103,21 @@ where
                 how: "read",
             });
         }
-        parts.push(chunk);
+        share.cover(received, patience).await.map_err(|e| {
+            BodyError::Transport(format!(
+                "waited {:.0} s for the node's response budget ([replicator] response_budget_bytes)",
+                e.waited.as_secs_f64()
+            ))
+        })?;
+        match &mut exact {
+            Some(buf) => buf.extend_from_slice(&chunk),
+            None => parts.push(Bytes::copy_from_slice(&chunk)),
+        }
     }
-    Ok(concat(parts, received))
+    Ok(match exact {
+        Some(buf) => buf.freeze(),
+        None => concat(parts, received),
+    })
 }
 
 /// The chunks as one buffer (no copy for a single chunk).
@@ -106,26 +143,40 @@ mod tests {
         futures::stream::iter((0..n).map(move |_| Ok(Bytes::from(vec![b'a'; size]))))
     }
 
-    fn pace() -> Pace {
-        EndpointLimits::default().pace(Duration::from_secs(30))
+    fn budget() -> ResponseBudget {
+        ResponseBudget::new(64 << 20, Default::default())
+    }
+
+    fn bounds(cap: u64, budget: &ResponseBudget) -> Bounds<'_> {
+        Bounds {
+            cap,
+            pace: EndpointLimits::default().pace(Duration::from_secs(30)),
+            rate: 1024,
+            budget,
+            patience: Duration::from_secs(1),
+        }
     }
 
     #[tokio::test]
     async fn a_body_within_the_cap_is_read_whole() {
-        let body = collect(chunks(4, 10), Some(40), 40, pace(), 1).await.unwrap();
+        let budget = budget();
+        let body = collect(chunks(4, 10), Some(40), bounds(40, &budget))
+            .await
+            .unwrap();
         assert_eq!(body.len(), 40);
     }
 
     #[tokio::test]
     async fn the_cap_stops_reading_at_the_first_chunk_past_it() {
-        let err = collect(chunks(1000, 10), None, 45, pace(), 1)
+        let budget = budget();
+        let err = collect(chunks(1000, 10), None, bounds(45, &budget))
             .await
             .unwrap_err();
         assert!(
             matches!(err, BodyError::TooLarge { read: 50, cap: 45, .. }),
             "{err:?}"
         );
-        let err = collect(chunks(1, 10), Some(1 << 40), 45, pace(), 1)
+        let err = collect(chunks(1, 10), Some(1 << 40), bounds(45, &budget))
             .await
             .unwrap_err();
         assert!(matches!(err, BodyError::TooLarge { read, .. } if read == 1 << 40));
@@ -143,8 +194,13 @@ mod tests {
             Some((Ok(Bytes::from_static(b"a")), ()))
         });
         let started = tokio::time::Instant::now();
-        let pace = limits.pace(Duration::from_secs(5));
-        let err = collect(trickle, None, 1 << 20, pace, 10).await.unwrap_err();
+        let budget = budget();
+        let b = Bounds {
+            pace: limits.pace(Duration::from_secs(5)),
+            rate: 10,
+            ..bounds(1 << 20, &budget)
+        };
+        let err = collect(trickle, None, b).await.unwrap_err();
         assert!(matches!(err, BodyError::TooSlow { .. }), "{err:?}");
         let took = started.elapsed();
         assert!(

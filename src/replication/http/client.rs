@@ -17,7 +17,8 @@ use tokio::sync::Semaphore;
 use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
-use super::body::{BodyError, collect};
+use super::body::{BodyError, Bounds, collect};
+use super::budget::ResponseBudget;
 use super::coalesce::Coalescer;
 use super::limits::EndpointLimits;
 use super::reqwest_client::{build_http, transport_key};
@@ -59,6 +60,8 @@ pub struct ClientConfig {
     pub auth: AuthPolicy,
     /// What the endpoint may send (node configuration).
     pub limits: EndpointLimits,
+    /// The node's budget of response bytes held while reading.
+    pub budget: Arc<ResponseBudget>,
 }
 
 /// A request to send: relative path (with query), optional body.
@@ -515,8 +518,14 @@ impl HttpClient {
         what: &str,
     ) -> Result<Bytes> {
         let l = &self.cfg.limits;
-        let pace = l.pace(self.cfg.connection_timeout);
-        collect(stream, declared, cap, pace, l.min_bytes_per_sec)
+        let bounds = Bounds {
+            cap,
+            pace: l.pace(self.cfg.connection_timeout),
+            rate: l.min_bytes_per_sec,
+            budget: &self.cfg.budget,
+            patience: self.cfg.connection_timeout,
+        };
+        collect(stream, declared, bounds)
             .await
             .map_err(|e| match e {
                 BodyError::TooLarge { .. } => ReplicationError::EndpointResponseTooLarge(format!(

@@ -24,20 +24,23 @@ pub struct EndpointLimits {
     /// passed: a body that trickles ends at `start + connection_timeout + received / rate`.
     /// Continuous feeds are held to it per row instead (heartbeats keep them open).
     pub min_bytes_per_sec: u64,
+    /// The node's budget of response bytes held while reading, all jobs together (see
+    /// [`super::budget`]).
+    pub response_budget_bytes: u64,
     /// Asks loopback endpoints for gzip too (off by default: compression on one machine
     /// only costs CPU; on for tests of compressed answers).
     pub compress_loopback: bool,
 }
 
-/// [`EndpointLimits::max_response_bytes`] by default: 32 MiB, four times CouchDB's largest
+/// [`EndpointLimits::max_response_bytes`] by default: 16 MiB, twice CouchDB's largest
 /// document (`max_document_size`, 8 MB) and far above any database info, checkpoint,
 /// `_revs_diff` or `_bulk_docs` answer; a `_bulk_get` answer above it is fetched again one
 /// revision at a time.
-pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 32 << 20;
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 16 << 20;
 
-/// [`EndpointLimits::max_feed_line_bytes`] by default: 16 MiB (a row lists one document's
-/// leaves: a thousand conflicts are about 50 KB).
-pub const DEFAULT_MAX_FEED_LINE_BYTES: usize = 16 << 20;
+/// [`EndpointLimits::max_feed_line_bytes`] by default: 4 MiB (a row lists one document's
+/// leaves: a thousand conflicts are about 50 KB, so this is some 80,000 of them).
+pub const DEFAULT_MAX_FEED_LINE_BYTES: usize = 4 << 20;
 
 impl Default for EndpointLimits {
     fn default() -> Self {
@@ -46,6 +49,7 @@ impl Default for EndpointLimits {
             max_feed_line_bytes: DEFAULT_MAX_FEED_LINE_BYTES,
             max_redirects: 10,
             min_bytes_per_sec: 1024,
+            response_budget_bytes: super::budget::DEFAULT_RESPONSE_BUDGET_BYTES,
             compress_loopback: false,
         }
     }

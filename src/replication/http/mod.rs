@@ -3,10 +3,12 @@
 //! authentication and the node's shared `_session` cookies ([`auth`], `session_cache`),
 //! coalesced identical reads (`coalesce`), the fully read response ([`response`]), the
 //! reqwest client each endpoint runs on (`reqwest_client`) and the caps on what an endpoint
-//! may send ([`limits`]), enforced while reading (`body`).
+//! may send ([`limits`]), enforced while reading (`body`) within the node's budget of
+//! response bytes ([`budget`]).
 
 pub mod auth;
 pub(crate) mod body;
+pub mod budget;
 pub mod client;
 pub(crate) mod coalesce;
 pub mod limits;

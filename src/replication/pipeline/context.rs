@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::Result;
+use crate::replication::http::budget::{DEFAULT_RESPONSE_BUDGET_BYTES, ResponseBudget};
 use crate::replication::http::client::{ClientConfig, HttpClient};
 use crate::replication::http::session_cache::SessionCache;
 use crate::replication::http::transport::Transports;
@@ -28,6 +29,8 @@ pub struct Context {
     /// The most bytes of fetched documents one replication holds in flight (see
     /// `rate_limit::window::Window`).
     pub in_flight_bytes: u64,
+    /// The host's budget of response bytes held while reading, shared by its replications.
+    pub response_budget: Arc<ResponseBudget>,
 }
 
 /// [`Context::in_flight_bytes`] by default: 64 MiB, a few hundred batches of small documents
@@ -36,11 +39,16 @@ pub const DEFAULT_IN_FLIGHT_BYTES: u64 = 64 << 20;
 
 impl Default for Context {
     fn default() -> Self {
+        let metrics: Arc<NodeMetrics> = Arc::default();
         Self {
             server_uuid: "couch-replicator-standalone".into(),
             limiter: Arc::new(Aimd::new()),
             transports: None,
-            metrics: Arc::default(),
+            response_budget: Arc::new(ResponseBudget::new(
+                DEFAULT_RESPONSE_BUDGET_BYTES,
+                metrics.clone(),
+            )),
+            metrics,
             in_flight_bytes: DEFAULT_IN_FLIGHT_BYTES,
         }
     }
@@ -64,6 +72,7 @@ pub(crate) fn clients(
         tls: o.tls.clone(),
         auth: o.auth,
         limits: o.limits,
+        budget: ctx.response_budget.clone(),
     };
     // Without shared transports, source and target still share their logins: on one server
     // as one user they log in once, not twice at the same moment (two first logins at once

@@ -61,6 +61,7 @@ pub(crate) async fn engine_context(
         limiter: Arc::new(limiter) as Arc<Aimd>,
         transports: shared_clients(ctx).await,
         metrics: ctx.metrics().clone(),
+        response_budget: ctx.response_budget().clone(),
         ..Context::default()
     })
 }

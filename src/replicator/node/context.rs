@@ -8,6 +8,7 @@ use std::sync::Arc;
 use supervisors::{ChildHandle, Children};
 
 use crate::jobs::Jobs;
+use crate::replication::http::budget::ResponseBudget;
 use crate::replicator::job::lease::Lease;
 use crate::store::tuple;
 use crate::telemetry::NodeMetrics;
@@ -38,6 +39,8 @@ struct Inner {
     prefix: Vec<u8>,
     children: Children,
     metrics: Arc<NodeMetrics>,
+    /// Response bytes held by every job's requests together.
+    response_budget: Arc<ResponseBudget>,
     /// Renewed by each heartbeat that committed: once it runs out, a neighbour may declare
     /// this node dead and re-enqueue its jobs, so they must have stopped (`job/lease.rs`).
     node_lease: Arc<Lease>,
@@ -54,6 +57,8 @@ impl NodeCtx {
         children: Children,
     ) -> Self {
         let settings_timeout = settings.job_timeout;
+        let metrics: Arc<NodeMetrics> = Arc::default();
+        let budget = settings.job_defaults.limits.response_budget_bytes;
         Self {
             inner: Arc::new(Inner {
                 jobs,
@@ -62,7 +67,8 @@ impl NodeCtx {
                 server_uuid,
                 prefix,
                 children,
-                metrics: Arc::default(),
+                response_budget: Arc::new(ResponseBudget::new(budget, metrics.clone())),
+                metrics,
                 node_lease: Arc::new(Lease::new(settings_timeout)),
             }),
         }
@@ -101,6 +107,11 @@ impl NodeCtx {
     /// This node's metrics.
     pub fn metrics(&self) -> &Arc<NodeMetrics> {
         &self.inner.metrics
+    }
+
+    /// The node's budget of response bytes, shared by every job.
+    pub(crate) fn response_budget(&self) -> &Arc<ResponseBudget> {
+        &self.inner.response_budget
     }
 
     /// A handle on a sibling actor.

@@ -22,6 +22,7 @@ use serde_json::{Map, Value, json};
 use tokio::task::JoinSet;
 
 use crate::replication::endpoint::database::encode_query;
+use crate::replication::http::budget::{DEFAULT_RESPONSE_BUDGET_BYTES, ResponseBudget};
 use crate::replication::http::client::{ClientConfig, HttpClient, Req};
 use crate::replication::{Aimd, Endpoint, ReplicationError, ReplicationSpec, verify};
 
@@ -147,6 +148,11 @@ fn db_client(url: &str, cfg: &DocProcessorConfig) -> Result<HttpClient, Replicat
             tls: cfg.tls.clone(),
             auth: Default::default(),
             limits: Default::default(),
+            // Its own: the processor's answers are small and must not wait for the jobs'.
+            budget: Arc::new(ResponseBudget::new(
+                DEFAULT_RESPONSE_BUDGET_BYTES,
+                Arc::default(),
+            )),
         },
         Arc::new(Aimd::new()),
     )

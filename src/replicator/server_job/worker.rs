@@ -100,6 +100,7 @@ async fn run_job(rep: Arc<Replicator>, job: Job, data: JobData) {
     let mut run = ServerRun {
         engine: Context {
             metrics: rep.ctx.metrics().clone(),
+            response_budget: rep.ctx.response_budget().clone(),
             ..Context::default()
         },
         source_options,

@@ -1,0 +1,210 @@
+//! The node's budget of response bytes held in memory ([`ResponseBudget`]), shared by every job:
+//! the caps of [`super::limits`] bound one response, this bounds them all together, so ten
+//! thousand jobs whose endpoints all answer near the cap cannot add up.
+//!
+//! The first [`UNBUDGETED_BYTES`] of each body are free (most answers are smaller, and take
+//! no lock). Past them a body reserves budget as it grows, doubling its reservation; a body
+//! that cannot grow stops reading (its bytes stay within the budget) and waits, first come
+//! first served. Bodies that hold budget and wait for more could wait on one another for
+//! ever: so a body waits at most `connection_timeout`, then fails its request as a transport
+//! failure (retried like one) and gives its share to the others.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::telemetry::NodeMetrics;
+
+/// Bytes of each body read without budget.
+pub const UNBUDGETED_BYTES: u64 = 256 << 10;
+
+/// The first reservation past the free bytes.
+const FIRST_STEP: u64 = 1 << 20;
+
+/// [`ResponseBudget`]'s size by default: 24 MiB, one and a half responses at the default
+/// `max_response_bytes`, and several hundred `_bulk_get` answers of small documents.
+pub const DEFAULT_RESPONSE_BUDGET_BYTES: u64 = 24 << 20;
+
+/// Permits are KiB: a `u32` count then covers 4 TiB.
+const UNIT: u64 = 1024;
+
+/// The node's budget of response bytes held in memory.
+#[derive(Debug)]
+pub struct ResponseBudget {
+    permits: Semaphore,
+    total_units: u32,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl ResponseBudget {
+    /// A budget of `bytes` (at least 1 MiB), reported to `metrics`.
+    pub fn new(bytes: u64, metrics: Arc<NodeMetrics>) -> Self {
+        let units = (bytes.max(1 << 20) / UNIT).min(u64::from(u32::MAX >> 4)) as u32;
+        Self {
+            permits: Semaphore::new(units as usize),
+            total_units: units,
+            metrics,
+        }
+    }
+
+    /// The budget's size in bytes.
+    pub fn total_bytes(&self) -> u64 {
+        u64::from(self.total_units) * UNIT
+    }
+
+    /// A body's share, empty until it passes the free bytes.
+    pub(crate) fn share(&self) -> Share<'_> {
+        Share {
+            budget: self,
+            held: None,
+            units: 0,
+        }
+    }
+
+    fn units_for(&self, bytes: u64) -> u32 {
+        (bytes.div_ceil(UNIT)).min(u64::from(self.total_units)) as u32
+    }
+}
+
+/// What one body holds of the budget (given back on drop).
+pub(crate) struct Share<'a> {
+    budget: &'a ResponseBudget,
+    held: Option<SemaphorePermit<'a>>,
+    units: u32,
+}
+
+/// The body waited longer than its patience for budget.
+#[derive(Debug)]
+pub(crate) struct BudgetSpent {
+    /// How long it waited.
+    pub(crate) waited: Duration,
+}
+
+impl<'a> Share<'a> {
+    /// Makes room for a body of `len` bytes (so far), waiting up to `patience`.
+    pub(crate) async fn cover(&mut self, len: u64, patience: Duration) -> Result<(), BudgetSpent> {
+        let Some(over) = len.checked_sub(UNBUDGETED_BYTES).filter(|o| *o > 0) else {
+            return Ok(());
+        };
+        let have = u64::from(self.units) * UNIT;
+        if over <= have {
+            return Ok(());
+        }
+        let want = self
+            .budget
+            .units_for((have * 2).max(FIRST_STEP).max(over));
+        let more = want.saturating_sub(self.units);
+        if more == 0 {
+            // The whole budget is this body's already.
+            return Ok(());
+        }
+        if let Ok(p) = self.budget.permits.try_acquire_many(more) {
+            self.add(p, more);
+            return Ok(());
+        }
+        self.budget
+            .metrics
+            .response_budget_waits
+            .fetch_add(1, Relaxed);
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(patience, self.budget.permits.acquire_many(more)).await {
+            Ok(Ok(p)) => {
+                self.add(p, more);
+                Ok(())
+            }
+            _ => {
+                self.release();
+                Err(BudgetSpent {
+                    waited: started.elapsed(),
+                })
+            }
+        }
+    }
+
+    fn add(&mut self, p: SemaphorePermit<'a>, units: u32) {
+        match &mut self.held {
+            Some(h) => h.merge(p),
+            None => self.held = Some(p),
+        }
+        self.units += units;
+        self.budget
+            .metrics
+            .response_bytes_held
+            .fetch_add(u64::from(units) * UNIT, Relaxed);
+    }
+
+    fn release(&mut self) {
+        if self.held.take().is_some() {
+            self.budget
+                .metrics
+                .response_bytes_held
+                .fetch_sub(u64::from(self.units) * UNIT, Relaxed);
+        }
+        self.units = 0;
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn small_bodies_take_nothing_and_large_ones_give_it_back() {
+        let metrics = Arc::new(NodeMetrics::default());
+        let budget = ResponseBudget::new(4 << 20, metrics.clone());
+        let patience = Duration::from_millis(50);
+        let held = || metrics.response_bytes_held.load(Relaxed);
+        let mut small = budget.share();
+        small.cover(UNBUDGETED_BYTES, patience).await.unwrap();
+        assert_eq!(held(), 0);
+        let mut big = budget.share();
+        big.cover(UNBUDGETED_BYTES + 10, patience).await.unwrap();
+        assert_eq!(held(), 1 << 20);
+        // Doubling, or what the body needs when that is more.
+        big.cover(UNBUDGETED_BYTES + (3 << 20), patience).await.unwrap();
+        assert_eq!(held(), 3 << 20);
+        drop(big);
+        assert_eq!(held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_cannot_grow_waits_then_gives_up_its_share() {
+        let metrics = Arc::new(NodeMetrics::default());
+        let budget = ResponseBudget::new(4 << 20, metrics.clone());
+        let patience = Duration::from_secs(3);
+        let held = || metrics.response_bytes_held.load(Relaxed);
+        let mib = |n: u64| UNBUDGETED_BYTES + (n << 20);
+        let mut a = budget.share();
+        a.cover(mib(3), patience).await.unwrap();
+        let mut b = budget.share();
+        b.cover(mib(1), patience).await.unwrap();
+        assert_eq!(held(), 4 << 20);
+        // b cannot double: it keeps its 1 MiB and waits for one more until a is done.
+        let grow = b.cover(mib(2), patience);
+        let release = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(a);
+        };
+        let (grown, ()) = tokio::join!(grow, release);
+        grown.unwrap();
+        assert_eq!(held(), 2 << 20);
+        assert_eq!(metrics.response_budget_waits.load(Relaxed), 1);
+        // 3 MiB do not come within the patience while b holds 2 of the 4: c gives up.
+        let mut c = budget.share();
+        c.cover(mib(1), patience).await.unwrap();
+        let e = c.cover(mib(3), patience).await.unwrap_err();
+        assert!(e.waited >= patience);
+        assert_eq!(held(), 2 << 20, "c gave its share back");
+        // A body past the whole budget holds the whole budget and no more.
+        b.cover(mib(100), patience).await.unwrap();
+        assert_eq!(held(), 4 << 20);
+    }
+}
