@@ -80,8 +80,15 @@ mod tests {
         assert_eq!(l.max_response_bytes, 1 << 20);
         assert_eq!(l.max_redirects, 0);
         assert!(l.compress_loopback);
-        assert_eq!(l.max_feed_line_bytes, EndpointLimits::default().max_feed_line_bytes);
-        for bad in ["max_response_bytes = 10", "min_bytes_per_sec = 0", "max_redirects = -1"] {
+        assert_eq!(
+            l.max_feed_line_bytes,
+            EndpointLimits::default().max_feed_line_bytes
+        );
+        for bad in [
+            "max_response_bytes = 10",
+            "min_bytes_per_sec = 0",
+            "max_redirects = -1",
+        ] {
             let cfg = ConfigFile::parse(&format!("[replicator]\n{bad}\n")).unwrap();
             let e = read(&cfg).unwrap_err();
             let key = bad.split(' ').next().unwrap();

@@ -99,6 +99,24 @@ impl ReplicationError {
         }
     }
 
+    /// The error with `place` (an endpoint, a request) named in front of its reason, for the
+    /// errors about what an endpoint sent, when the reason does not name it already.
+    pub(crate) fn at(self, place: &str) -> Self {
+        let name = |m: String| {
+            if m.contains(place) {
+                m
+            } else {
+                format!("{place}: {m}")
+            }
+        };
+        match self {
+            Self::BadResponse(m) => Self::BadResponse(name(m)),
+            Self::EndpointResponseTooLarge(m) => Self::EndpointResponseTooLarge(name(m)),
+            Self::EndpointResponseTooSlow(m) => Self::EndpointResponseTooSlow(name(m)),
+            other => other,
+        }
+    }
+
     /// Whether a changes feed ends at once rather than reconnecting: the endpoint would only
     /// answer the same (429 exhaustion, a missing database, a response past the caps).
     pub(crate) fn ends_feed(&self) -> bool {

@@ -63,7 +63,14 @@ impl Rig {
             ),
         )
         .unwrap();
-        let node = spawn_serve(&dir.path().join("data"), &cfg, &[], "warn", Stdio::inherit()).await;
+        let node = spawn_serve(
+            &dir.path().join("data"),
+            &cfg,
+            &[],
+            "warn",
+            Stdio::inherit(),
+        )
+        .await;
         Rig {
             node,
             http: reqwest::Client::new(),
@@ -108,7 +115,11 @@ impl Rig {
             .await;
         assert_eq!(s, 200, "healthy replication {name}: {v}");
         let (_, info) = self.couch.db_info(&target).await;
-        assert_eq!(info["doc_count"], json!(n), "healthy target {target}: {info}");
+        assert_eq!(
+            info["doc_count"],
+            json!(n),
+            "healthy target {target}: {info}"
+        );
     }
 
     /// Adds one continuous replication per stage as a `_replicator` document named after its
@@ -185,7 +196,10 @@ async fn hostile_endpoint_costs_only_its_jobs(kind: Kind) {
             // The reason names the endpoint, never with credentials, and the job's history
             // has the crash.
             let error = doc["info"]["error"].as_str().unwrap_or("");
-            assert!(error.contains(&db), "{stage:?}: the reason names no endpoint: {error}");
+            assert!(
+                error.contains(&db),
+                "{stage:?}: the reason names no endpoint: {error}"
+            );
             assert!(
                 job["history"]
                     .as_array()
@@ -195,10 +209,14 @@ async fn hostile_endpoint_costs_only_its_jobs(kind: Kind) {
         }
         // A `_bulk_get` answer past the caps is given up for single fetches: the document
         // still arrives.
-        wait_for(120, "doc1 through single fetches after _bulk_get", || async {
-            let (s, _) = rig.couch.get_doc("tgt-bulkget", "doc1").await;
-            (s == 200).then_some(())
-        })
+        wait_for(
+            120,
+            "doc1 through single fetches after _bulk_get",
+            || async {
+                let (s, _) = rig.couch.get_doc("tgt-bulkget", "doc1").await;
+                (s == 200).then_some(())
+            },
+        )
         .await;
         let peak = status_kib(rig.pid(), "VmHWM:");
         assert!(

@@ -302,7 +302,10 @@ fn answer(
             r#"{"couchdb":"Welcome","version":"3.4.3","uuid":"0b4d0b4d0b4d0b4d0b4d0b4d0b4d0b4d"}"#
                 .into(),
         ),
-        ("PUT", "") => ("412 Precondition Failed", r#"{"error":"file_exists"}"#.into()),
+        ("PUT", "") => (
+            "412 Precondition Failed",
+            r#"{"error":"file_exists"}"#.into(),
+        ),
         (_, "") => (
             ok,
             format!(r#"{{"db_name":"{db}","update_seq":"1-g1","instance_start_time":"0"}}"#),
@@ -384,7 +387,10 @@ const GIB: u64 = 1 << 30;
 
 async fn hostile(s: &mut TcpStream, stage: Stage, kind: Kind, path: &str) -> std::io::Result<()> {
     let head = |extra: &str| {
-        format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{extra}\r\n").into_bytes()
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n{extra}\r\n"
+        )
+        .into_bytes()
     };
     match kind {
         Kind::Huge => {
@@ -401,8 +407,7 @@ async fn hostile(s: &mut TcpStream, stage: Stage, kind: Kind, path: &str) -> std
                 "Transfer-Encoding: chunked\r\nContent-Encoding: gzip\r\n",
             ))
             .await?;
-            let mut gz =
-                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
             gz.write_all(prefix(stage))?;
             let block = vec![b'a'; 1 << 20];
             for _ in 0..(2 * GIB / block.len() as u64) {
@@ -442,7 +447,7 @@ async fn hostile(s: &mut TcpStream, stage: Stage, kind: Kind, path: &str) -> std
         }
         Kind::RedirectLoop => {
             let head = format!(
-                "HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n"
+                "HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
             );
             s.write_all(head.as_bytes()).await
         }

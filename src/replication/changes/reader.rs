@@ -164,9 +164,15 @@ impl ChangesReader {
             return Err(refused(self.client.endpoint(), r.status));
         }
         let mut feed = NormalFeed::new(self.client.limits().max_feed_line_bytes);
-        let rows = feed.push::<Row>(&r.body)?;
-        let last = feed.finish()?;
+        let from = self.feed_place();
+        let rows = feed.push::<Row>(&r.body).map_err(|e| e.at(&from))?;
+        let last = feed.finish().map_err(|e| e.at(&from))?;
         Ok((rows, last))
+    }
+
+    /// The feed's request as errors name it (no credentials).
+    fn feed_place(&self) -> String {
+        format!("GET {}/_changes", self.client.endpoint())
     }
 
     fn request(&self, feed: &str, since: &Value, limit: Option<usize>) -> Req {
@@ -293,9 +299,10 @@ impl ChangesReader {
         let mut body = resp.bytes_stream();
         let limits = *self.client.limits();
         let mut pace = limits.pace(self.opts.connection_timeout);
+        let from = self.feed_place();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-            let rows = feed.push::<Row>(&chunk)?;
+            let rows = feed.push::<Row>(&chunk).map_err(|e| e.at(&from))?;
             // Only an unfinished row is held to the pace (heartbeats hold nothing).
             if !rows.is_empty() || feed.held() == 0 {
                 pace.restart();
@@ -333,7 +340,7 @@ impl ChangesReader {
         // read, not at `last_seq`, as CouchDB's does: a run that read no change (an empty
         // source, `doc_ids` or a filter that matched nothing) writes no checkpoint and
         // answers `no_changes`.
-        feed.finish()?;
+        feed.finish().map_err(|e| e.at(&from))?;
         if let Some(seq) = pending_seq.filter(|s| !pending.is_empty() || s != since) {
             self.emit(tx, pending, seq.clone()).await;
             *since = seq;
@@ -408,6 +415,7 @@ impl ChangesReader {
         }
         let mut body = resp.bytes_stream();
         let mut lines = FeedLines::new(self.client.limits(), self.opts.connection_timeout);
+        let from = self.feed_place();
         let mut progressed = false;
         let max = self.opts.worker_batch_size;
         let far = Duration::from_secs(86_400 * 365);
@@ -419,12 +427,12 @@ impl ChangesReader {
             };
             let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-            lines.push(&chunk)?;
+            lines.push(&chunk).map_err(|e| e.at(&from))?;
             let mut pending: Vec<Change> = Vec::new();
             let mut pending_seq: Option<Value> = None;
             let mut ended = false;
-            while let Some(line) = lines.next_line()? {
-                let Some(row) = parse_feed_line(line.as_bytes())? else {
+            while let Some(line) = lines.next_line().map_err(|e| e.at(&from))? {
+                let Some(row) = parse_feed_line(line.as_bytes()).map_err(|e| e.at(&from))? else {
                     continue; // heartbeat
                 };
                 if let Some(ls) = row.last_seq.clone() {

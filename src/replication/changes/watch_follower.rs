@@ -73,12 +73,13 @@ async fn follow_once(
     }
     let mut body = resp.bytes_stream();
     let mut lines = FeedLines::new(client.limits(), client.connection_timeout());
+    let from = format!("GET {}/_changes", client.endpoint());
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
-        lines.push(&chunk)?;
+        lines.push(&chunk).map_err(|e| e.at(&from))?;
         let (mut ids, mut ended) = (Vec::new(), false);
-        while let Some(line) = lines.next_line()? {
-            let Some(row) = parse_feed_line(line.as_bytes())? else {
+        while let Some(line) = lines.next_line().map_err(|e| e.at(&from))? {
+            let Some(row) = parse_feed_line(line.as_bytes()).map_err(|e| e.at(&from))? else {
                 continue; // heartbeat
             };
             if let Some(last) = row.last_seq {

@@ -382,6 +382,7 @@ impl HttpClient {
             status,
             headers,
             body,
+            request: what,
         })
     }
 
@@ -484,6 +485,7 @@ impl HttpClient {
             status,
             headers,
             body,
+            request: what.to_owned(),
         }))
     }
 

@@ -427,7 +427,7 @@ pub async fn open_revs(
     }
     let what = format!("GET {}/{}", source.endpoint(), encode_doc_id(&w.id));
     let body = source.read_body(resp, &what).await?;
-    parse_json_revs(&body)
+    parse_json_revs(&body).map_err(|e| e.at(&what))
 }
 
 /// The `boundary` parameter of any `multipart/*` content type (`multer::parse_boundary`

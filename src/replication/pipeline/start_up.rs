@@ -76,9 +76,10 @@ pub(crate) async fn open_db(c: &HttpClient) -> Result<Value> {
     let ep = c.endpoint().to_string();
     match r.status {
         StatusCode::OK => {
+            // CouchDB's tag, with what was wrong.
             let v: Value = r
                 .json("database info")
-                .map_err(|_| ReplicationError::DbNotFound(ep.clone()))?;
+                .map_err(|e| ReplicationError::DbNotFound(format!("{ep} ({e})")))?;
             if v.get("update_seq").is_none() {
                 return Err(ReplicationError::DbNotFound(ep));
             }
