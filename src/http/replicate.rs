@@ -11,7 +11,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -30,7 +30,12 @@ use crate::replicator::{
 use std::time::Duration;
 
 /// Reads a JSON object body, turning size and syntax problems into 413 / 400.
-pub(crate) fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> HttpResult<Value> {
+pub(crate) fn json_body(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> HttpResult<Value> {
+    require_json(headers)?;
     let bytes = body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             HttpError::too_large(limit)
@@ -45,14 +50,36 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Ht
         .map_err(|e| HttpError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
+/// CouchDB's rule for a body that changes state: its media type is exactly
+/// `application/json` (parameters allowed), else 415 `bad_content_type`. A browser's form
+/// (`text/plain`, `application/x-www-form-urlencoded`, `multipart/form-data`) can then never
+/// start or cancel a replication on an administrator's behalf: those are the only types a
+/// page on another site can send without a CORS preflight.
+pub(crate) fn require_json(headers: &HeaderMap) -> HttpResult<()> {
+    let media = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim);
+    if media == Some("application/json") {
+        return Ok(());
+    }
+    Err(HttpError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "bad_content_type",
+        "Content-Type must be application/json",
+    ))
+}
+
 /// `POST /_replicate`.
 pub async fn post_replicate(
     State(st): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult<Response> {
     let user = caller.require_user()?.clone();
-    let mut body = json_body(body, st.config().max_body_bytes)?;
+    let mut body = json_body(&headers, body, st.config().max_body_bytes)?;
     if super::all_dbs::is_all_dbs(&body) {
         return super::all_dbs::post(&st, &caller, body).await;
     }

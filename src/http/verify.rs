@@ -8,7 +8,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::AppState;
@@ -25,10 +25,11 @@ use crate::replicator::replicator_db::request::{ReplicateRequest, parse_replicat
 pub async fn post_verify(
     State(st): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult<Json<Value>> {
     caller.require_user()?;
-    let body = json_body(body, st.config().max_body_bytes)?;
+    let body = json_body(&headers, body, st.config().max_body_bytes)?;
     let deep = match body.get("deep") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,

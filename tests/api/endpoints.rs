@@ -346,6 +346,7 @@ async fn bad_bodies_and_limits() {
             .client
             .post(format!("{}/_replicate", node.base))
             .basic_auth(ADMIN.0, Some(ADMIN.1))
+            .header("content-type", "application/json")
             .body(reqwest::Body::wrap_stream(stream))
             .send()
             .await
@@ -468,6 +469,7 @@ async fn random_bodies_get_client_errors() {
                 .client
                 .post(format!("{}/_replicate", node.base))
                 .basic_auth(ADMIN.0, Some(ADMIN.1))
+                .header("content-type", "application/json")
                 .body(raw)
                 .send()
                 .await
@@ -498,6 +500,104 @@ async fn steps_routes_use_the_node_admins() {
         assert_eq!(s, 200);
         let (s, e) = node.get("/nowhere", None).await;
         assert_eq!((s, e["error"].as_str()), (404, Some("not_found")));
+    })
+    .await;
+}
+
+/// CouchDB 3.4.3's content-type rule (checked on the real CouchDB: missing, `text/plain`, the
+/// form type, `APPLICATION/JSON` and `application/jsonx` get 415 `bad_content_type`;
+/// `application/json` with parameters passes) on `_replicate` and `_verify`: what an HTML form
+/// on another site can send never starts or cancels a replication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_json_bodies_change_state_like_couchdb() {
+    deadline(60, "content types", async {
+        let node = Node::frontend(cfg()).await;
+        let body = json!({"source": "http://127.0.0.1:9/a", "target": "http://127.0.0.1:9/b",
+            "continuous": true})
+        .to_string();
+        let refused = [
+            None,
+            Some("text/plain"),
+            Some("application/x-www-form-urlencoded"),
+            Some("multipart/form-data; boundary=x"),
+            Some("APPLICATION/JSON"),
+            Some("application/jsonx"),
+        ];
+        for path in ["/_replicate", "/_verify"] {
+            for ctype in refused {
+                let mut r = node
+                    .client
+                    .post(format!("{}{path}", node.base))
+                    .basic_auth(ADMIN.0, Some(ADMIN.1))
+                    .body(body.clone());
+                if let Some(c) = ctype {
+                    r = r.header("content-type", c);
+                }
+                let r = r.send().await.unwrap();
+                let status = r.status().as_u16();
+                let e: serde_json::Value = r.json().await.unwrap();
+                assert_eq!(
+                    (status, e["error"].as_str(), e["reason"].as_str()),
+                    (
+                        415,
+                        Some("bad_content_type"),
+                        Some("Content-Type must be application/json")
+                    ),
+                    "{path} with {ctype:?}"
+                );
+            }
+        }
+        assert!(node.replicator.list().await.unwrap().is_empty());
+        let r = node
+            .client
+            .post(format!("{}/_replicate", node.base))
+            .basic_auth(ADMIN.0, Some(ADMIN.1))
+            .header("content-type", "application/json; charset=utf-8")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202, "application/json with a charset");
+        assert_eq!(node.replicator.list().await.unwrap().len(), 1);
+    })
+    .await;
+}
+
+/// Made-up HTTP methods do not grow `/metrics` (unauthenticated): they share one label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_share_one_metrics_label() {
+    deadline(60, "made-up methods", async {
+        let node = Node::frontend(cfg()).await;
+        let (_, before) = node.get("/metrics", None).await;
+        let before = before.as_str().unwrap_or("").len();
+        for i in 0..300 {
+            let m = Method::from_bytes(format!("MADEUP{i}").as_bytes()).unwrap();
+            let r = node
+                .client
+                .request(m, format!("{}/_up", node.base))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_client_error(), "{}", r.status());
+        }
+        let (s, text) = node.get("/metrics", None).await;
+        assert_eq!(s, 200);
+        let text = text.as_str().unwrap_or("");
+        assert!(
+            !text.contains("MADEUP"),
+            "a made-up method has its own series"
+        );
+        assert!(
+            text.contains(
+                r#"couch_replicator_http_requests_total{method="OTHER",status="405"} 300"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.len() < before + 1024,
+            "/metrics grew from {before} to {} bytes",
+            text.len()
+        );
     })
     .await;
 }

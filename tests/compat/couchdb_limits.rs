@@ -26,9 +26,10 @@ fn limit_docs() -> Vec<Value> {
         "_id": "big", "_rev": format!("1-{}", rev_hash(0)),
         "text": "x".repeat(BIG_DOC_BYTES),
     })];
-    docs.extend((0..LEAVES).map(|i| {
-        json!({"_id": "conflicted", "_rev": format!("1-{}", rev_hash(i)), "leaf": i})
-    }));
+    docs.extend(
+        (0..LEAVES)
+            .map(|i| json!({"_id": "conflicted", "_rev": format!("1-{}", rev_hash(i)), "leaf": i})),
+    );
     let ids: Vec<String> = (0..DEPTH).rev().map(rev_hash).collect();
     docs.push(json!({
         "_id": "deep", "_rev": format!("{DEPTH}-{}", ids[0]),

@@ -25,16 +25,6 @@ const REPDB: &str = "jobs_replicator";
 /// The most the node's RSS may grow over idle while the hostile endpoint does its worst.
 const RSS_BUDGET_KIB: u64 = 64 << 10;
 
-/// A `/proc/PID/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 struct Rig {
     node: ServeProcess,
     http: reqwest::Client,
@@ -181,7 +171,7 @@ async fn hostile_endpoint_costs_only_its_jobs(kind: Kind) {
         let rig = Rig::start().await;
         rig.healthy_copy("warmup", 20).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let idle = status_kib(rig.pid(), "VmRSS:");
+        let idle = crate::support::proc_status_kib(rig.pid(), "VmRSS:");
         assert!(idle > 0, "cannot read the node's RSS");
         rig.start_hostile_jobs(kind).await;
         rig.healthy_copy("healthy", 200).await;
@@ -218,7 +208,7 @@ async fn hostile_endpoint_costs_only_its_jobs(kind: Kind) {
             },
         )
         .await;
-        let peak = status_kib(rig.pid(), "VmHWM:");
+        let peak = crate::support::proc_status_kib(rig.pid(), "VmHWM:");
         assert!(
             peak.saturating_sub(idle) <= RSS_BUDGET_KIB,
             "{kind:?}: the node grew from {idle} KiB idle to a peak of {peak} KiB"

@@ -87,3 +87,14 @@ where
     })
     .await
 }
+
+/// A `/proc/PID/status` field in KiB (`"VmRSS:"`, `"VmHWM:"`, the peak), 0 when unreadable:
+/// how the bounded-memory tests measure a real `serve` process.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}

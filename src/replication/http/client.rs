@@ -21,11 +21,12 @@ use super::body::{BodyError, Bounds, collect};
 use super::budget::ResponseBudget;
 use super::coalesce::Coalescer;
 use super::limits::EndpointLimits;
-use super::reqwest_client::{build_http, transport_key};
+use super::reqwest_client::{build_http, build_upload_http, transport_key};
 use super::session_cache::SessionCache;
 pub use super::response::Resp;
 use super::tls::TlsOptions;
 use super::transport::Transports;
+use super::upload::Upload;
 use crate::replication::changes::watch::Watches;
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::{ReplicationError, Result};
@@ -79,6 +80,10 @@ pub struct Req {
     pub accept: &'static str,
     /// Extra headers.
     pub headers: Vec<(&'static str, String)>,
+    /// Sent on the client without a read timeout, for a streamed answer whose reader pauses
+    /// (an attachment passed on to a target that is slow to take it): the reader then times
+    /// the stream itself, counting only the time it waits for the next chunk.
+    pub paced_by_reader: bool,
 }
 
 impl Req {
@@ -100,6 +105,7 @@ impl Req {
             content_type: "application/json".into(),
             accept: "application/json",
             headers: Vec::new(),
+            paced_by_reader: false,
         }
     }
 }
@@ -121,6 +127,8 @@ pub struct HttpClient {
     /// 429s, timeouts, 408/5xx and connection failures so far: the pipeline's window
     /// shrinks when this moves.
     congestion: AtomicU64,
+    /// The client for streamed uploads, built at the first one.
+    uploads: tokio::sync::OnceCell<reqwest::Client>,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -189,6 +197,7 @@ impl HttpClient {
             cfg,
             slots,
             congestion: AtomicU64::new(0),
+            uploads: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -343,10 +352,14 @@ impl HttpClient {
         }
     }
 
-    /// One try. Err(text) = retryable transport failure.
     /// Sends `req` once with a streamed body (which cannot be replayed, hence no retries):
-    /// the caller falls back to a buffered, retried path when this fails.
-    pub(crate) async fn send_once(&self, req: &Req, body: reqwest::Body) -> Result<Resp> {
+    /// the caller falls back to a buffered, retried path when this fails. The request fails
+    /// when neither the body nor the answer moves for `connection_timeout`.
+    pub(crate) async fn send_once<S, E>(&self, req: &Req, body: S) -> Result<Resp>
+    where
+        S: futures::Stream<Item = std::result::Result<Bytes, E>> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+    {
         let key = RateKey::new(self.ep.url(), req.method.as_str());
         let pause = self.limiter.interval(&key);
         if !pause.is_zero() {
@@ -360,15 +373,28 @@ impl HttpClient {
         let _gate = self.pass_gate().await?;
         let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
         let failed = |e: String| ReplicationError::HttpRequestFailed(format!("{what}: {e}"));
+        let upload = self.upload_client().await?;
+        let progress = Arc::new(Upload::new());
+        let (seen, ended) = (progress.clone(), progress.clone());
+        let body = body
+            .inspect(move |c| seen.moved(c.as_ref().map_or(0, |b| b.len())))
+            .chain(futures::stream::poll_fn(move |_| {
+                ended.end();
+                std::task::Poll::Ready(None)
+            }));
         let rb = self
-            .builder(req, &mut 0)
+            .builder_on(upload, req, &mut 0)
             .await
             .header("content-type", req.content_type.as_ref())
-            .body(body);
+            .body(reqwest::Body::wrap_stream(body));
         self.cfg.metrics.inc(Series::Requests);
-        let resp = rb.send().await;
+        let idle = self.cfg.connection_timeout;
+        let resp = tokio::select! {
+            r = rb.send() => r.map_err(|e| describe(&e)),
+            stalled = progress.stalled(idle) => Err(stalled),
+        };
         self.count_response(resp.as_ref().map(reqwest::Response::status).ok(), true);
-        let resp = resp.map_err(|e| failed(describe(&e)))?;
+        let resp = resp.map_err(failed)?;
         let status = resp.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             self.congestion.fetch_add(1, Ordering::Relaxed);
@@ -426,9 +452,30 @@ impl HttpClient {
 
     /// The request with the endpoint's headers, credentials and timeout, without a body.
     /// `credentials`: set to the generation of the credentials sent.
-    async fn builder(&self, req: &Req, credentials: &mut u64) -> reqwest::RequestBuilder {
-        let mut rb = self
-            .http
+    async fn builder(&self, req: &Req, credentials: &mut u64) -> Result<reqwest::RequestBuilder> {
+        if req.paced_by_reader {
+            let untimed = self.upload_client().await?;
+            return Ok(self.builder_on(untimed, req, credentials).await);
+        }
+        Ok(self.builder_on(&self.http, req, credentials).await)
+    }
+
+    /// The client without a read timeout (streamed uploads, answers paced by their reader),
+    /// built at its first use.
+    async fn upload_client(&self) -> Result<&reqwest::Client> {
+        self.uploads
+            .get_or_try_init(|| async { build_upload_http(&self.ep, &self.cfg) })
+            .await
+    }
+
+    /// [`Self::builder`] on the reqwest client `http`.
+    async fn builder_on(
+        &self,
+        http: &reqwest::Client,
+        req: &Req,
+        credentials: &mut u64,
+    ) -> reqwest::RequestBuilder {
+        let mut rb = http
             .request(req.method.clone(), self.ep.join(&req.path))
             .header("accept", req.accept);
         for (k, v) in &self.ep.headers {
@@ -455,7 +502,7 @@ impl HttpClient {
         credentials: &mut u64,
         what: &str,
     ) -> Result<Outcome, Attempt> {
-        let mut rb = self.builder(req, credentials).await;
+        let mut rb = self.builder(req, credentials).await.map_err(Attempt::Fatal)?;
         if let Some(body) = &req.body {
             rb = rb
                 .header("content-type", req.content_type.as_ref())

@@ -4,7 +4,7 @@
 //! coalesced identical reads (`coalesce`), the fully read response ([`response`]), the
 //! reqwest client each endpoint runs on (`reqwest_client`) and the caps on what an endpoint
 //! may send ([`limits`]), enforced while reading (`body`) within the node's budget of
-//! response bytes ([`budget`]).
+//! response bytes ([`budget`]); streamed uploads are timed by their progress (`upload`).
 
 pub mod auth;
 pub(crate) mod body;
@@ -17,3 +17,4 @@ pub mod response;
 pub(crate) mod session_cache;
 pub mod tls;
 pub(crate) mod transport;
+pub(crate) mod upload;

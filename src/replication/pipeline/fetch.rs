@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 use super::write::{WriteResult, put_related_stream};
 use crate::replication::endpoint::database::{encode_doc_id, encode_query};
 use crate::replication::error::{ReplicationError, Result};
-use crate::replication::http::client::{HttpClient, Req, describe};
+use crate::replication::http::client::{HttpClient, Req};
+use crate::replication::http::upload::paced;
 
 /// A fetched revision.
 #[derive(Debug, Clone)]
@@ -403,6 +404,8 @@ pub async fn open_revs(
     } else {
         "application/json"
     };
+    // Passed on to a target, the answer waits whenever the target is slow to take it.
+    req.paced_by_reader = sink.is_some();
     let resp = source.send_streaming(&req).await?;
     if !resp.status().is_success() {
         return Err(ReplicationError::OpenDocRevsFailed(format!(
@@ -419,9 +422,8 @@ pub async fn open_revs(
         .to_owned();
     if ctype.starts_with("multipart/") {
         let boundary = boundary_of(&ctype)?;
-        let stream = resp
-            .bytes_stream()
-            .map(|r| r.map_err(|e| std::io::Error::other(describe(&e))));
+        let idle = source.connection_timeout();
+        let stream = paced(resp.bytes_stream(), idle).map(|r| r.map_err(std::io::Error::other));
         let mp = multer::Multipart::new(stream, boundary);
         return parse_mixed(source, mp, &w.id, sink).await;
     }
@@ -496,9 +498,8 @@ async fn parse_mixed(
             && ctype.starts_with("multipart/related")
         {
             // The part is itself a valid multipart/related PUT body: pass it through.
-            let body = reqwest::Body::wrap_stream(field);
             out.push(Fetched::Written(
-                put_related_stream(target, id, &ctype, body).await?,
+                put_related_stream(target, id, &ctype, field).await?,
             ));
             continue;
         }

@@ -441,7 +441,7 @@ async fn fetch_one_by_one(
                 let mut got = match open_revs(&src, &w, Some(&tgt), enc).await {
                     Ok(g) => g,
                     Err(e) => {
-                        tracing::debug!(error = %e, "streamed fetch failed, fetching buffered");
+                        tracing::warn!(error = %e, "streamed fetch failed, fetching buffered");
                         open_revs(&src, &w, None, enc).await?
                     }
                 };

@@ -145,12 +145,16 @@ pub(crate) fn related_body(
 /// Streams one `multipart/related` document (`ctype` carries its boundary) into
 /// `PUT {id}?new_edits=false`, once: a transport failure is an error for the caller to
 /// retry on its buffered path.
-pub(crate) async fn put_related_stream(
+pub(crate) async fn put_related_stream<S, E>(
     target: &HttpClient,
     id: &str,
     ctype: &str,
-    body: reqwest::Body,
-) -> Result<WriteResult> {
+    body: S,
+) -> Result<WriteResult>
+where
+    S: futures::Stream<Item = std::result::Result<Bytes, E>> + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+{
     let mut req = Req::json(
         Method::PUT,
         format!("{}?new_edits=false", encode_doc_id(id)),
