@@ -1,7 +1,7 @@
 //! A large attachment replicates CouchDB -> CouchDB through a real `serve` process whose memory
 //! stays within 64 MiB of idle: the attachment streams from the source's multipart `open_revs`
 //! answer into the target's `PUT` without being held, and arrives with its digest and length.
-//! 256 MiB in CI (CouchDB writes about 10 MB/s on the CI machine, so the copy takes far longer
+//! 128 MiB in CI (CouchDB writes about 10 MB/s on the CI machine, so the copy takes far longer
 //! than the node's `connection_timeout` of 5 s: the upload must not be cut by an idle read
 //! side);
 //! `BIG_ATTACHMENT_MIB=1024` for CouchDB's `max_attachment_size` (run with
@@ -17,12 +17,12 @@ use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
 use crate::support::serve::spawn_serve;
 
-/// The attachment's size: `BIG_ATTACHMENT_MIB`, 256 MiB by default.
+/// The attachment's size: `BIG_ATTACHMENT_MIB`, 128 MiB by default.
 fn size() -> u64 {
     let mib = std::env::var("BIG_ATTACHMENT_MIB")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(256);
+        .unwrap_or(128);
     mib << 20
 }
 const CHUNK: usize = 1 << 20;
