@@ -3,9 +3,8 @@
 //! answer into the target's `PUT` without being held, and arrives with its digest and length.
 //! 128 MiB in CI (CouchDB writes about 10 MB/s on the CI machine, so the copy takes far longer
 //! than the node's `connection_timeout` of 5 s: the upload must not be cut by an idle read
-//! side);
-//! `BIG_ATTACHMENT_MIB=1024` for CouchDB's `max_attachment_size` (run with
-//! `--profile long`).
+//! side). For CouchDB's `max_attachment_size`, `BIG_ATTACHMENT_MIB=1024` with plain
+//! `cargo test --test compat big_attachment` (nextest stops it after 8 minutes).
 
 use std::process::Stdio;
 use std::time::Duration;
