@@ -55,7 +55,6 @@ pub(crate) struct FeedLines {
     buf: BytesMut,
     max: usize,
     pace: Pace,
-    rate: u64,
 }
 
 impl FeedLines {
@@ -65,7 +64,6 @@ impl FeedLines {
             buf: BytesMut::new(),
             max: limits.max_feed_line_bytes,
             pace: limits.pace(connection_timeout),
-            rate: limits.min_bytes_per_sec,
         }
     }
 
@@ -81,7 +79,7 @@ impl FeedLines {
                 "_changes: {} bytes of one line in {:.0} s, slower than {} bytes per second",
                 self.buf.len(),
                 self.pace.elapsed().as_secs_f64(),
-                self.rate
+                self.pace.rate()
             )));
         }
         Ok(())

@@ -297,8 +297,7 @@ impl ChangesReader {
         let mut pending: Vec<Change> = Vec::new();
         let mut pending_seq: Option<Value> = None;
         let mut body = resp.bytes_stream();
-        let limits = *self.client.limits();
-        let mut pace = limits.pace(self.opts.connection_timeout);
+        let mut pace = self.client.limits().pace(self.opts.connection_timeout);
         let from = self.feed_place();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| ReplicationError::ChangesReqFailed(describe(&e)))?;
@@ -312,7 +311,7 @@ impl ChangesReader {
                     self.client.endpoint(),
                     feed.held(),
                     pace.elapsed().as_secs_f64(),
-                    limits.min_bytes_per_sec
+                    pace.rate()
                 )));
             }
             for row in rows {

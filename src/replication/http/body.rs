@@ -42,7 +42,6 @@ pub(crate) enum BodyError {
 pub(crate) struct Bounds<'a> {
     pub(crate) cap: u64,
     pub(crate) pace: Pace,
-    pub(crate) rate: u64,
     pub(crate) budget: &'a ResponseBudget,
     pub(crate) patience: std::time::Duration,
 }
@@ -56,7 +55,6 @@ where
     let Bounds {
         cap,
         mut pace,
-        rate,
         budget,
         patience,
     } = b;
@@ -86,7 +84,7 @@ where
                 return Err(BodyError::TooSlow {
                     read: received,
                     secs: pace.elapsed().as_secs_f64(),
-                    rate,
+                    rate: pace.rate(),
                 });
             }
         };
@@ -151,7 +149,6 @@ mod tests {
         Bounds {
             cap,
             pace: EndpointLimits::default().pace(Duration::from_secs(30)),
-            rate: 1024,
             budget,
             patience: Duration::from_secs(1),
         }
@@ -197,7 +194,6 @@ mod tests {
         let budget = budget();
         let b = Bounds {
             pace: limits.pace(Duration::from_secs(5)),
-            rate: 10,
             ..bounds(1 << 20, &budget)
         };
         let err = collect(trickle, None, b).await.unwrap_err();

@@ -570,7 +570,6 @@ impl HttpClient {
         let bounds = Bounds {
             cap,
             pace: l.pace(self.cfg.connection_timeout),
-            rate: l.min_bytes_per_sec,
             budget: &self.cfg.budget,
             patience: self.cfg.connection_timeout,
         };

@@ -89,6 +89,11 @@ impl Pace {
         self.start = Instant::now();
     }
 
+    /// The minimum rate, bytes per second.
+    pub(crate) fn rate(&self) -> u64 {
+        self.min_bytes_per_sec
+    }
+
     /// How long the body has been read.
     pub(crate) fn elapsed(&self) -> Duration {
         self.start.elapsed()
