@@ -30,11 +30,13 @@ pub enum Stage {
     OpenRevs,
     /// The `_bulk_docs` reply.
     BulkDocs,
+    /// An attachment of `doc1` (`support::hostile_attachment`).
+    Attachment,
 }
 
 impl Stage {
     /// Every stage.
-    pub const ALL: [Stage; 7] = [
+    pub const ALL: [Stage; 8] = [
         Stage::DbInfo,
         Stage::Local,
         Stage::Changes,
@@ -42,6 +44,7 @@ impl Stage {
         Stage::BulkGet,
         Stage::OpenRevs,
         Stage::BulkDocs,
+        Stage::Attachment,
     ];
 
     /// The stage's name in a database name.
@@ -54,10 +57,13 @@ impl Stage {
             Stage::BulkGet => "bulkget",
             Stage::OpenRevs => "openrevs",
             Stage::BulkDocs => "bulkdocs",
+            Stage::Attachment => "attachment",
         }
     }
 
-    /// Whether the hostile database is the replication's target (else its source).
+    /// Whether the hostile database is the replication's target (else its source). The
+    /// attachment stage writes to a well-behaved database of this endpoint (pouchdb-server
+    /// dies of a multipart upload cut short).
     pub fn is_target(self) -> bool {
         matches!(self, Stage::RevsDiff | Stage::BulkDocs)
     }
@@ -140,10 +146,11 @@ impl Drop for Hostile {
 }
 
 const REV: &str = "1-967a00dff5e02add41819138abb3284d";
+const REV_HASH: &str = "967a00dff5e02add41819138abb3284d";
 
 fn doc1() -> String {
     format!(
-        r#"{{"_id":"doc1","_rev":"{REV}","_revisions":{{"start":1,"ids":["967a00dff5e02add41819138abb3284d"]}},"v":1}}"#
+        r#"{{"_id":"doc1","_rev":"{REV}","_revisions":{{"start":1,"ids":["{REV_HASH}"]}},"v":1}}"#
     )
 }
 
@@ -174,7 +181,7 @@ impl Hostile {
         format!("{}/{db}", self.root)
     }
 
-    /// Documents `_bulk_docs` accepted into `db`.
+    /// Documents `_bulk_docs` (or a `PUT`) accepted into `db`.
     pub fn written(&self, db: &str) -> u64 {
         self.written
             .lock()
@@ -247,10 +254,17 @@ async fn serve(sock: TcpStream, written: Arc<Mutex<HashMap<String, u64>>>) -> st
             .split_once('-')
             .and_then(|(s, k)| Some((Stage::parse(s)?, Kind::parse(k)?)))
             .unzip();
-        let at = stage_of(rest);
+        let at = match stage_of(rest) {
+            Some(Stage::OpenRevs) if stage == Some(Stage::Attachment) => Some(Stage::Attachment),
+            at => at,
+        };
         if let (Some(stage), Some(kind)) = (stage, kind)
             && at == Some(stage)
         {
+            if stage == Stage::Attachment {
+                let s = r.get_mut();
+                return super::hostile_attachment::answer(s, kind, &req.path, REV, REV_HASH).await;
+            }
             return hostile(r.get_mut(), stage, kind, &req.path).await;
         }
         let (status, body) = answer(&req, db, rest, query, stage, &written);
@@ -345,13 +359,17 @@ fn answer(
             "404 Object Not Found",
             r#"{"error":"not_found","reason":"missing"}"#.into(),
         ),
-        ("POST", "_bulk_get") => (
-            ok,
-            format!(
-                r#"{{"results":[{{"id":"doc1","docs":[{{"ok":{}}}]}}]}}"#,
+        ("POST", "_bulk_get") => {
+            let doc = if stage == Some(Stage::Attachment) {
+                super::hostile_attachment::doc1_with_stub(REV, REV_HASH)
+            } else {
                 doc1()
-            ),
-        ),
+            };
+            (
+                ok,
+                format!(r#"{{"results":[{{"id":"doc1","docs":[{{"ok":{doc}}}]}}]}}"#),
+            )
+        }
         ("GET", "doc1") => (ok, format!(r#"[{{"ok":{}}}]"#, doc1())),
         ("POST", "_bulk_docs") => {
             let n = serde_json::from_slice::<serde_json::Value>(&req.body)
@@ -362,6 +380,16 @@ fn answer(
                 *w.entry(db.to_owned()).or_default() += n;
             }
             ("201 Created", "[]".into())
+        }
+        // A document written whole (the attachment stage's target is well-behaved).
+        ("PUT", r) if !r.starts_with('_') => {
+            if let Ok(mut w) = written.lock() {
+                *w.entry(db.to_owned()).or_default() += 1;
+            }
+            (
+                "201 Created",
+                format!(r#"{{"ok":true,"id":"{r}","rev":"{REV}"}}"#),
+            )
         }
         ("POST", "_ensure_full_commit") => (
             "201 Created",
@@ -471,7 +499,8 @@ async fn hostile(s: &mut TcpStream, stage: Stage, kind: Kind, path: &str) -> std
     }
 }
 
-async fn chunked(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+/// Writes `data` as one chunk of a chunked body.
+pub async fn chunked(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
     s.write_all(format!("{:x}\r\n", data.len()).as_bytes())
         .await?;
     s.write_all(data).await?;

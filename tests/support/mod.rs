@@ -18,6 +18,7 @@ pub mod couch;
 pub mod couchdb;
 pub mod etcd;
 pub mod hostile;
+pub mod hostile_attachment;
 pub mod http;
 pub mod nodes;
 pub mod proxy;

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::fetch::{
-    BulkGetOutcome, BulkPass, Fetched, Wanted, boundary_of, bulk_get_outcome, parse_related,
-    part_type, request_bulk_get,
+    BulkGetOutcome, BulkPass, Fetched, Wanted, bulk_get_outcome, parse_related, request_bulk_get,
 };
+use super::multipart::{boundary_of, part_type};
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::HttpClient;
 

@@ -16,11 +16,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::write::{WriteResult, put_related_stream};
+use super::multipart::{Watch, boundary_of, part_type};
+use super::reframe::reframe;
+use super::write::{WriteResult, put_reframed};
 use crate::replication::endpoint::database::{encode_doc_id, encode_query};
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::{HttpClient, Req};
-use crate::replication::http::upload::paced;
+use crate::replication::http::upload::{PaceError, paced};
 
 /// A fetched revision.
 #[derive(Debug, Clone)]
@@ -420,37 +422,39 @@ pub async fn open_revs(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
+    let what = format!("GET {}/{}", source.endpoint(), encode_doc_id(&w.id));
     if ctype.starts_with("multipart/") {
         let boundary = boundary_of(&ctype)?;
+        let cap = source.limits().max_response_bytes;
+        // Held whole without a target to pass it to: a declared length past the cap is
+        // refused before reading, as any other body.
+        if sink.is_none()
+            && let Some(n) = resp.content_length().filter(|&n| n > cap)
+        {
+            return Err(ReplicationError::EndpointResponseTooLarge(format!(
+                "{what} declared {n} bytes; the cap is [replicator] max_response_bytes ({cap})"
+            )));
+        }
         let idle = source.connection_timeout();
-        let stream = paced(resp.bytes_stream(), idle).map(|r| r.map_err(std::io::Error::other));
-        let mp = multer::Multipart::new(stream, boundary);
-        return parse_mixed(source, mp, &w.id, sink).await;
+        let watch = Watch::default();
+        let rate = source.limits().min_bytes_per_sec;
+        let slow = watch.clone();
+        let stream = paced(resp.bytes_stream(), idle, rate).map(move |r| {
+            r.map_err(|e| {
+                if matches!(e, PaceError::TooSlow(_)) {
+                    slow.too_slow();
+                }
+                std::io::Error::other(e.to_string())
+            })
+        });
+        let mp = multer::Multipart::new(watch.guard(stream, cap), boundary);
+        let what = format!("GET {}/{}", source.endpoint(), encode_doc_id(&w.id));
+        return parse_mixed(source, mp, &w.id, sink, &watch)
+            .await
+            .map_err(|e| watch.explain(e, &what));
     }
-    let what = format!("GET {}/{}", source.endpoint(), encode_doc_id(&w.id));
     let body = source.read_body(resp, &what).await?;
     parse_json_revs(&body).map_err(|e| e.at(&what))
-}
-
-/// The `boundary` parameter of any `multipart/*` content type (`multer::parse_boundary`
-/// accepts only `multipart/form-data`, CouchDB sends `multipart/mixed` and `/related`).
-pub fn boundary_of(ctype: &str) -> Result<String> {
-    let mut params = ctype.split(';');
-    let is_multipart = params
-        .next()
-        .is_some_and(|m| m.trim().to_ascii_lowercase().starts_with("multipart/"));
-    let boundary = params.find_map(|p| {
-        let (k, v) = p.split_once('=')?;
-        k.trim()
-            .eq_ignore_ascii_case("boundary")
-            .then(|| v.trim().trim_matches('"').to_owned())
-    });
-    match boundary {
-        Some(b) if is_multipart && !b.is_empty() => Ok(b),
-        _ => Err(ReplicationError::BadResponse(format!(
-            "no multipart boundary in content type `{ctype}`"
-        ))),
-    }
 }
 
 /// Parses the JSON form: `[{"ok": doc} | {"missing": rev}]`.
@@ -469,16 +473,6 @@ pub fn parse_json_revs(body: &Bytes) -> Result<Vec<Fetched>> {
         .collect())
 }
 
-/// A multipart part's content type (JSON when it names none, as CouchDB's document parts).
-pub(crate) fn part_type(field: &multer::Field<'_>) -> String {
-    field
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json")
-        .to_owned()
-}
-
 /// Reads an `open_revs` `multipart/mixed` answer. Parts kept in memory count against the
 /// endpoint's `max_response_bytes` together; parts passed through to `sink` are not held.
 async fn parse_mixed(
@@ -486,6 +480,7 @@ async fn parse_mixed(
     mut mp: multer::Multipart<'static>,
     id: &str,
     sink: Option<&HttpClient>,
+    watch: &Watch,
 ) -> Result<Vec<Fetched>> {
     let err =
         |e: multer::Error| ReplicationError::OpenDocRevsFailed(format!("multipart body: {e}"));
@@ -497,19 +492,22 @@ async fn parse_mixed(
         if let Some(target) = sink
             && ctype.starts_with("multipart/related")
         {
-            // The part is itself a valid multipart/related PUT body: pass it through.
-            out.push(Fetched::Written(
-                put_related_stream(target, id, &ctype, field).await?,
-            ));
+            // Passed through as it arrives, framed anew with a known length.
+            let body = reframe(source, field, &ctype, &what, watch).await?;
+            out.push(Fetched::Written(put_reframed(target, id, body).await?));
             continue;
         }
-        let part = field.map(|r| r.map_err(|e| e.to_string()));
+        let part = field.map(|r| {
+            r.inspect(|b| watch.handed(b.len()))
+                .map_err(|e| e.to_string())
+        });
         let data = source.collect_within_limits(part, None, room, &what).await?;
         room -= data.len() as u64;
         if ctype.starts_with("multipart/related") {
             let boundary = boundary_of(&ctype)?;
             let inner = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(data) });
-            out.push(parse_related(multer::Multipart::new(inner, boundary), id).await?);
+            let doc = parse_related(multer::Multipart::new(inner, boundary), id).await;
+            out.push(doc.map_err(|e| e.at(&what))?);
         } else {
             // A JSON part: a document without attachment bodies, or {"missing": rev}.
             let v: Value = serde_json::from_slice(&data)
@@ -549,12 +547,19 @@ pub async fn parse_related<'r>(mut mp: multer::Multipart<'r>, id: &str) -> Resul
     }
     let json = json
         .ok_or_else(|| ReplicationError::BadResponse("empty multipart/related document".into()))?;
+    // Checked here, not by the target: a document the source sent broken is the source's
+    // fault (the job's reason), not a write failure of the target's.
+    // (`RawValue` checks UTF-8 and depth; `IgnoredAny` would skip strings unchecked.)
+    serde_json::from_slice::<&RawValue>(&json).map_err(|e| {
+        ReplicationError::BadResponse(format!("multipart/related JSON part: invalid ({e})"))
+    })?;
     Ok(Fetched::Multipart {
         id: id.to_owned(),
         json,
         parts,
     })
 }
+
 
 #[cfg(test)]
 mod tests {

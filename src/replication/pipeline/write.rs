@@ -12,6 +12,8 @@ use crate::replication::endpoint::database::encode_doc_id;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::{HttpClient, Req};
 
+use super::reframe::Reframed;
+
 /// Flush a `_bulk_docs` request once its body would exceed this (CouchDB main: 4 MiB).
 pub const BULK_DOCS_BUFFER: usize = 4 * 1024 * 1024;
 
@@ -142,29 +144,27 @@ pub(crate) fn related_body(
     b.freeze()
 }
 
-/// Streams one `multipart/related` document (`ctype` carries its boundary) into
-/// `PUT {id}?new_edits=false`, once: a transport failure is an error for the caller to
+/// Streams one re-framed `multipart/related` document into `PUT {id}?new_edits=false`, with
+/// its `Content-Length` when known, once: a transport failure is an error for the caller to
 /// retry on its buffered path.
-pub(crate) async fn put_related_stream<S, E>(
+pub(crate) async fn put_reframed(
     target: &HttpClient,
     id: &str,
-    ctype: &str,
-    body: S,
-) -> Result<WriteResult>
-where
-    S: futures::Stream<Item = std::result::Result<Bytes, E>> + Send + 'static,
-    E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
-{
+    body: Reframed,
+) -> Result<WriteResult> {
     let mut req = Req::json(
         Method::PUT,
         format!("{}?new_edits=false", encode_doc_id(id)),
         Bytes::new(),
     );
     req.body = None;
-    req.content_type = ctype.to_owned().into();
+    req.content_type = body.content_type.into();
     req.headers
         .push(("x-couch-full-commit", "false".to_owned()));
-    let resp = target.send_once(&req, body).await?;
+    if let Some(n) = body.length {
+        req.headers.push(("content-length", n.to_string()));
+    }
+    let resp = target.send_once(&req, body.body).await?;
     single_result(target, resp.status)
 }
 

@@ -1,0 +1,129 @@
+//! The big data the `big_data` benchmark copies, written into a real CouchDB: one document
+//! with a large attachment of incompressible bytes (generated as it is sent, never held) and
+//! documents just under CouchDB's `max_document_size` (8,000,000 bytes), one at a time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::couch::Couch;
+
+const CHUNK: usize = 1 << 20;
+
+/// `len` bytes that do not compress (xorshift), generated chunk by chunk as they are sent.
+fn noise(len: u64) -> reqwest::Body {
+    let chunks = len.div_ceil(CHUNK as u64);
+    let stream = futures::stream::unfold(
+        (0u64, 0x2545_f491_4f6c_dd1du64),
+        move |(i, mut x)| async move {
+            if i == chunks {
+                return None;
+            }
+            let n = CHUNK.min((len - i * CHUNK as u64) as usize);
+            let mut buf = Vec::with_capacity(n + 8);
+            while buf.len() < n {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                buf.extend_from_slice(&x.to_le_bytes());
+            }
+            buf.truncate(n);
+            Some((Ok::<Bytes, std::io::Error>(Bytes::from(buf)), (i + 1, x)))
+        },
+    );
+    reqwest::Body::wrap_stream(stream)
+}
+
+/// Text of `len` bytes (JSON-safe), different for each `seed`.
+fn text(seed: usize, len: usize) -> String {
+    let mut s = String::with_capacity(len + 64);
+    let mut i = 0usize;
+    while s.len() < len {
+        s.push_str(&format!(
+            "{seed:04}-{i:08} the quick brown fox {} ",
+            i * 7919 % 10007
+        ));
+        i += 1;
+    }
+    s.truncate(len);
+    s
+}
+
+async fn check(r: reqwest::Response, what: &str) -> Result<(), String> {
+    let status = r.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let body = r.text().await.unwrap_or_default();
+    Err(format!("{what}: {status} {body}"))
+}
+
+/// Creates `db` holding `big` (one `att_bytes` attachment) and `docs` documents of about
+/// `doc_bytes` each.
+pub async fn fill(
+    http: &reqwest::Client,
+    couch: &Couch,
+    db: &str,
+    att_bytes: u64,
+    docs: usize,
+    doc_bytes: usize,
+) -> Result<(), String> {
+    let long = Duration::from_secs(3600);
+    let r = http
+        .put(couch.url(db))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    check(r, "PUT db").await?;
+    let r = http
+        .put(couch.url(&format!("{db}/big/blob.bin")))
+        .header("content-type", "application/octet-stream")
+        .header("content-length", att_bytes.to_string())
+        .timeout(long)
+        .body(noise(att_bytes))
+        .send()
+        .await
+        .map_err(|e| format!("PUT the attachment: {e}"))?;
+    check(r, "PUT the attachment").await?;
+    for i in 0..docs {
+        let doc = json!({"kind": "big", "n": i, "text": text(i, doc_bytes)});
+        let r = http
+            .put(couch.url(&format!("{db}/doc{i:04}")))
+            .timeout(long)
+            .json(&doc)
+            .send()
+            .await
+            .map_err(|e| format!("PUT doc{i:04}: {e}"))?;
+        check(r, &format!("PUT doc{i:04}")).await?;
+    }
+    Ok(())
+}
+
+/// What must be equal between the source and a copy: every document's id and revision and
+/// the big attachment's stub (digest, length, type).
+pub async fn summary(http: &reqwest::Client, couch: &Couch, db: &str) -> Result<Value, String> {
+    let all: Value = http
+        .get(couch.url(&format!("{db}/_all_docs")))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let revs: Vec<Value> = all["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| json!([r["id"], r["value"]["rev"]]))
+        .collect();
+    let big: Value = http
+        .get(couch.url(&format!("{db}/big")))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(json!({"revs": revs, "att": big["_attachments"]["blob.bin"]}))
+}

@@ -1,0 +1,251 @@
+//! A source's `multipart/related` document re-framed into a target `PUT` body of known length.
+//!
+//! CouchDB reads a *chunked* request body whole into its process mailbox before it parses it
+//! (`chttpd_db:receive_request_data`), so passing a 1 GiB attachment through as chunks cost the
+//! target 1 GiB of memory and slowed to a crawl as the mailbox grew. With a `Content-Length` it
+//! reads as it parses. The source's part does not say its length, but its JSON part does: every
+//! `follows` stub carries the length of the bytes that follow (`encoded_length` when the stub
+//! has an `encoding`). So the JSON part is read (bounded by `max_response_bytes`), the body is
+//! framed with our own boundary and part headers whose sizes are known up front, and each
+//! attachment's bytes pass through as they arrive, counted against what the JSON declared: a
+//! source that sends more or less fails the write instead of corrupting it.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::replication::error::{ReplicationError, Result};
+use crate::replication::http::client::HttpClient;
+
+use super::multipart::{Watch, boundary_of};
+
+/// A `PUT` body ready to send.
+pub(crate) struct Reframed {
+    /// `multipart/related; boundary="..."` of the new framing.
+    pub content_type: String,
+    /// The body's exact length, when every attachment's JSON stub said its own.
+    pub length: Option<u64>,
+    /// The body, produced as the source's parts arrive.
+    pub body: BoxStream<'static, std::result::Result<Bytes, ReplicationError>>,
+}
+
+/// One attachment part still to come, in the JSON's order.
+struct Planned {
+    name: String,
+    /// `\r\n--boundary\r\n` and the part's headers, ready to send before its bytes.
+    head: Bytes,
+    len: Option<u64>,
+}
+
+/// Where the body stream is.
+struct State {
+    mp: multer::Multipart<'static>,
+    plan: Vec<Planned>,
+    current: Option<(multer::Field<'static>, Option<u64>)>,
+    closing: Option<Bytes>,
+    what: String,
+    watch: Watch,
+}
+
+/// Reads the JSON part of `field` (a `multipart/related` document, `ctype` naming its
+/// boundary) and returns the body that re-frames it; what its parts hand on counts in
+/// `watch`. `what` names the source request in errors.
+pub(crate) async fn reframe(
+    source: &HttpClient,
+    field: multer::Field<'static>,
+    ctype: &str,
+    what: &str,
+    watch: &Watch,
+) -> Result<Reframed> {
+    let err = |e: multer::Error| ReplicationError::BadResponse(format!("{what}: {e}"));
+    let mut mp = multer::Multipart::new(field, boundary_of(ctype)?);
+    let first = mp
+        .next_field()
+        .await
+        .map_err(err)?
+        .ok_or_else(|| ReplicationError::BadResponse(format!("{what}: an empty document")))?;
+    let counted = watch.clone();
+    let part = first.map(move |r| {
+        r.inspect(|b| counted.handed(b.len()))
+            .map_err(|e| e.to_string())
+    });
+    let cap = source.limits().max_response_bytes;
+    let json = source.collect_within_limits(part, None, cap, what).await?;
+    let bad = |e: serde_json::Error| {
+        ReplicationError::BadResponse(format!("{what}: the JSON part: invalid ({e})"))
+    };
+    // Checked whole (UTF-8, syntax) without building it: only `_attachments` is read, so a
+    // deeply nested document passes as it would through `_bulk_docs`.
+    serde_json::from_slice::<&RawValue>(&json).map_err(bad)?;
+    let doc: Stubs = serde_json::from_slice(&json).map_err(bad)?;
+
+    let boundary = uuid::Uuid::new_v4().simple().to_string();
+    let plan = plan_parts(&doc.attachments, &boundary);
+    let opening = format!("--{boundary}\r\nContent-Type: application/json\r\n\r\n");
+    let closing = Bytes::from(format!("\r\n--{boundary}--"));
+    let length = plan.iter().try_fold(
+        (opening.len() + json.len() + closing.len()) as u64,
+        |sum, p| p.len.map(|n| sum + p.head.len() as u64 + n),
+    );
+    let mut head = BytesMut::with_capacity(opening.len() + json.len());
+    head.put_slice(opening.as_bytes());
+    head.put_slice(&json);
+    let state = State {
+        mp,
+        plan,
+        current: None,
+        closing: Some(closing),
+        what: what.to_owned(),
+        watch: watch.clone(),
+    };
+    let rest = futures::stream::try_unfold(state, next_chunk);
+    Ok(Reframed {
+        content_type: format!("multipart/related; boundary=\"{boundary}\""),
+        length,
+        body: futures::stream::once(async move { Ok(head.freeze()) })
+            .chain(rest)
+            .boxed(),
+    })
+}
+
+/// What the JSON part says of its attachments (in its order: `preserve_order`).
+#[derive(Deserialize)]
+struct Stubs {
+    #[serde(rename = "_attachments", default)]
+    attachments: Map<String, Value>,
+}
+
+/// The attachment parts the JSON says follow, in its order, with their framing.
+fn plan_parts(atts: &Map<String, Value>, boundary: &str) -> Vec<Planned> {
+    atts.iter()
+        .filter(|(_, a)| a.get("follows").and_then(Value::as_bool) == Some(true))
+        .map(|(name, a)| {
+            let len_field = if a.get("encoding").is_some() {
+                "encoded_length"
+            } else {
+                "length"
+            };
+            let len = a.get(len_field).and_then(Value::as_u64);
+            let ctype = a
+                .get("content_type")
+                .and_then(Value::as_str)
+                .unwrap_or("application/octet-stream");
+            let mut head = format!(
+                "\r\n--{boundary}\r\nContent-Disposition: attachment; filename=\"{}\"\r\n\
+                 Content-Type: {}\r\n",
+                header_safe(name),
+                header_safe(ctype)
+            );
+            if let Some(n) = len {
+                head.push_str(&format!("Content-Length: {n}\r\n"));
+            }
+            head.push_str("\r\n");
+            Planned {
+                name: name.clone(),
+                head: Bytes::from(head),
+                len,
+            }
+        })
+        .collect()
+}
+
+/// `s` with what cannot stand in a quoted header value (controls, quotes, backslashes,
+/// non-ASCII) percent-encoded. CouchDB matches attachment parts by their order, not by
+/// these headers, so they only need to be well-formed.
+fn header_safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b'%')) || b == b' ' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The next piece of the body: the current part's next bytes, the next part's headers, or
+/// the closing boundary.
+async fn next_chunk(mut st: State) -> Result<Option<(Bytes, State)>> {
+    let what = st.what.clone();
+    let bad = |m: String| ReplicationError::BadResponse(format!("{what}: {m}"));
+    if let Some((field, left)) = st.current.as_mut() {
+        match field.chunk().await.map_err(|e| bad(e.to_string()))? {
+            Some(b) => {
+                st.watch.handed(b.len());
+                if let Some(left) = left {
+                    *left = left.checked_sub(b.len() as u64).ok_or_else(|| {
+                        bad("an attachment longer than its JSON stub says".into())
+                    })?;
+                }
+                return Ok(Some((b, st)));
+            }
+            None if left.is_some_and(|n| n > 0) => {
+                return Err(bad("an attachment shorter than its JSON stub says".into()));
+            }
+            None => st.current = None,
+        }
+    }
+    let Some(closing) = st.closing.take() else {
+        return Ok(None);
+    };
+    match st.mp.next_field().await.map_err(|e| bad(e.to_string()))? {
+        Some(field) => {
+            st.closing = Some(closing);
+            // CouchDB names each part; a part without a (known) name takes the next in order.
+            let at = field
+                .file_name()
+                .and_then(|n| st.plan.iter().position(|p| p.name == n))
+                .unwrap_or(0);
+            if st.plan.is_empty() {
+                return Err(bad("more attachment parts than `follows` stubs".into()));
+            }
+            let p = st.plan.remove(at);
+            st.current = Some((field, p.len));
+            Ok(Some((p.head, st)))
+        }
+        None if !st.plan.is_empty() => Err(bad(format!(
+            "no part for attachment `{}`",
+            st.plan[0].name
+        ))),
+        None => Ok(Some((closing, st))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parts_are_planned_in_the_json_order_with_their_sent_lengths() {
+        let doc: Stubs = serde_json::from_value(json!({"_id": "d", "_attachments": {
+            "b.bin": {"follows": true, "length": 10, "content_type": "application/x\r\nX: y"},
+            "stub": {"stub": true, "length": 5},
+            "a \"q\".txt": {"follows": true, "length": 47, "encoding": "gzip", "encoded_length": 29},
+        }}))
+        .unwrap();
+        let plan = plan_parts(&doc.attachments, "B");
+        let names: Vec<_> = plan.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["b.bin", "a \"q\".txt"]);
+        assert_eq!(plan[0].len, Some(10));
+        assert_eq!(plan[1].len, Some(29), "gzip-encoded bytes travel as stored");
+        let head = std::str::from_utf8(&plan[1].head).unwrap();
+        assert!(head.contains("filename=\"a %22q%22.txt\""), "{head}");
+        let head = std::str::from_utf8(&plan[0].head).unwrap();
+        assert!(head.contains("Content-Type: application/x%0D%0AX: y\r\n"), "{head}");
+        assert!(head.ends_with("Content-Length: 10\r\n\r\n"), "{head}");
+    }
+
+    #[test]
+    fn a_stub_without_its_length_leaves_the_length_unknown() {
+        let doc: Stubs = serde_json::from_value(json!({"_attachments": {"a": {"follows": true}}}))
+            .unwrap();
+        let plan = plan_parts(&doc.attachments, "B");
+        assert_eq!(plan[0].len, None);
+        assert!(!std::str::from_utf8(&plan[0].head).unwrap().contains("Length"));
+    }
+}
