@@ -85,7 +85,7 @@ async fn run() -> Result<(), String> {
     let t0 = Instant::now();
     post_replicate(
         &http,
-        &url("_replicate"),
+        &format!("http://127.0.0.1:{}/_replicate", couch.port),
         ("admin", "admin"),
         &spec("theirs"),
     )

@@ -4,6 +4,7 @@ mod support;
 
 mod compat {
     mod attachments;
+    mod auth_lockout;
     mod big_attachment;
     mod config;
     mod couch_front;

@@ -9,5 +9,6 @@ mod reliability {
     mod inputs;
     mod kill9;
     mod nodeloss;
+    mod password_storm;
     mod security;
 }

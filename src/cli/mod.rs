@@ -12,6 +12,7 @@ use crate::telemetry::logging::LogFormat;
 mod auth_couchdb;
 mod config_file;
 mod limits_section;
+mod lockout_section;
 mod replicate;
 mod replicator_section;
 mod serve;

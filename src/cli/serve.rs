@@ -31,6 +31,7 @@ use crate::replication::http::tls::TlsOptions;
 
 use super::auth_couchdb;
 use super::config_file::ConfigFile;
+use super::lockout_section;
 use super::replicator_section;
 use super::serve_steps::{STEPS_KEYS, StepsSetup};
 use super::serve_store::{self, EtcdArgs};
@@ -251,6 +252,7 @@ fn auth_settings(cfg: &ConfigFile) -> Result<AuthSettings, String> {
             .filter(|n| (1..=31_536_000).contains(n))
             .ok_or_else(|| "[chttpd_auth] timeout must be 1 to 31536000 seconds".to_string())?;
     }
+    s.lockout = lockout_section::read(cfg)?;
     Ok(s)
 }
 
@@ -271,6 +273,7 @@ fn is_used(section: &str, key: &str) -> bool {
         "steps" => STEPS_KEYS.contains(&key),
         serve_store::SECTION => serve_store::KEYS.contains(&key),
         auth_couchdb::SECTION => auth_couchdb::KEYS.contains(&key),
+        lockout_section::SECTION => lockout_section::KEYS.contains(&key),
         _ => false,
     }
 }

@@ -7,9 +7,16 @@
 //! [`Caller::require_admin`] / [`Caller::require_user`] before changing state. A password that
 //! passed PBKDF2 once is remembered as a keyed digest, so later requests cost one HMAC
 //! instead of CouchDB's 600,000 rounds (CouchDB keeps a cache for the same reason).
+//!
+//! PBKDF2 runs on tokio's blocking pool, at most half the cores at a time, so a burst of
+//! wrong passwords queues there instead of starving replications and `_up` on the async
+//! runtime; a name this node does not know pays the same hashing (against a decoy hash), so
+//! answer times do not tell which names exist. Failures count towards CouchDB's lockout
+//! ([`super::lockout`]), which is checked before any hashing.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
@@ -22,7 +29,9 @@ use sha2::Sha256;
 use super::cookie::{self, SessionSettings, SessionUsers};
 use super::couchdb_auth::{CouchDbAuth, Credential, Verdict};
 use super::error::HttpError;
+use super::lockout::{Lockout, LockoutSettings};
 use super::password::{Prf, StoredPassword, same_bytes};
+use super::peer::Peer;
 use crate::replicator::replicator_db::request::UserCtx;
 
 /// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
@@ -34,6 +43,8 @@ pub struct AuthSettings {
     pub prf: Prf,
     /// Cookie signing secret and lifetime.
     pub session: SessionSettings,
+    /// `[chttpd_auth_lockout]`.
+    pub lockout: LockoutSettings,
 }
 
 impl Default for AuthSettings {
@@ -42,6 +53,7 @@ impl Default for AuthSettings {
             iterations: 600_000,
             prf: Prf::Sha256,
             session: SessionSettings::default(),
+            lockout: LockoutSettings::default(),
         }
     }
 }
@@ -88,6 +100,13 @@ struct Inner {
     cache_key: [u8; 32],
     /// Per account (`admin:` / `user:` + name): digest of the password that last verified.
     verified: Mutex<HashMap<String, [u8; 32]>>,
+    lockout: Lockout,
+    /// PBKDF2 runs in flight at most.
+    hashing: tokio::sync::Semaphore,
+    /// What an unknown name's password is hashed against (made on first use).
+    decoy: OnceLock<StoredPassword>,
+    prf: Prf,
+    iterations: u32,
 }
 
 /// The users this node knows, and the CouchDB asked about the others. `Debug` shows names
@@ -100,7 +119,7 @@ pub struct Users {
 
 impl Default for Users {
     fn default() -> Self {
-        Self::build(HashMap::new(), HashMap::new(), SessionSettings::default())
+        Self::build(HashMap::new(), HashMap::new(), &AuthSettings::default())
     }
 }
 
@@ -181,7 +200,7 @@ impl Users {
         let mut seed = Vec::new();
         let admins = accounts(admins, true, settings, &mut seed)?;
         let users = accounts(users, false, settings, &mut seed)?;
-        let me = Self::build(admins, users, settings.session.clone());
+        let me = Self::build(admins, users, settings);
         // A plain entry was just hashed from the password at hand: remember it verified, so
         // the first login does not pay PBKDF2 again.
         for (id, pw) in seed {
@@ -193,17 +212,23 @@ impl Users {
     fn build(
         admins: HashMap<String, Account>,
         users: HashMap<String, Account>,
-        session: SessionSettings,
+        settings: &AuthSettings,
     ) -> Self {
         let mut cache_key = [0u8; 32];
         rand::rng().fill_bytes(&mut cache_key);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             inner: Arc::new(Inner {
                 admins,
                 users,
-                session,
+                session: settings.session.clone(),
                 cache_key,
                 verified: Mutex::new(HashMap::new()),
+                lockout: Lockout::new(settings.lockout.clone()),
+                hashing: tokio::sync::Semaphore::new((cores / 2).max(1)),
+                decoy: OnceLock::new(),
+                prf: settings.prf,
+                iterations: settings.iterations,
             }),
             couchdb: None,
         }
@@ -270,7 +295,68 @@ impl Users {
         ok
     }
 
-    /// The caller a name and password identify (admins first), or `None`.
+    /// Whether `password` opens `acct`: the remembered digest, else PBKDF2 on the blocking
+    /// pool (a permit of `hashing` held meanwhile).
+    async fn check_off_runtime(&self, acct: &Account, name: &str, password: &str) -> bool {
+        let id = cache_id(acct.admin, name);
+        let d = self.digest(password);
+        let known = self.inner.verified.lock().ok().and_then(|m| m.get(&id).copied());
+        if known.is_some_and(|k| same_bytes(&k, &d)) {
+            return true;
+        }
+        let ok = self.hash_off_runtime(acct.stored.clone(), password).await;
+        if ok {
+            self.remember(&id, password);
+        }
+        ok
+    }
+
+    async fn hash_off_runtime(&self, stored: StoredPassword, password: &str) -> bool {
+        let Ok(_permit) = self.inner.hashing.acquire().await else {
+            return false;
+        };
+        let password = password.to_owned();
+        tokio::task::spawn_blocking(move || stored.verify(&password))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// The caller a name and password identify (admins first), `None` when they do not, or
+    /// 403 while the name is locked out for `peer`. Hashing runs off the async runtime; an
+    /// unknown name costs what a known one does (without a CouchDB to ask about it).
+    pub(crate) async fn login_from(
+        &self,
+        peer: Peer,
+        name: &str,
+        password: &str,
+    ) -> Result<Option<UserCtx>, HttpError> {
+        let accounts: Vec<&Account> = [self.inner.admins.get(name), self.inner.users.get(name)]
+            .into_iter()
+            .flatten()
+            .collect();
+        if accounts.is_empty() {
+            if self.couchdb.is_none() {
+                let (prf, rounds) = (self.inner.prf, self.inner.iterations);
+                let decoy = self.inner.decoy.get_or_init(|| {
+                    StoredPassword::hash_plain(&uuid::Uuid::new_v4().to_string(), prf, rounds)
+                });
+                self.hash_off_runtime(decoy.clone(), password).await;
+            }
+            return Ok(None);
+        }
+        let peer = peer.0.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        self.inner.lockout.check(peer, name)?;
+        for acct in accounts {
+            if self.check_off_runtime(acct, name, password).await {
+                return Ok(Some(ctx_of(name, acct)));
+            }
+        }
+        self.inner.lockout.failed(peer, name);
+        Ok(None)
+    }
+
+    /// The caller a name and password identify (admins first), or `None`; hashes on the
+    /// calling thread and counts no failure (tests and tools; requests use `login_from`).
     pub fn login(&self, name: &str, password: &str) -> Option<UserCtx> {
         for acct in [self.inner.admins.get(name), self.inner.users.get(name)]
             .into_iter()
@@ -313,6 +399,7 @@ impl Users {
         &self,
         headers: &axum::http::HeaderMap,
         renewed: Option<&RenewedCookie>,
+        peer: Peer,
     ) -> Result<(Caller, Option<AuthMethod>), HttpError> {
         if let Some(cookie) = cookie::cookie_value(headers) {
             if let Some(u) = cookie::verify(self, &cookie, cookie::now_secs())? {
@@ -341,7 +428,7 @@ impl Users {
             .to_str()
             .map_err(|_| HttpError::unauthorized("the Authorization header is not valid text"))?;
         let (name, password) = basic_pair(h)?;
-        if let Some(u) = self.login(&name, &password) {
+        if let Some(u) = self.login_from(peer, &name, &password).await? {
             return Ok((Caller::User(u), Some(AuthMethod::Basic)));
         }
         let Some(c) = &self.couchdb else {
@@ -489,7 +576,7 @@ impl<S: HasUsers + Send + Sync> FromRequestParts<S> for Caller {
         let renewed = parts.extensions.get::<RenewedCookie>().cloned();
         state
             .users()
-            .authenticate_headers(&parts.headers, renewed.as_ref())
+            .authenticate_headers(&parts.headers, renewed.as_ref(), Peer::of(parts))
             .await
             .map(|(c, _)| c)
     }

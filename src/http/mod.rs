@@ -16,9 +16,11 @@ pub(crate) mod couch_json;
 pub mod couchdb_auth;
 pub mod error;
 pub(crate) mod health;
+pub mod lockout;
 pub(crate) mod mask;
 pub(crate) mod node_stats;
 pub mod password;
+pub mod peer;
 pub(crate) mod replicate;
 pub(crate) mod scheduler;
 pub(crate) mod session;
@@ -176,10 +178,10 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
 /// The steps routes' admin check on this node's users (and its authentication CouchDB's):
 /// 401 anonymous or wrong, 403 non-admin.
 pub(crate) fn admin_check(users: Users) -> self::steps::AdminCheck {
-    Arc::new(move |headers: axum::http::HeaderMap| {
+    Arc::new(move |headers: axum::http::HeaderMap, peer: self::peer::Peer| {
         let users = users.clone();
         Box::pin(async move {
-            let (caller, _) = users.authenticate_headers(&headers, None).await?;
+            let (caller, _) = users.authenticate_headers(&headers, None, peer).await?;
             caller.require_admin().map(|_| ())
         })
     })
@@ -212,7 +214,8 @@ pub async fn serve_router(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
+    let service = router.into_make_service_with_connect_info::<self::peer::PeerAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -223,7 +226,8 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    let service = router(state).into_make_service_with_connect_info::<self::peer::PeerAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
 }

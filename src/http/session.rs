@@ -13,6 +13,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::peer::Peer;
 use super::AppState;
 use super::auth::{AuthMethod, Caller, HasUsers, RenewedCookie, Users};
 use super::cookie::{cookie_value, mint, now_secs, set_cookie, verify_issued};
@@ -101,6 +102,7 @@ fn login_form(headers: &HeaderMap, body: &[u8]) -> Result<LoginForm, HttpError> 
 /// `POST /_session`.
 pub(crate) async fn post_session(
     State(state): State<AppState>,
+    peer: Peer,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -110,7 +112,7 @@ pub(crate) async fn post_session(
     let password = form.password.unwrap_or_default();
     let s = users.session();
     let now = now_secs();
-    if let Some(ctx) = users.login(&name, &password) {
+    if let Some(ctx) = users.login_from(peer, &name, &password).await? {
         let salt = users.session_user(&name).map_or("", |(salt, _)| salt);
         let cookie = set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now);
         let body = json!({"ok": true, "name": name, "roles": ctx.roles});
@@ -149,12 +151,13 @@ pub(crate) async fn get_session(
     State(state): State<AppState>,
     Query(q): Query<SessionQuery>,
     renewed: Option<axum::Extension<RenewedCookie>>,
+    peer: Peer,
     headers: HeaderMap,
 ) -> Result<Json<Value>, HttpError> {
     let renewed = renewed.map(|axum::Extension(r)| r);
     let (caller, how) = state
         .users()
-        .authenticate_headers(&headers, renewed.as_ref())
+        .authenticate_headers(&headers, renewed.as_ref(), peer)
         .await?;
     let ctx = match &caller {
         Caller::User(u) => json!({"name": u.name, "roles": u.roles}),

@@ -22,6 +22,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::peer::Peer;
 use super::auth::{decode_basic, same};
 use super::error::HttpError;
 use crate::steps::{JobSpec, ListOptions, Steps, StepsError, StepsState};
@@ -49,16 +50,16 @@ impl From<StepsError> for HttpError {
 /// What an [`AdminCheck`] answers, later: checking may ask another server.
 pub type AdminVerdict = Pin<Box<dyn Future<Output = Result<(), HttpError>> + Send>>;
 
-/// Decides whether a request (its headers) comes from a server admin: `Ok` lets it through,
+/// Decides whether a request (its headers, from its peer) comes from a server admin: `Ok` lets it through,
 /// an error (normally 401 or 403, 503 when the server that knows cannot be asked) is
 /// returned to the client as is.
-pub type AdminCheck = Arc<dyn Fn(HeaderMap) -> AdminVerdict + Send + Sync>;
+pub type AdminCheck = Arc<dyn Fn(HeaderMap, Peer) -> AdminVerdict + Send + Sync>;
 
 /// An [`AdminCheck`] accepting HTTP Basic credentials of one admin. The password is
 /// compared in time independent of where it differs.
 pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> AdminCheck {
     let (name, password) = (name.into(), password.into());
-    Arc::new(move |headers: HeaderMap| {
+    Arc::new(move |headers: HeaderMap, _: Peer| {
         let verdict = check_basic(&headers, &name, &password);
         Box::pin(std::future::ready(verdict))
     })
@@ -112,9 +113,10 @@ pub fn router(state: StepsHttp) -> Router {
 async fn create(
     State(s): State<StepsHttp>,
     headers: HeaderMap,
+    peer: Peer,
     body: Result<Json<JobSpec>, JsonRejection>,
 ) -> Result<Response, HttpError> {
-    (s.admin)(headers)
+    (s.admin)(headers, peer)
         .await
         .map_err(HttpError::with_basic_challenge)?;
     let Json(spec) = body.map_err(json_rejection)?;
@@ -125,9 +127,10 @@ async fn create(
 async fn get_one(
     State(s): State<StepsHttp>,
     headers: HeaderMap,
+    peer: Peer,
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
-    (s.admin)(headers)
+    (s.admin)(headers, peer)
         .await
         .map_err(HttpError::with_basic_challenge)?;
     Ok(Json(s.steps.get(&id).await?).into_response())
@@ -145,9 +148,10 @@ struct ListQuery {
 async fn list(
     State(s): State<StepsHttp>,
     headers: HeaderMap,
+    peer: Peer,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
-    (s.admin)(headers)
+    (s.admin)(headers, peer)
         .await
         .map_err(HttpError::with_basic_challenge)?;
     let Query(q) = query.map_err(|e| HttpError::bad_request(e.body_text()))?;
@@ -210,7 +214,7 @@ mod tests {
     #[test]
     fn basic_admin_accepts_only_the_admin() {
         let check = basic_admin("adm", "s3:cret");
-        let check = |h: HeaderMap| futures::executor::block_on(check(h));
+        let check = |h: HeaderMap| futures::executor::block_on(check(h, Peer(None)));
         assert_eq!(check(headers(Some(&basic("adm", "s3:cret")))), Ok(()));
         for bad in [
             None,

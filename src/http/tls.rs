@@ -388,7 +388,8 @@ pub async fn serve_router_tls(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    axum::serve(listener, router)
+    let service = router.into_make_service_with_connect_info::<super::peer::PeerAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::multipart::{Watch, boundary_of, part_type};
-use super::reframe::reframe;
+use super::reframe::{Encodings, reframe};
 use super::write::{WriteResult, put_reframed};
 use crate::replication::endpoint::database::{encode_doc_id, encode_query};
 use crate::replication::error::{ReplicationError, Result};
@@ -369,9 +369,10 @@ fn rev_of(doc: &str) -> Option<String> {
 /// (a CouchDB target), `att_encoding_info=true` asking for `multipart/mixed`, so gzip-encoded
 /// attachments travel and are written as stored, with their encoding, digest and lengths;
 /// without, asking for JSON (decoded attachments). Either answer is read. Missing revisions yield nothing.
-/// With `sink`, documents that come with attachment bodies are streamed straight into a
-/// `PUT ?new_edits=false` on that target (never held whole in memory); if that fails, the
-/// caller fetches again without a sink (buffered, with retries).
+/// With `sink`, multipart is asked for whatever the target, and documents that come with
+/// attachment bodies are streamed straight into a `PUT ?new_edits=false` on that target (never
+/// held whole in memory; inflated on the way for a target that is not CouchDB); if that
+/// fails, the caller fetches again without a sink (buffered, with retries).
 pub async fn open_revs(
     source: &HttpClient,
     w: &Wanted,
@@ -383,7 +384,10 @@ pub async fn open_revs(
         encode_doc_id(&w.id),
         encode_query(&json!([w.rev]).to_string())
     );
-    if keep_encoding {
+    // Streamed to a target, attachments come as stored in multipart; one that is not
+    // CouchDB gets them inflated on the way (`reframe`).
+    let multipart = keep_encoding || sink.is_some();
+    if multipart {
         path.push_str("&att_encoding_info=true");
     }
     if !w.atts_since.is_empty() {
@@ -401,7 +405,7 @@ pub async fn open_revs(
     // CouchDB's multipart answer carries gzip-encoded attachments as stored, whatever the
     // query says; only a CouchDB target keeps them so, any other gets the JSON answer
     // (attachments decoded, base64).
-    req.accept = if keep_encoding {
+    req.accept = if multipart {
         "multipart/mixed"
     } else {
         "application/json"
@@ -449,7 +453,12 @@ pub async fn open_revs(
         });
         let mp = multer::Multipart::new(watch.guard(stream, cap), boundary);
         let what = format!("GET {}/{}", source.endpoint(), encode_doc_id(&w.id));
-        return parse_mixed(source, mp, &w.id, sink, &watch)
+        let encodings = if keep_encoding {
+            Encodings::Keep
+        } else {
+            Encodings::Decode
+        };
+        return parse_mixed(source, mp, &w.id, sink.map(|t| (t, encodings)), &watch)
             .await
             .map_err(|e| watch.explain(e, &what));
     }
@@ -479,7 +488,7 @@ async fn parse_mixed(
     source: &HttpClient,
     mut mp: multer::Multipart<'static>,
     id: &str,
-    sink: Option<&HttpClient>,
+    sink: Option<(&HttpClient, Encodings)>,
     watch: &Watch,
 ) -> Result<Vec<Fetched>> {
     let err =
@@ -489,11 +498,11 @@ async fn parse_mixed(
     let mut out = Vec::new();
     while let Some(field) = mp.next_field().await.map_err(err)? {
         let ctype = part_type(&field);
-        if let Some(target) = sink
+        if let Some((target, encodings)) = sink
             && ctype.starts_with("multipart/related")
         {
             // Passed through as it arrives, framed anew with a known length.
-            let body = reframe(source, field, &ctype, &what, watch).await?;
+            let body = reframe(source, field, &ctype, &what, watch, encodings).await?;
             out.push(Fetched::Written(put_reframed(target, id, body).await?));
             continue;
         }

@@ -9,9 +9,16 @@
 //! framed with our own boundary and part headers whose sizes are known up front, and each
 //! attachment's bytes pass through as they arrive, counted against what the JSON declared: a
 //! source that sends more or less fails the write instead of corrupting it.
+//!
+//! A target that is not CouchDB (pouchdb-server) knows no attachment encodings: with
+//! [`Encodings::Decode`], gzip-encoded attachments are inflated as they pass (their stubs lose
+//! `encoding` and `encoded_length`; `length` is the inflated size), so a large attachment
+//! reaches such a target streamed too instead of as base64 inside a JSON answer.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use async_compression::tokio::bufread::GzipDecoder;
 use futures::StreamExt;
+use tokio_util::io::{ReaderStream, StreamReader};
 use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -32,19 +39,33 @@ pub(crate) struct Reframed {
     pub body: BoxStream<'static, std::result::Result<Bytes, ReplicationError>>,
 }
 
+/// What becomes of encoded (gzip) attachments on the way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encodings {
+    /// Passed as stored, with their encoding (a CouchDB target).
+    Keep,
+    /// Inflated as they pass (any other target).
+    Decode,
+}
+
+/// A part's bytes as they pass to the target.
+type PartStream = BoxStream<'static, std::io::Result<Bytes>>;
+
 /// One attachment part still to come, in the JSON's order.
 struct Planned {
     name: String,
     /// `\r\n--boundary\r\n` and the part's headers, ready to send before its bytes.
     head: Bytes,
+    /// The bytes the part brings to the target (inflated when `gunzip`).
     len: Option<u64>,
+    gunzip: bool,
 }
 
 /// Where the body stream is.
 struct State {
     mp: multer::Multipart<'static>,
     plan: Vec<Planned>,
-    current: Option<(multer::Field<'static>, Option<u64>)>,
+    current: Option<(PartStream, Option<u64>)>,
     closing: Option<Bytes>,
     what: String,
     watch: Watch,
@@ -59,6 +80,7 @@ pub(crate) async fn reframe(
     ctype: &str,
     what: &str,
     watch: &Watch,
+    encodings: Encodings,
 ) -> Result<Reframed> {
     let err = |e: multer::Error| ReplicationError::BadResponse(format!("{what}: {e}"));
     let mut mp = multer::Multipart::new(field, boundary_of(ctype)?);
@@ -81,9 +103,15 @@ pub(crate) async fn reframe(
     // deeply nested document passes as it would through `_bulk_docs`.
     serde_json::from_slice::<&RawValue>(&json).map_err(bad)?;
     let doc: Stubs = serde_json::from_slice(&json).map_err(bad)?;
+    let decode = encodings == Encodings::Decode && doc.attachments.values().any(is_encoded);
+    let json = if decode {
+        without_encodings(&json).map_err(bad)?
+    } else {
+        json
+    };
 
     let boundary = uuid::Uuid::new_v4().simple().to_string();
-    let plan = plan_parts(&doc.attachments, &boundary);
+    let plan = plan_parts(&doc.attachments, &boundary, encodings);
     let opening = format!("--{boundary}\r\nContent-Type: application/json\r\n\r\n");
     let closing = Bytes::from(format!("\r\n--{boundary}--"));
     let length = plan.iter().try_fold(
@@ -118,12 +146,30 @@ struct Stubs {
     attachments: Map<String, Value>,
 }
 
+fn is_encoded(att: &Value) -> bool {
+    att.get("encoding").is_some()
+}
+
+/// The JSON part with `encoding` and `encoded_length` taken out of every attachment stub:
+/// what a target that inflated them must be told.
+fn without_encodings(json: &[u8]) -> serde_json::Result<Bytes> {
+    let mut doc: Map<String, Value> = serde_json::from_slice(json)?;
+    if let Some(Value::Object(atts)) = doc.get_mut("_attachments") {
+        for att in atts.values_mut().filter_map(Value::as_object_mut) {
+            att.remove("encoding");
+            att.remove("encoded_length");
+        }
+    }
+    serde_json::to_vec(&doc).map(Bytes::from)
+}
+
 /// The attachment parts the JSON says follow, in its order, with their framing.
-fn plan_parts(atts: &Map<String, Value>, boundary: &str) -> Vec<Planned> {
+fn plan_parts(atts: &Map<String, Value>, boundary: &str, encodings: Encodings) -> Vec<Planned> {
     atts.iter()
         .filter(|(_, a)| a.get("follows").and_then(Value::as_bool) == Some(true))
         .map(|(name, a)| {
-            let len_field = if a.get("encoding").is_some() {
+            let gunzip = encodings == Encodings::Decode && is_encoded(a);
+            let len_field = if is_encoded(a) && !gunzip {
                 "encoded_length"
             } else {
                 "length"
@@ -147,6 +193,7 @@ fn plan_parts(atts: &Map<String, Value>, boundary: &str) -> Vec<Planned> {
                 name: name.clone(),
                 head: Bytes::from(head),
                 len,
+                gunzip,
             }
         })
         .collect()
@@ -173,9 +220,8 @@ async fn next_chunk(mut st: State) -> Result<Option<(Bytes, State)>> {
     let what = st.what.clone();
     let bad = |m: String| ReplicationError::BadResponse(format!("{what}: {m}"));
     if let Some((field, left)) = st.current.as_mut() {
-        match field.chunk().await.map_err(|e| bad(e.to_string()))? {
+        match field.next().await.transpose().map_err(|e| bad(e.to_string()))? {
             Some(b) => {
-                st.watch.handed(b.len());
                 if let Some(left) = left {
                     *left = left.checked_sub(b.len() as u64).ok_or_else(|| {
                         bad("an attachment longer than its JSON stub says".into())
@@ -204,7 +250,7 @@ async fn next_chunk(mut st: State) -> Result<Option<(Bytes, State)>> {
                 return Err(bad("more attachment parts than `follows` stubs".into()));
             }
             let p = st.plan.remove(at);
-            st.current = Some((field, p.len));
+            st.current = Some((part_stream(field, &st.watch, p.gunzip), p.len));
             Ok(Some((p.head, st)))
         }
         None if !st.plan.is_empty() => Err(bad(format!(
@@ -213,6 +259,20 @@ async fn next_chunk(mut st: State) -> Result<Option<(Bytes, State)>> {
         ))),
         None => Ok(Some((closing, st))),
     }
+}
+
+/// A part's bytes, counted as handed on as they leave the parser, inflated when `gunzip`.
+fn part_stream(field: multer::Field<'static>, watch: &Watch, gunzip: bool) -> PartStream {
+    let watch = watch.clone();
+    let raw = field.map(move |r| {
+        r.inspect(|b| watch.handed(b.len()))
+            .map_err(std::io::Error::other)
+    });
+    if !gunzip {
+        return raw.boxed();
+    }
+    let inflated = GzipDecoder::new(StreamReader::new(raw));
+    ReaderStream::with_capacity(inflated, 64 << 10).boxed()
 }
 
 #[cfg(test)]
@@ -228,7 +288,7 @@ mod tests {
             "a \"q\".txt": {"follows": true, "length": 47, "encoding": "gzip", "encoded_length": 29},
         }}))
         .unwrap();
-        let plan = plan_parts(&doc.attachments, "B");
+        let plan = plan_parts(&doc.attachments, "B", Encodings::Keep);
         let names: Vec<_> = plan.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["b.bin", "a \"q\".txt"]);
         assert_eq!(plan[0].len, Some(10));
@@ -241,10 +301,23 @@ mod tests {
     }
 
     #[test]
+    fn a_target_without_encodings_gets_inflated_lengths_and_plain_stubs() {
+        let json = br#"{"_id":"d","deep":[[1]],"_attachments":{"a":{"follows":true,"length":47,"encoding":"gzip","encoded_length":29,"digest":"md5-x"}}}"#;
+        let doc: Stubs = serde_json::from_slice(json).unwrap();
+        let plan = plan_parts(&doc.attachments, "B", Encodings::Decode);
+        assert_eq!((plan[0].len, plan[0].gunzip), (Some(47), true));
+        let plain: Value = serde_json::from_slice(&without_encodings(json).unwrap()).unwrap();
+        assert_eq!(
+            plain,
+            json!({"_id":"d","deep":[[1]],"_attachments":{"a":{"follows":true,"length":47,"digest":"md5-x"}}})
+        );
+    }
+
+    #[test]
     fn a_stub_without_its_length_leaves_the_length_unknown() {
         let doc: Stubs = serde_json::from_value(json!({"_attachments": {"a": {"follows": true}}}))
             .unwrap();
-        let plan = plan_parts(&doc.attachments, "B");
+        let plan = plan_parts(&doc.attachments, "B", Encodings::Keep);
         assert_eq!(plan[0].len, None);
         assert!(!std::str::from_utf8(&plan[0].head).unwrap().contains("Length"));
     }
