@@ -93,9 +93,11 @@ async fn a_dead_neighbours_jobs_are_requeued_at_once_even_while_its_zombie_updat
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
 
-            // "a" has "zz-dead" as its right-hand neighbour: it removes it when it joins.
+            // "a" has "zz-dead" as its right-hand neighbour: it removes it once it has seen
+            // its row stand still for `dead_after` (one activity timeout, on a's own clock;
+            // the hour-old time in the row is not trusted).
             let node = nodes.start("a", ReplicatorSettings::default()).await;
-            tokio::time::timeout(Duration::from_secs(30), zombie)
+            tokio::time::timeout(timeout * 2 + Duration::from_secs(30), zombie)
                 .await
                 .expect("the dead node's job was not re-enqueued")
                 .unwrap();

@@ -6,7 +6,8 @@
 //! ([`ClusterMsg::Changed`]); a membership different from the last one seen publishes
 //! `{cluster, unstable}` and `{cluster, stable}` follows after `quiet_period` without change
 //! (`start_period` for the first one). At every heartbeat a node checks its right-hand
-//! neighbour in sorted order and removes it when its heartbeat is older than `dead_after`, so
+//! neighbour in sorted order and removes it when its row has not changed for `dead_after` as
+//! this node saw it (`super::sightings`: no wall clock is compared across nodes), so
 //! each dead node is removed by exactly one live neighbour; the remover re-enqueues the dead
 //! node's running jobs in the same transaction, and a node that finds itself removed stops
 //! the jobs it still runs (the couch_workers RFC draft's neighbour rules; docs/architecture.md, "Sources"). Heartbeats never conflict with

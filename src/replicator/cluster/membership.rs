@@ -3,7 +3,9 @@
 //!
 //! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)`, then one
 //! byte saying whether it runs replications (1) or only the API (0; rows without it run
-//! replications); `(prefix, 55, "load", node) -> jobs it runs (u64 LE)` as its job server last
+//! replications), then its beat count (u64 LE; older rows lack it). Whether a member is alive
+//! is judged by whether its row changed lately as this process saw it ([`Sightings`]), never
+//! by comparing its written time with the reader's clock; `(prefix, 55, "load", node) -> jobs it runs (u64 LE)` as its job server last
 //! reported them (read by every node's balance, so that it reads one row per node instead of
 //! one per running job); and bumps
 //! `(prefix, 55, "version")` (a versionstamped value) when it joins, leaves or removes
@@ -11,6 +13,8 @@
 
 use crate::replicator::node::name::NodeName;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::jobs::job_data::decode_activity;
@@ -20,6 +24,8 @@ use crate::store::{RangeOptions, Tx};
 
 use crate::replicator::job::view::{self, REP_JOBS};
 use crate::replicator::node::context::NODES;
+
+use super::sightings::Sightings;
 
 /// What one heartbeat found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +52,10 @@ pub struct Membership {
     dead_after: Duration,
     /// This node runs replication jobs (not only the API).
     replication: bool,
+    /// When each member's row last changed, as this process saw it.
+    sightings: Arc<Sightings>,
+    /// This node's beats so far (in its row, so that every beat changes it).
+    beats: Arc<AtomicU64>,
 }
 
 impl Membership {
@@ -58,6 +68,8 @@ impl Membership {
             node: node.clone(),
             dead_after,
             replication: true,
+            sightings: Arc::default(),
+            beats: Arc::default(),
         }
     }
 
@@ -68,28 +80,20 @@ impl Membership {
         self
     }
 
-    /// The members that run replication jobs and beat within `dead_after` of `now_ms`,
-    /// sorted by name, at snapshot isolation.
-    pub(crate) async fn workers_tx(
-        &self,
-        tx: &Tx,
-        now_ms: i64,
-    ) -> Result<Vec<NodeName>, JobsError> {
+    /// The members that run replication jobs and whose rows changed within `dead_after`
+    /// (as this process saw them), sorted by name, at snapshot isolation.
+    pub(crate) async fn workers_tx(&self, tx: &Tx) -> Result<Vec<NodeName>, JobsError> {
         let (b, e) = self.members_range();
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
-        let dead_ms = self.dead_after.as_millis() as i64;
         let mut out = Vec::with_capacity(rows.len());
         for kv in rows {
             let runs_jobs = kv.value.get(8).is_none_or(|flag| *flag != 0);
-            let beat = kv
-                .value
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map_or(0, i64::from_le_bytes);
-            if !runs_jobs || now_ms - beat > dead_ms {
+            let Some(node) = Self::node_of(&b, &kv.key) else {
                 continue;
+            };
+            if runs_jobs && self.sightings.silent_for(&node, &kv.value) <= self.dead_after {
+                out.push(node);
             }
-            out.extend(Self::node_of(&b, &kv.key));
         }
         Ok(out)
     }
@@ -159,23 +163,31 @@ impl Membership {
         tx.set_versionstamped_value(&self.version_key(), &value);
     }
 
-    /// The members at snapshot isolation: reading them never conflicts with heartbeats.
-    pub(crate) async fn members_tx(&self, tx: &Tx) -> Result<Vec<(NodeName, i64)>, JobsError> {
+    /// The members and their rows at snapshot isolation: reading them never conflicts
+    /// with heartbeats.
+    async fn member_rows_tx(&self, tx: &Tx) -> Result<Vec<(NodeName, Vec<u8>)>, JobsError> {
         let (b, e) = self.members_range();
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for kv in rows {
-            let Some(name) = Self::node_of(&b, &kv.key) else {
-                continue;
-            };
-            let beat = kv
-                .value
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map_or(0, i64::from_le_bytes);
-            out.push((name, beat));
-        }
-        Ok(out)
+        Ok(rows
+            .into_iter()
+            .filter_map(|kv| Some((Self::node_of(&b, &kv.key)?, kv.value)))
+            .collect())
+    }
+
+    /// The members and the time each last wrote in its row (its own clock: shown, never
+    /// compared), at snapshot isolation.
+    pub(crate) async fn members_tx(&self, tx: &Tx) -> Result<Vec<(NodeName, i64)>, JobsError> {
+        let rows = self.member_rows_tx(tx).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, row)| {
+                let beat = row
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, i64::from_le_bytes);
+                (name, beat)
+            })
+            .collect())
     }
 
     /// Members and heartbeats, sorted by name.
@@ -186,8 +198,9 @@ impl Membership {
             .await
     }
 
-    /// One heartbeat at `now_ms`: refresh our key, and remove the right-hand neighbour in
-    /// sorted order if it is dead, re-enqueueing its jobs in the same transaction (the
+    /// One heartbeat at `now_ms` (written, for people to read): refresh our key, and remove
+    /// the right-hand neighbour in sorted order if its row has not changed for `dead_after`
+    /// as this process saw it, re-enqueueing its jobs in the same transaction (the
     /// couch_workers RFC draft's neighbour rule, so each dead node is removed by exactly one live neighbour).
     ///
     /// Conflict-free on FDB: the members are read at snapshot isolation and our heartbeat is
@@ -197,11 +210,18 @@ impl Membership {
     /// removal retries and finds it alive).
     pub async fn beat_tx(&self, tx: &Tx, now_ms: i64, join: bool) -> Result<Beat, JobsError> {
         let me = &self.node;
-        let members = self.members_tx(tx).await?;
+        let rows = self.member_rows_tx(tx).await?;
+        let members: Vec<(NodeName, Duration)> = rows
+            .iter()
+            .map(|(n, row)| (n.clone(), self.sightings.silent_for(n, row)))
+            .collect();
+        let present: Vec<NodeName> = rows.into_iter().map(|(n, _)| n).collect();
+        self.sightings.keep_only(&present);
         let known = members.iter().any(|(n, _)| n == me);
         tx.add_read_conflict_key(&self.member_key(me));
         let mut row = now_ms.to_le_bytes().to_vec();
         row.push(u8::from(self.replication));
+        row.extend_from_slice(&self.beats.fetch_add(1, Ordering::Relaxed).to_le_bytes());
         tx.set(&self.member_key(me), &row);
         if join || !known {
             self.bump_version(tx);
@@ -216,9 +236,8 @@ impl Membership {
             .filter(|(n, _)| n != me)
             .find(|(n, _)| n > me)
             .or_else(|| members.iter().find(|(n, _)| n != me));
-        let dead_ms = self.dead_after.as_millis() as i64;
-        if let Some((n, last)) = right
-            && now_ms - last > dead_ms
+        if let Some((n, silent)) = right
+            && *silent > self.dead_after
         {
             tx.add_read_conflict_key(&self.member_key(n));
             tx.clear(&self.member_key(n));
@@ -352,24 +371,59 @@ mod tests {
         assert_eq!(loads(&nodes[0]).await, [("a".into(), 7)].into());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn removing_a_dead_neighbour_clears_its_load() {
-        let (jobs, nodes) = members(&["a", "b"], Duration::from_millis(1));
+        let (_jobs, nodes) = members(&["a", "b"], Duration::from_secs(10));
         for m in &nodes {
             m.beat(true).await.unwrap();
             report(m, 5).await;
         }
-        // "b" stops beating; "a" beats later than b's heartbeat plus `dead_after`.
-        let later = jobs.clock().now_ms() + 1_000;
-        let db = jobs.db();
-        let beat = db
-            .run(|tx| {
-                let a = &nodes[0];
-                async move { a.beat_tx(&tx, later, false).await }
-            })
-            .await
-            .unwrap();
+        // "a" sees b's row, then b stops beating: once a has seen it unchanged for
+        // `dead_after`, a removes it.
+        assert_eq!(nodes[0].beat(false).await.unwrap().removed, None);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(nodes[0].beat(false).await.unwrap().removed, None, "not past it");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let beat = nodes[0].beat(false).await.unwrap();
         assert_eq!(beat.removed, Some(("b".into(), 0)));
         assert_eq!(loads(&nodes[0]).await, [("a".into(), 5)].into());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clock_far_ahead_or_behind_never_makes_a_beating_member_dead() {
+        let (jobs, nodes) = members(&["a", "b"], Duration::from_secs(10));
+        let db = jobs.db();
+        let now = jobs.clock().now_ms();
+        // a's wall clock runs 90 s ahead, b's an hour behind; both beat every 5 s.
+        for round in 0..10 {
+            for (m, skew) in nodes.iter().zip([90_000, -3_600_000]) {
+                let at = now + skew + round * 5_000;
+                let beat = db
+                    .run(|tx| async move { m.beat_tx(&tx, at, round == 0).await })
+                    .await
+                    .unwrap();
+                assert_eq!(beat.removed, None, "round {round}");
+                assert!(!beat.was_removed, "round {round}");
+            }
+            tokio::time::advance(Duration::from_secs(5)).await;
+        }
+        // A beat count in the row: even a clock that stands still changes it.
+        for _ in 0..3 {
+            let beat = db
+                .run(|tx| {
+                    let b = &nodes[1];
+                    async move { b.beat_tx(&tx, now, false).await }
+                })
+                .await
+                .unwrap();
+            assert_eq!(beat.removed, None);
+            tokio::time::advance(Duration::from_secs(6)).await;
+            let a = &nodes[0];
+            let beat = db
+                .run(|tx| async move { a.beat_tx(&tx, now, false).await })
+                .await
+                .unwrap();
+            assert_eq!(beat.removed, None, "b beats with a frozen clock");
+        }
     }
 }

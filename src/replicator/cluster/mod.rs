@@ -1,5 +1,6 @@
 //! The nodes sharing one store: membership rows, heartbeats and the neighbour rules as store
-//! transactions ([`membership`]), and the actor that runs them and publishes stability
+//! transactions ([`membership`]), liveness judged by what this process saw change
+//! ([`sightings`]), and the actor that runs them and publishes stability
 //! ([`actor`]).
 //!
 //! The clustering actor takes [`actor::ClusterMsg`]: `Changed` (membership moved),
@@ -7,3 +8,4 @@
 
 pub mod actor;
 pub mod membership;
+pub mod sightings;

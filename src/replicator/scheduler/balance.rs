@@ -48,10 +48,9 @@ pub(crate) async fn read_load(
     my_running: usize,
 ) -> Result<ClusterLoad, JobsError> {
     let jobs = ctx.jobs();
-    let now_ms = jobs.clock().now_ms();
     jobs.db()
         .run(|tx| async move {
-            let members = membership.workers_tx(&tx, now_ms).await?;
+            let members = membership.workers_tx(&tx).await?;
             let mut load = ClusterLoad {
                 running: members.into_iter().map(|m| (m, 0)).collect(),
                 total: 0,
