@@ -130,6 +130,66 @@ async fn jobs_spread_over_serve_processes_and_transients_cancel_through_any_node
     .await;
 }
 
+/// libfaketime's preload library, when installed (`apt-get install faketime`).
+fn libfaketime() -> Option<&'static str> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+}
+
+/// A node whose wall clock runs 90 s ahead (an unsynchronised VM: libfaketime, monotonic
+/// clock untouched) takes nothing over: with an activity timeout of 5 s its view of the
+/// others' heartbeats is 90 s old at every beat, yet for 20 s neither node removes the other
+/// and the jobs stay on both. Before liveness was judged by what each node saw change, the
+/// skewed node removed its neighbour at every heartbeat and ended up running every job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_runs_ahead_takes_nothing_over() {
+    let Some(lib) = libfaketime() else {
+        eprintln!("skipped: libfaketime is not installed (apt-get install faketime)");
+        return;
+    };
+    let Some(etcd) = EtcdCluster::start(1).await else {
+        return;
+    };
+    let pouch = Pouch::start().await;
+    source(&pouch, "src", 5).await;
+    let endpoints = etcd.endpoints().join(",");
+    let mut cluster = ServeCluster::prepare(bin(), &endpoints, 2, "").unwrap();
+    cluster.set_env(1, "LD_PRELOAD", lib);
+    cluster.set_env(1, "FAKETIME", "+90s");
+    cluster.set_env(1, "FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    deadline(90, "a skewed clock takes nothing over", async {
+        cluster.restart(0).await.unwrap();
+        cluster.restart(1).await.unwrap();
+        for k in 0..6 {
+            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
+                "continuous": true, "create_target": true});
+            replicate(&cluster, 0, &body).await;
+        }
+        wait_for(30, "6 jobs spread over both nodes", || spread(&cluster, 6)).await;
+        for second in 0..20 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let counts = local_counts(&cluster).await;
+            assert!(
+                counts.values().all(|n| *n > 0) && counts.values().sum::<usize>() == 6,
+                "after {second} s: {counts:?}"
+            );
+        }
+        for i in 0..2 {
+            let log = std::fs::read_to_string(cluster.log_path(i)).unwrap_or_default();
+            assert!(
+                !log.contains("removed dead neighbour") && !log.contains("removed as dead"),
+                "node {}: {log}",
+                i + 1
+            );
+        }
+    })
+    .await;
+}
+
 /// One sample of every node's own jobs, twice in a row (A B C A B C): a job that node X
 /// showed in both of its samples ran there all along, so any other node showing it in
 /// between ran it at the same time.

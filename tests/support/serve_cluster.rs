@@ -26,6 +26,8 @@ pub struct ServeNode {
     child: Option<Child>,
     /// This node's own etcd endpoints (e.g. through relays), instead of the cluster's.
     endpoints: Option<String>,
+    /// Environment variables of this node's process (e.g. libfaketime's).
+    env: Vec<(String, String)>,
 }
 
 /// N `serve` processes on one etcd.
@@ -77,6 +79,7 @@ impl ServeCluster {
                 base: String::new(),
                 child: None,
                 endpoints: None,
+                env: Vec::new(),
             });
         }
         Ok(cluster)
@@ -97,6 +100,11 @@ impl ServeCluster {
         self.nodes[i].endpoints = Some(endpoints);
     }
 
+    /// Node `i` runs with `key=value` in its environment from its next start on.
+    pub fn set_env(&mut self, i: usize, key: &str, value: &str) {
+        self.nodes[i].env.push((key.to_owned(), value.to_owned()));
+    }
+
     /// Starts node `i` (again), on a new free port, and waits until it listens.
     pub async fn restart(&mut self, i: usize) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
@@ -115,6 +123,7 @@ impl ServeCluster {
                 "RUST_LOG",
                 std::env::var("CLUSTER_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(self.nodes[i].env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
