@@ -62,6 +62,9 @@ const SCHEDULER: &[(&str, &str, Setter)] = &[
     ("job_timeout_sec", "job_timeout", |s, v| {
         s.job_timeout = secs(v)
     }),
+    ("node_timeout_sec", "node_timeout", |s, v| {
+        s.node_timeout = secs(v)
+    }),
     ("cluster_quiet_period", "cluster_quiet_period", |s, v| {
         s.cluster_quiet_period = secs(v)
     }),

@@ -130,6 +130,86 @@ async fn jobs_spread_over_serve_processes_and_transients_cancel_through_any_node
     .await;
 }
 
+/// Failover is decided by `node_timeout`, not by the minute-long activity timeout: with
+/// `job_timeout_sec = 61` (CouchDB's) and `node_timeout_sec = 6`, the jobs of a node killed
+/// with SIGKILL run on the survivor within 20 s (they waited about a minute before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_jobs_run_elsewhere_within_the_node_timeout() {
+    let Some(etcd) = EtcdCluster::start(1).await else {
+        return;
+    };
+    let pouch = Pouch::start().await;
+    source(&pouch, "src", 5).await;
+    let endpoints = etcd.endpoints().join(",");
+    let ini = "[replicator]\njob_timeout_sec = 61\nnode_timeout_sec = 6\n";
+    let mut cluster = ServeCluster::prepare(bin(), &endpoints, 2, ini).unwrap();
+    deadline(120, "failover within the node timeout", async {
+        cluster.restart(0).await.unwrap();
+        cluster.restart(1).await.unwrap();
+        for k in 0..6 {
+            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
+                "continuous": true, "create_target": true});
+            replicate(&cluster, 0, &body).await;
+        }
+        wait_for(30, "6 jobs spread over both nodes", || spread(&cluster, 6)).await;
+        cluster.kill(1).await;
+        let killed = std::time::Instant::now();
+        wait_for(60, "the killed node's jobs run on the survivor", || async {
+            let n = cluster.local_jobs(0).await.ok()?.len();
+            (n == 6).then_some(())
+        })
+        .await;
+        let took = killed.elapsed();
+        eprintln!("failover took {took:?}");
+        assert!(took < Duration::from_secs(20), "failover took {took:?}");
+    })
+    .await;
+}
+
+/// A rolling restart does not pause replications: with CouchDB's timings (`interval` 60 s,
+/// `job_timeout` 61 s), node 1 runs 6 jobs, node 2 joins, node 1 is stopped with SIGTERM
+/// (its jobs checkpoint and go back to pending): node 2 runs all 6 within 10 s. Before, it
+/// took its half of them when they were enqueued and the rest only at its next interval,
+/// once it read that node 1 had left (61 s in the field).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_nodes_jobs_run_elsewhere_at_once() {
+    let Some(etcd) = EtcdCluster::start(1).await else {
+        return;
+    };
+    let pouch = Pouch::start().await;
+    source(&pouch, "src", 5).await;
+    let endpoints = etcd.endpoints().join(",");
+    let ini = "[replicator]\ninterval_sec = 60\njob_timeout_sec = 61\n";
+    let mut cluster = ServeCluster::prepare(bin(), &endpoints, 2, ini).unwrap();
+    deadline(150, "a stopped node's jobs move at once", async {
+        cluster.restart(0).await.unwrap();
+        for k in 0..6 {
+            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
+                "continuous": true, "create_target": true});
+            replicate(&cluster, 0, &body).await;
+        }
+        wait_for(30, "node 1 runs the 6 jobs", || async {
+            let n = cluster.local_jobs(0).await.ok()?.len();
+            (n == 6).then_some(())
+        })
+        .await;
+        cluster.restart(1).await.unwrap();
+        // Node 2 is a member (node 1 saw it join) before node 1 stops.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        cluster.stop(0).await;
+        let stopped = std::time::Instant::now();
+        wait_for(90, "node 2 runs the stopped node's jobs", || async {
+            let n = cluster.local_jobs(1).await.ok()?.len();
+            (n == 6).then_some(())
+        })
+        .await;
+        let took = stopped.elapsed();
+        eprintln!("hand-over took {took:?}");
+        assert!(took < Duration::from_secs(10), "hand-over took {took:?}");
+    })
+    .await;
+}
+
 /// libfaketime's preload library, when installed (`apt-get install faketime`).
 fn libfaketime() -> Option<&'static str> {
     [

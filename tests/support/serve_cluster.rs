@@ -163,6 +163,17 @@ impl ServeCluster {
         Ok(())
     }
 
+    /// Stops node `i` as an operator does (SIGTERM) and waits for it to exit.
+    pub async fn stop(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            if let Some(pid) = child.id() {
+                // SAFETY: kill(2) with a pid this process started.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
+        }
+    }
+
     /// SIGKILLs node `i` (`kill -9`): no graceful stop, its jobs keep their locks until the
     /// activity timeout or a neighbour's removal hands them on.
     pub async fn kill(&mut self, i: usize) {

@@ -86,13 +86,14 @@ pub(crate) struct Clustering {
 }
 
 impl Clustering {
-    /// Timings from the node's settings: heartbeat a sixth of the couch_jobs activity
-    /// timeout (≥ 1 s), dead after one activity timeout.
+    /// Timings from the node's settings: heartbeat a sixth of the node timeout (≥ 1 s),
+    /// dead after one node timeout (`node_timeout`, at most the activity timeout).
     pub(crate) fn from_ctx(ctx: NodeCtx) -> Self {
         let s = ctx.settings();
-        let timeout = s.job_timeout;
+        let timeout = s.node_timeout();
         let membership = Membership::new(ctx.jobs().clone(), ctx.prefix(), ctx.node(), timeout)
-            .with_replication(s.runs(crate::NodeType::Replication));
+            .with_replication(s.runs(crate::NodeType::Replication))
+            .with_sightings(ctx.sightings().clone());
         Self {
             heartbeat: (timeout / 6).max(Duration::from_secs(1)),
             quiet_period: s.cluster_quiet_period,
@@ -216,6 +217,10 @@ impl Server for Clustering {
                     state.stable = false;
                     self.ctx
                         .publish(ReplicatorEvent::Cluster(ClusterStatus::Unstable));
+                    let _ = self
+                        .ctx
+                        .child(JOB_SERVER)
+                        .cast(JobServerMsg::MembersChanged);
                     after(
                         &myself,
                         self.quiet_period,

@@ -73,6 +73,13 @@ impl Membership {
         }
     }
 
+    /// Judges liveness by `sightings` (shared by every view this process has of the
+    /// membership, so a view made anew still knows how long each row stood still).
+    pub fn with_sightings(mut self, sightings: Arc<Sightings>) -> Self {
+        self.sightings = sightings;
+        self
+    }
+
     /// Whether this node runs replication jobs (the default) or only the API: the job
     /// servers spread the jobs over the members that run them.
     pub fn with_replication(mut self, replication: bool) -> Self {

@@ -3,6 +3,7 @@
 //! lookup of the tree's children, the node's metrics (so later children reach earlier ones through the
 //! supervisor, and always the current instance after a restart).
 
+use crate::replicator::cluster::sightings::Sightings;
 use std::sync::Arc;
 
 use supervisors::{ChildHandle, Children};
@@ -44,6 +45,9 @@ struct Inner {
     /// Renewed by each heartbeat that committed: once it runs out, a neighbour may declare
     /// this node dead and re-enqueue its jobs, so they must have stopped (`job/lease.rs`).
     node_lease: Arc<Lease>,
+    /// When each member's row last changed, as this process saw it (clustering and the
+    /// job server's balance share it).
+    sightings: Arc<Sightings>,
 }
 
 impl NodeCtx {
@@ -56,7 +60,7 @@ impl NodeCtx {
         prefix: Vec<u8>,
         children: Children,
     ) -> Self {
-        let settings_timeout = settings.job_timeout;
+        let node_timeout = settings.node_timeout();
         let metrics: Arc<NodeMetrics> = Arc::default();
         let budget = settings.job_defaults.limits.response_budget_bytes;
         Self {
@@ -69,7 +73,8 @@ impl NodeCtx {
                 children,
                 response_budget: Arc::new(ResponseBudget::new(budget, metrics.clone())),
                 metrics,
-                node_lease: Arc::new(Lease::new(settings_timeout)),
+                node_lease: Arc::new(Lease::new(node_timeout)),
+                sightings: Arc::default(),
             }),
         }
     }
@@ -102,6 +107,11 @@ impl NodeCtx {
     /// The node's lease on its membership (renewed by heartbeats).
     pub(crate) fn node_lease(&self) -> &Arc<Lease> {
         &self.inner.node_lease
+    }
+
+    /// This process's sightings of the members' rows.
+    pub(crate) fn sightings(&self) -> &Arc<Sightings> {
+        &self.inner.sightings
     }
 
     /// This node's metrics.

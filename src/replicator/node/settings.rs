@@ -56,6 +56,10 @@ pub struct ReplicatorSettings {
     pub stats_update_interval: Duration,
     /// couch_jobs activity timeout of replication jobs, whole seconds (CouchDB: 61 s).
     pub job_timeout: Duration,
+    /// Ours: a node whose membership row has not changed for this long (as its neighbour
+    /// sees it) is removed and its jobs run elsewhere; a node that could not beat for most
+    /// of it stops its own jobs first. Capped by `job_timeout` (see [`Self::node_timeout`]).
+    pub node_timeout: Duration,
     /// Membership must be unchanged this long before the cluster is `stable`.
     pub cluster_quiet_period: Duration,
     /// The same window right after boot.
@@ -99,6 +103,7 @@ impl Default for ReplicatorSettings {
             max_history: 10,
             stats_update_interval: Duration::from_secs(10),
             job_timeout: Duration::from_secs(61),
+            node_timeout: Duration::from_secs(15),
             cluster_quiet_period: Duration::from_secs(60),
             cluster_start_period: Duration::from_secs(5),
             rate_limiter_max_interval: MAX_RATE_LIMITER_INTERVAL,
@@ -128,6 +133,12 @@ pub struct SettingsError {
 }
 
 impl ReplicatorSettings {
+    /// How long a silent node lives on in its neighbours' eyes: `node_timeout`, at most
+    /// `job_timeout` (a job's own lease never outlives its node's).
+    pub fn node_timeout(&self) -> Duration {
+        self.node_timeout.min(self.job_timeout)
+    }
+
     /// The fair-share parameters.
     pub fn share_params(&self) -> ShareParams {
         ShareParams {
@@ -164,6 +175,9 @@ impl ReplicatorSettings {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, zero)| *zero) {
             return bad(name, "must be greater than 0");
+        }
+        if self.node_timeout < Duration::from_secs(2) {
+            return bad("node_timeout", "must be at least 2 seconds");
         }
         // couch_jobs keeps activity timeouts in whole seconds.
         if self.job_timeout < Duration::from_secs(1) {

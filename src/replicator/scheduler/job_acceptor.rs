@@ -53,6 +53,21 @@ pub(super) async fn acceptor(
             .candidates(ACCEPT_CANDIDATES)
             .earliest_first();
         match ctx.jobs().accept(REP_JOBS, opts).await {
+            Ok((job, _)) if retire.load(Ordering::Relaxed) => {
+                // Retired while it waited (this node's part shrank: a node joined): the job
+                // is not this node's to run, so it goes back to the queue now rather than
+                // being handed back a `min_run_time` later.
+                let (jobs, job_id) = (ctx.jobs(), job.id.as_str());
+                let requeued = jobs
+                    .db()
+                    .run(|tx| async move { jobs.requeue_running_tx(&tx, REP_JOBS, job_id).await })
+                    .await;
+                if let Err(e) = requeued {
+                    tracing::warn!(error = %e, "could not hand back a job a retired acceptor took");
+                }
+                let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
+                return;
+            }
             Ok((job, data)) => {
                 let record = match RepJobRecord::from_data(&data) {
                     Ok(r) => r,

@@ -92,6 +92,10 @@ pub enum JobServerMsg {
     /// A job was enqueued: read this node's part again if it holds the node below
     /// `max_jobs`.
     Rebalance,
+    /// The membership changed (a node joined, left or was removed): read this node's part
+    /// again now, not at the next tick, so a stopped node's jobs (pending again) are taken
+    /// at once and a node that joined gets its part within `min_run_time`.
+    MembersChanged,
     /// The server's state.
     Observe(RpcReplyPort<JobServerObservation>),
     /// This node was removed from the cluster as dead: stop every running job now (a
@@ -353,8 +357,9 @@ impl JobServer {
             self.ctx.jobs().clone(),
             self.ctx.prefix(),
             self.ctx.node(),
-            s.job_timeout,
-        );
+            s.node_timeout(),
+        )
+        .with_sightings(self.ctx.sightings().clone());
         let load = match balance::read_load(&self.ctx, &membership, st.rot.live()).await {
             Ok(load) => load,
             Err(e) => {
@@ -533,6 +538,10 @@ impl Server for JobServer {
                     self.balance(st).await;
                     self.refill(&myself, st);
                 }
+            }
+            JobServerMsg::MembersChanged => {
+                self.balance(st).await;
+                self.refill(&myself, st);
             }
             JobServerMsg::StopAll => {
                 for w in st.rot.workers.values() {

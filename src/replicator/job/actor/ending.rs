@@ -148,8 +148,13 @@ pub(super) async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsEr
     r.pid = None;
     r.set_state(RepState::Pending, None, now);
     r.push_history(HistoryKind::Stopped, now, None, max_history);
-    let delay = st.resubmit_delay.unwrap_or(st.ctx.settings().interval);
-    let stime = now + delay.as_secs().max(1) as i64;
+    // Rotated out: after the delay the rotation chose. Stopped with its node (SIGTERM, a
+    // rolling restart): at once, so another node takes it without waiting an interval
+    // (it waited 61 s before).
+    let stime = match st.resubmit_delay {
+        Some(delay) => now + delay.as_secs().max(1) as i64,
+        None => now,
+    };
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Stopped {
         job_id: st.job_id.clone(),

@@ -92,7 +92,8 @@ pub struct JobActorState {
     /// The lease ran out and the replication was aborted: the store was not reached in time,
     /// so the terminate hook tries it only briefly (`LEASE_LOST_BUDGET`).
     pub(super) lease_lost: bool,
-    /// How long a stopped job waits before it is eligible again (default `interval`).
+    /// How long a rotated job waits before it is eligible again; `None` (stopped with its
+    /// node): eligible at once.
     pub(super) resubmit_delay: Option<Duration>,
     pub(super) timer: Option<tokio::task::JoinHandle<()>>,
     /// Since when this node may still run the replication without another node taking it.
