@@ -188,6 +188,10 @@ fn plan_parts(atts: &Map<String, Value>, boundary: &str, encodings: Encodings) -
             if let Some(n) = len {
                 head.push_str(&format!("Content-Length: {n}\r\n"));
             }
+            // As CouchDB's replicator sends an attachment kept encoded.
+            if let Some(enc) = a.get("encoding").and_then(Value::as_str).filter(|_| !gunzip) {
+                head.push_str(&format!("Content-Encoding: {}\r\n", header_safe(enc)));
+            }
             head.push_str("\r\n");
             Planned {
                 name: name.clone(),
@@ -293,6 +297,8 @@ mod tests {
         assert_eq!(names, ["b.bin", "a \"q\".txt"]);
         assert_eq!(plan[0].len, Some(10));
         assert_eq!(plan[1].len, Some(29), "gzip-encoded bytes travel as stored");
+        let head = std::str::from_utf8(&plan[1].head).unwrap();
+        assert!(head.contains("Content-Encoding: gzip\r\n"), "{head}");
         let head = std::str::from_utf8(&plan[1].head).unwrap();
         assert!(head.contains("filename=\"a %22q%22.txt\""), "{head}");
         let head = std::str::from_utf8(&plan[0].head).unwrap();
