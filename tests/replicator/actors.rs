@@ -255,16 +255,22 @@ async fn clustering_goes_unstable_on_changes_and_removes_a_dead_neighbour() {
                 async move { observe(&c).await.unwrap() }
             };
             assert_eq!(seen(&n3).await.members, ["n1", "n2", "n3"]);
-            // n2 dies without deregistering; its left neighbour n1 removes it once its heartbeat
-            // is older than the activity timeout (61 s).
+            // n2 dies without deregistering; its left neighbour n1 removes it once it has seen
+            // its row unchanged for the node timeout (15 s, not the 61 s activity timeout).
             // Its last heartbeat was at most one heartbeat period before the kill.
             let beat = seen(&n1).await.heartbeat;
             let killed = tokio::time::Instant::now();
             n2.kill().await;
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Unstable);
+            let node_timeout = ReplicatorSettings::default().node_timeout();
             assert!(
-                killed.elapsed() + beat >= ReplicatorSettings::default().job_timeout,
+                killed.elapsed() + beat >= node_timeout,
                 "n2 removed {:?} after its kill, before its heartbeat could time out",
+                killed.elapsed()
+            );
+            assert!(
+                killed.elapsed() <= node_timeout + beat * 2,
+                "n2 removed {:?} after its kill: the node timeout decides, not the activity timeout",
                 killed.elapsed()
             );
             assert_eq!(next_cluster_event(&mut ev).await, ClusterStatus::Stable);
