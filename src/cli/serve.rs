@@ -252,6 +252,17 @@ fn auth_settings(cfg: &ConfigFile) -> Result<AuthSettings, String> {
             .filter(|n| (1..=31_536_000).contains(n))
             .ok_or_else(|| "[chttpd_auth] timeout must be 1 to 31536000 seconds".to_string())?;
     }
+    if let Some(v) = get("same_site") {
+        s.session.same_site = match v.trim().to_ascii_lowercase().as_str() {
+            "" => None,
+            "strict" => Some("Strict".to_owned()),
+            "lax" => Some("Lax".to_owned()),
+            "none" => Some("None".to_owned()),
+            _ => {
+                return Err("[chttpd_auth] same_site must be strict, lax, none or empty".into());
+            }
+        };
+    }
     s.lockout = lockout_section::read(cfg)?;
     Ok(s)
 }
@@ -268,7 +279,10 @@ fn is_used(section: &str, key: &str) -> bool {
         "ssl" => ssl_section::SSL_KEYS.contains(&key),
         "daemons" => key == "httpsd",
         "chttpd_auth" | "couch_httpd_auth" => {
-            matches!(key, "iterations" | "pbkdf2_prf" | "secret" | "timeout")
+            matches!(
+                key,
+                "iterations" | "pbkdf2_prf" | "secret" | "timeout" | "same_site"
+            )
         }
         "steps" => STEPS_KEYS.contains(&key),
         serve_store::SECTION => serve_store::KEYS.contains(&key),

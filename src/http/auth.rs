@@ -183,10 +183,17 @@ impl Users {
                 })
                 .collect::<Vec<_>>()
         };
-        let (a, u) = (
-            keep(admins.into_iter().collect()),
-            keep(users.into_iter().collect()),
-        );
+        let a = keep(admins.into_iter().collect());
+        let u: Vec<(String, String)> = keep(users.into_iter().collect())
+            .into_iter()
+            .filter(|(n, _)| {
+                let admin = a.iter().any(|(an, _)| an == n);
+                if admin {
+                    tracing::warn!(user = %n, "ignoring a [users] entry that names an admin");
+                }
+                !admin
+            })
+            .collect();
         Self::configure(a, u, &AuthSettings::default()).unwrap_or_default()
     }
 
@@ -200,6 +207,13 @@ impl Users {
         let mut seed = Vec::new();
         let admins = accounts(admins, true, settings, &mut seed)?;
         let users = accounts(users, false, settings, &mut seed)?;
+        // One name, two passwords: either would open the account, and a cookie names only
+        // the account, so a user's login would have minted an admin's session.
+        if let Some(name) = users.keys().find(|n| admins.contains_key(*n)) {
+            return Err(format!(
+                "`{name}` is in both [admins] and [users]: a name may be one account only"
+            ));
+        }
         let me = Self::build(admins, users, settings);
         // A plain entry was just hashed from the password at hand: remember it verified, so
         // the first login does not pay PBKDF2 again.
@@ -591,6 +605,25 @@ mod tests {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
         )
+    }
+
+    #[test]
+    fn a_name_in_both_admins_and_users_is_refused() {
+        let e = Users::configure(
+            [("bob".to_owned(), "a".to_owned())],
+            [("bob".to_owned(), "b".to_owned())],
+            &AuthSettings {
+                iterations: 1,
+                ..AuthSettings::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("`bob` is in both [admins] and [users]"), "{e}");
+        let lenient = Users::new(
+            [("bob".to_owned(), "a".to_owned())],
+            [("bob".to_owned(), "b".to_owned())],
+        );
+        assert!(lenient.login("bob", "b").is_none(), "the user entry is dropped");
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct SessionSettings {
     pub secret: String,
     /// `[chttpd_auth] timeout`, seconds.
     pub timeout_secs: u64,
+    /// `[chttpd_auth] same_site`: the cookie's `SameSite` (`Strict`, `Lax` or `None`);
+    /// `None` here leaves it out, as CouchDB does by default. Ours defaults to `Lax`, so a
+    /// form on another site cannot send the cookie with its `POST`.
+    pub same_site: Option<String>,
 }
 
 impl Default for SessionSettings {
@@ -33,6 +37,7 @@ impl Default for SessionSettings {
         Self {
             secret: hex::encode(raw),
             timeout_secs: 600,
+            same_site: Some("Lax".to_owned()),
         }
     }
 }
@@ -149,7 +154,8 @@ pub fn cookie_value(headers: &HeaderMap) -> Option<String> {
 }
 
 /// A `Set-Cookie` value with CouchDB's attributes (`value` empty clears the session).
-pub fn set_cookie(value: &str, timeout_secs: u64, now: u64) -> String {
+pub fn set_cookie(value: &str, s: &SessionSettings, now: u64) -> String {
+    let timeout_secs = s.timeout_secs;
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(now + timeout_secs);
     // httpdate writes `Mon, 23 Nov 2026 11:53:58 GMT`; cookies carry `23-Nov-2026`.
     let d = httpdate::fmt_http_date(at);
@@ -158,7 +164,11 @@ pub fn set_cookie(value: &str, timeout_secs: u64, now: u64) -> String {
         [wd, day, mon, year, time, tz] => format!("{wd} {day}-{mon}-{year} {time} {tz}"),
         _ => d.clone(),
     };
+    let same_site = s
+        .same_site
+        .as_deref()
+        .map_or(String::new(), |v| format!("; SameSite={v}"));
     format!(
-        "AuthSession={value}; Version=1; Expires={expires}; Max-Age={timeout_secs}; Path=/; HttpOnly"
+        "AuthSession={value}; Version=1; Expires={expires}; Max-Age={timeout_secs}; Path=/; HttpOnly{same_site}"
     )
 }

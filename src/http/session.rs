@@ -30,7 +30,7 @@ pub fn refreshed(users: &Users, headers: &HeaderMap, now: u64) -> Option<String>
     }
     let name = ctx.name?;
     let (salt, _) = users.session_user(&name)?;
-    Some(set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now))
+    Some(set_cookie(&mint(s, &name, salt, now), s, now))
 }
 
 /// Middleware adding [`refreshed`] cookies to responses that set none themselves.
@@ -114,7 +114,7 @@ pub(crate) async fn post_session(
     let now = now_secs();
     if let Some(ctx) = users.login_from(peer, &name, &password).await? {
         let salt = users.session_user(&name).map_or("", |(salt, _)| salt);
-        let cookie = set_cookie(&mint(s, &name, salt, now), s.timeout_secs, now);
+        let cookie = set_cookie(&mint(s, &name, salt, now), s, now);
         let body = json!({"ok": true, "name": name, "roles": ctx.roles});
         return Ok(with_cookie(StatusCode::OK, cookie, body));
     }
@@ -136,7 +136,7 @@ pub(crate) async fn post_session(
     }
     tracing::info!(user = %name, "session login refused");
     let body = json!({"error": "unauthorized", "reason": "Name or password is incorrect."});
-    let cookie = set_cookie("", s.timeout_secs, now);
+    let cookie = set_cookie("", s, now);
     Ok(with_cookie(StatusCode::UNAUTHORIZED, cookie, body))
 }
 
@@ -178,7 +178,7 @@ pub(crate) async fn delete_session(State(state): State<AppState>) -> Response {
     let s = state.users().session();
     with_cookie(
         StatusCode::OK,
-        set_cookie("", s.timeout_secs, now_secs()),
+        set_cookie("", s, now_secs()),
         json!({"ok": true}),
     )
 }
@@ -196,6 +196,7 @@ mod tests {
             session: SessionSettings {
                 secret: "s3cr3t".into(),
                 timeout_secs: 600,
+                same_site: None,
             },
             ..Default::default()
         };
@@ -241,6 +242,7 @@ mod tests {
             session: SessionSettings {
                 secret: "a2e53dd4aef6ef9e7304bfbd4a03830e".into(),
                 timeout_secs: 600,
+                same_site: None,
             },
             ..Default::default()
         };
@@ -289,10 +291,17 @@ mod tests {
         assert_eq!(cookie_value(&h).as_deref(), Some("xyz"));
         h.insert(COOKIE, HeaderValue::from_static("AuthSession="));
         assert_eq!(cookie_value(&h), None);
-        let c = set_cookie("v", 600, 0);
+        let mut s = SessionSettings {
+            secret: "x".into(),
+            timeout_secs: 600,
+            same_site: None,
+        };
+        let c = set_cookie("v", &s, 0);
         assert_eq!(
             c,
             "AuthSession=v; Version=1; Expires=Thu, 01-Jan-1970 00:10:00 GMT; Max-Age=600; Path=/; HttpOnly"
         );
+        s.same_site = Some("Lax".into());
+        assert!(set_cookie("v", &s, 0).ends_with("; HttpOnly; SameSite=Lax"));
     }
 }

@@ -23,7 +23,7 @@ pub use super::start_up::compute_id;
 pub(crate) use super::start_up::open_db;
 use super::start_up::{Opened, open};
 use super::stats::{Counters, ReplicationStats, unix_now};
-use super::worker::{Shared, Tracker, individual_fetches, new_window, worker};
+use super::worker::{Shared, Tracker, new_window, worker};
 use crate::replication::changes::reader::{Batch, ChangesReader};
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::{ReplicationError, Result};
@@ -159,7 +159,6 @@ async fn run(
         skipper: Mutex::new(DiffSkipper::for_target(target)),
         bulk_get: Mutex::new(BulkGetGate::default()),
         keep_encoding,
-        individual_fetches: individual_fetches(&src_info),
         source_seq: Mutex::new(base.source_seq.clone()),
         moved: tokio::sync::Notify::new(),
         window: Mutex::new(new_window(o, ctx.in_flight_bytes, &src_info)),

@@ -28,19 +28,7 @@ use crate::telemetry::NodeMetrics;
 
 /// Concurrent individual fetches per worker.
 const INDIVIDUAL_FETCHES: usize = 4;
-/// A source whose documents average more than this (attachments included) is fetched one
-/// document at a time where documents are fetched singly: four concurrent 8 MB documents
-/// and their `_bulk_docs` copy held a node 82 MiB over idle.
-const LARGE_DOC_BYTES: u64 = 1 << 20;
 
-/// Concurrent individual fetches per worker for a source whose database info is `src_info`.
-pub(crate) fn individual_fetches(src_info: &Value) -> usize {
-    if doc_size_hint(src_info).is_some_and(|b| b > LARGE_DOC_BYTES) {
-        1
-    } else {
-        INDIVIDUAL_FETCHES
-    }
-}
 
 /// Concurrent `PUT`s per worker of documents fetched in bulk with their attachments (each is
 /// one request to the target, so a few in flight keep it busy).
@@ -92,8 +80,6 @@ pub(crate) struct Shared {
     /// Whether attachments are fetched as stored (multipart, `att_encoding_info`) and written
     /// so: false only from a CouchDB source to a target that would not keep them encoded.
     pub(crate) keep_encoding: bool,
-    /// Documents fetched singly at once ([`individual_fetches`]).
-    pub(crate) individual_fetches: usize,
     pub(crate) source_seq: Mutex<Value>,
     /// Told of every batch registered or completed, so the run loop publishes stats after
     /// progress instead of polling: an idle job then wakes nobody.
@@ -477,7 +463,7 @@ async fn fetch_one_by_one(
                 Ok::<_, ReplicationError>((w.id, got))
             }
         })
-        .buffered(sh.individual_fetches);
+        .buffered(INDIVIDUAL_FETCHES);
     let mut held: usize = docs.iter().map(Bytes::len).sum();
     while let Some(f) = fetched.next().await {
         let (id, got) = f?;
