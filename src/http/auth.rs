@@ -8,14 +8,10 @@
 //! passed PBKDF2 once is remembered as a keyed digest, so later requests cost one HMAC
 //! instead of CouchDB's 600,000 rounds (CouchDB keeps a cache for the same reason).
 //!
-//! PBKDF2 runs on tokio's blocking pool, at most half the cores at a time, so a burst of
-//! wrong passwords queues there instead of starving replications and `_up` on the async
-//! runtime; a name this node does not know pays the same hashing (against a decoy hash), so
-//! answer times do not tell which names exist. Failures count towards CouchDB's lockout
-//! ([`super::lockout`]), which is checked before any hashing.
+//! Requests check passwords through `auth/login.rs` (the lockout, then PBKDF2 off the async
+//! runtime, a decoy for unknown names).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::FromRequestParts;
@@ -32,6 +28,8 @@ use super::error::HttpError;
 use super::lockout::{Lockout, LockoutSettings};
 use super::password::{Prf, StoredPassword, same_bytes};
 use super::peer::Peer;
+
+mod login;
 use crate::replicator::replicator_db::request::UserCtx;
 
 /// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
@@ -307,66 +305,6 @@ impl Users {
             self.remember(&id, password);
         }
         ok
-    }
-
-    /// Whether `password` opens `acct`: the remembered digest, else PBKDF2 on the blocking
-    /// pool (a permit of `hashing` held meanwhile).
-    async fn check_off_runtime(&self, acct: &Account, name: &str, password: &str) -> bool {
-        let id = cache_id(acct.admin, name);
-        let d = self.digest(password);
-        let known = self.inner.verified.lock().ok().and_then(|m| m.get(&id).copied());
-        if known.is_some_and(|k| same_bytes(&k, &d)) {
-            return true;
-        }
-        let ok = self.hash_off_runtime(acct.stored.clone(), password).await;
-        if ok {
-            self.remember(&id, password);
-        }
-        ok
-    }
-
-    async fn hash_off_runtime(&self, stored: StoredPassword, password: &str) -> bool {
-        let Ok(_permit) = self.inner.hashing.acquire().await else {
-            return false;
-        };
-        let password = password.to_owned();
-        tokio::task::spawn_blocking(move || stored.verify(&password))
-            .await
-            .unwrap_or(false)
-    }
-
-    /// The caller a name and password identify (admins first), `None` when they do not, or
-    /// 403 while the name is locked out for `peer`. Hashing runs off the async runtime; an
-    /// unknown name costs what a known one does (without a CouchDB to ask about it).
-    pub(crate) async fn login_from(
-        &self,
-        peer: Peer,
-        name: &str,
-        password: &str,
-    ) -> Result<Option<UserCtx>, HttpError> {
-        let accounts: Vec<&Account> = [self.inner.admins.get(name), self.inner.users.get(name)]
-            .into_iter()
-            .flatten()
-            .collect();
-        if accounts.is_empty() {
-            if self.couchdb.is_none() {
-                let (prf, rounds) = (self.inner.prf, self.inner.iterations);
-                let decoy = self.inner.decoy.get_or_init(|| {
-                    StoredPassword::hash_plain(&uuid::Uuid::new_v4().to_string(), prf, rounds)
-                });
-                self.hash_off_runtime(decoy.clone(), password).await;
-            }
-            return Ok(None);
-        }
-        let peer = peer.0.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        self.inner.lockout.check(peer, name)?;
-        for acct in accounts {
-            if self.check_off_runtime(acct, name, password).await {
-                return Ok(Some(ctx_of(name, acct)));
-            }
-        }
-        self.inner.lockout.failed(peer, name);
-        Ok(None)
     }
 
     /// The caller a name and password identify (admins first), or `None`; hashes on the
