@@ -17,6 +17,8 @@ mod couch;
 mod data;
 #[path = "shared/entry.rs"]
 mod entry;
+#[path = "../tests/support/generated.rs"]
+mod generated;
 #[path = "../tests/support/serve.rs"]
 #[allow(dead_code)]
 mod serve;

@@ -1,39 +1,13 @@
 //! The big data the `big_data` benchmark copies, written into a real CouchDB: one document
-//! with a large attachment of incompressible bytes (generated as it is sent, never held) and
+//! with a large attachment of incompressible bytes (`tests/support/generated.rs`) and
 //! documents just under CouchDB's `max_document_size` (8,000,000 bytes), one at a time.
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::couch::Couch;
-
-const CHUNK: usize = 1 << 20;
-
-/// `len` bytes that do not compress (xorshift), generated chunk by chunk as they are sent.
-fn noise(len: u64) -> reqwest::Body {
-    let chunks = len.div_ceil(CHUNK as u64);
-    let stream = futures::stream::unfold(
-        (0u64, 0x2545_f491_4f6c_dd1du64),
-        move |(i, mut x)| async move {
-            if i == chunks {
-                return None;
-            }
-            let n = CHUNK.min((len - i * CHUNK as u64) as usize);
-            let mut buf = Vec::with_capacity(n + 8);
-            while buf.len() < n {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                buf.extend_from_slice(&x.to_le_bytes());
-            }
-            buf.truncate(n);
-            Some((Ok::<Bytes, std::io::Error>(Bytes::from(buf)), (i + 1, x)))
-        },
-    );
-    reqwest::Body::wrap_stream(stream)
-}
+use super::generated::generated;
 
 /// Text of `len` bytes (JSON-safe), different for each `seed`.
 fn text(seed: usize, len: usize) -> String {
@@ -81,7 +55,7 @@ pub async fn fill(
         .header("content-type", "application/octet-stream")
         .header("content-length", att_bytes.to_string())
         .timeout(long)
-        .body(noise(att_bytes))
+        .body(generated(att_bytes, false))
         .send()
         .await
         .map_err(|e| format!("PUT the attachment: {e}"))?;

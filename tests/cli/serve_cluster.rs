@@ -73,6 +73,15 @@ async fn replicate(cluster: &ServeCluster, node: usize, body: &Value) -> Value {
     answer
 }
 
+/// Submits `n` continuous replications of `src` (into `t0`..) to node 1.
+async fn submit_continuous(cluster: &ServeCluster, pouch: &Pouch, n: usize) {
+    for k in 0..n {
+        let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
+            "continuous": true, "create_target": true});
+        replicate(cluster, 0, &body).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_spread_over_serve_processes_and_transients_cancel_through_any_node() {
     let Some(etcd) = EtcdCluster::start(1).await else {
@@ -86,11 +95,7 @@ async fn jobs_spread_over_serve_processes_and_transients_cancel_through_any_node
         cluster.restart(0).await.unwrap();
         cluster.restart(1).await.unwrap();
         // Nine continuous replications, all submitted to node 1.
-        for k in 0..9 {
-            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
-                "continuous": true, "create_target": true});
-            replicate(&cluster, 0, &body).await;
-        }
+        submit_continuous(&cluster, &pouch, 9).await;
         let two = wait_for(20, "9 jobs spread over 2 nodes", || spread(&cluster, 9)).await;
         println!("2 nodes: {two:?}");
         // A third node joins and takes its part.
@@ -146,11 +151,7 @@ async fn a_killed_nodes_jobs_run_elsewhere_within_the_node_timeout() {
     deadline(120, "failover within the node timeout", async {
         cluster.restart(0).await.unwrap();
         cluster.restart(1).await.unwrap();
-        for k in 0..6 {
-            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
-                "continuous": true, "create_target": true});
-            replicate(&cluster, 0, &body).await;
-        }
+        submit_continuous(&cluster, &pouch, 6).await;
         wait_for(30, "6 jobs spread over both nodes", || spread(&cluster, 6)).await;
         cluster.kill(1).await;
         let killed = std::time::Instant::now();
@@ -183,11 +184,7 @@ async fn a_stopped_nodes_jobs_run_elsewhere_at_once() {
     let mut cluster = ServeCluster::prepare(bin(), &endpoints, 2, ini).unwrap();
     deadline(150, "a stopped node's jobs move at once", async {
         cluster.restart(0).await.unwrap();
-        for k in 0..6 {
-            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
-                "continuous": true, "create_target": true});
-            replicate(&cluster, 0, &body).await;
-        }
+        submit_continuous(&cluster, &pouch, 6).await;
         wait_for(30, "node 1 runs the 6 jobs", || async {
             let n = cluster.local_jobs(0).await.ok()?.len();
             (n == 6).then_some(())
@@ -244,11 +241,7 @@ async fn a_node_whose_clock_runs_ahead_takes_nothing_over() {
     deadline(90, "a skewed clock takes nothing over", async {
         cluster.restart(0).await.unwrap();
         cluster.restart(1).await.unwrap();
-        for k in 0..6 {
-            let body = json!({"source": pouch.db("src"), "target": pouch.db(&format!("t{k}")),
-                "continuous": true, "create_target": true});
-            replicate(&cluster, 0, &body).await;
-        }
+        submit_continuous(&cluster, &pouch, 6).await;
         wait_for(30, "6 jobs spread over both nodes", || spread(&cluster, 6)).await;
         for second in 0..20 {
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -13,13 +13,13 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use md5::{Digest, Md5};
 use serde_json::{Value, json};
 
 use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
+use crate::support::generated::generated;
 use crate::support::serve::{ServeProcess, spawn_serve};
 use crate::support::server::PouchServer;
 
@@ -31,39 +31,9 @@ fn size() -> u64 {
         .unwrap_or(128);
     mib << 20
 }
-const CHUNK: usize = 1 << 20;
 
 /// The most the node's RSS may grow over idle while it copies the attachment.
 const RSS_BUDGET_KIB: u64 = 64 << 10;
-
-/// `len` bytes, generated as they are sent: xorshift noise (does not compress), or with
-/// `hex` its hexadecimal text (compresses to about half, so CouchDB stores it gzip-encoded).
-fn generated(len: u64, hex: bool) -> reqwest::Body {
-    let chunks = len.div_ceil(CHUNK as u64);
-    let stream = futures::stream::unfold(
-        (0u64, 0x2545_f491_4f6c_dd1du64),
-        move |(i, mut x)| async move {
-            if i == chunks {
-                return None;
-            }
-            let n = CHUNK.min((len - i * CHUNK as u64) as usize);
-            let mut buf = Vec::with_capacity(n + 16);
-            while buf.len() < n {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                if hex {
-                    buf.extend_from_slice(format!("{x:016x}").as_bytes());
-                } else {
-                    buf.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-            buf.truncate(n);
-            Some((Ok::<Bytes, std::io::Error>(Bytes::from(buf)), (i + 1, x)))
-        },
-    );
-    reqwest::Body::wrap_stream(stream)
-}
 
 /// A CouchDB holding `src/big` (one attachment) and `small/a`, and a `serve` node, warmed up,
 /// with its idle RSS.

@@ -17,6 +17,7 @@ pub mod browser;
 pub mod couch;
 pub mod couchdb;
 pub mod etcd;
+pub mod generated;
 pub mod hostile;
 pub mod hostile_attachment;
 pub mod http;
