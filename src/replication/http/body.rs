@@ -6,7 +6,9 @@
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 
-use super::budget::ResponseBudget;
+use std::sync::Arc;
+
+use super::budget::{ResponseBudget, Share};
 use super::limits::Pace;
 
 /// Why a body could not be read.
@@ -38,12 +40,26 @@ pub(crate) enum BodyError {
 }
 
 /// How a body is read: its cap and pace, and the node's budget it reads within (waiting for
-/// it up to `patience`).
+/// it up to `patience`). With `keep`, the body keeps its share of the budget until its last
+/// copy is dropped: a document held until written counts as long as it is held.
 pub(crate) struct Bounds<'a> {
     pub(crate) cap: u64,
     pub(crate) pace: Pace,
-    pub(crate) budget: &'a ResponseBudget,
+    pub(crate) budget: &'a Arc<ResponseBudget>,
     pub(crate) patience: std::time::Duration,
+    pub(crate) keep: bool,
+}
+
+/// A body with the share of the budget it keeps.
+struct Kept {
+    body: Bytes,
+    _share: Share,
+}
+
+impl AsRef<[u8]> for Kept {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
 }
 
 /// Reads `stream` whole, holding at most `cap` bytes; `declared` is the `Content-Length`.
@@ -57,6 +73,7 @@ where
         mut pace,
         budget,
         patience,
+        keep,
     } = b;
     // No body can outgrow the node's whole budget.
     let cap = cap.min(budget.total_bytes() + super::budget::UNBUDGETED_BYTES);
@@ -70,8 +87,12 @@ where
     let mut stream = std::pin::pin!(stream);
     // Chunks are copied out of the transport's buffers: a chunk shares its allocation with
     // the unused rest of a read buffer, and held as it comes, a body took twice its size.
-    let mut exact = declared.map(|n| BytesMut::with_capacity(n as usize));
-    let mut parts: Vec<Bytes> = Vec::new();
+    // One buffer grows (a large one is moved by the allocator, not copied): gathering the
+    // chunks and joining them at the end held every large body twice for a moment.
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    // A first chunk of a megabyte or more is not a transport's read buffer (those are
+    // smaller) but a part the multipart parser has gathered whole: kept as it is unless more follows.
+    let mut whole: Option<Bytes> = None;
     let mut received: u64 = 0;
     let mut share = budget.share();
     // Until the first byte only the read timeout applies: a long poll is silent, then whole.
@@ -107,28 +128,28 @@ where
                 e.waited.as_secs_f64()
             ))
         })?;
-        match &mut exact {
-            Some(buf) => buf.extend_from_slice(&chunk),
-            None => parts.push(Bytes::copy_from_slice(&chunk)),
+        if let Some(first) = whole.take() {
+            body.extend_from_slice(&first);
+        }
+        if received == chunk.len() as u64 && chunk.len() >= WHOLE_CHUNK_MIN {
+            whole = Some(chunk);
+        } else {
+            body.extend_from_slice(&chunk);
         }
     }
-    Ok(match exact {
-        Some(buf) => buf.freeze(),
-        None => concat(parts, received),
-    })
+    let body = whole.unwrap_or_else(|| body.freeze());
+    if keep && share.holds_any() {
+        share.fit(received);
+        return Ok(Bytes::from_owner(Kept {
+            body,
+            _share: share,
+        }));
+    }
+    Ok(body)
 }
 
-/// The chunks as one buffer (no copy for a single chunk).
-fn concat(mut parts: Vec<Bytes>, len: u64) -> Bytes {
-    if parts.len() == 1 {
-        return parts.pop().unwrap_or_default();
-    }
-    let mut out = BytesMut::with_capacity(len as usize);
-    for p in parts {
-        out.extend_from_slice(&p);
-    }
-    out.freeze()
-}
+/// The size from which a first chunk is kept without a copy.
+const WHOLE_CHUNK_MIN: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -141,17 +162,45 @@ mod tests {
         futures::stream::iter((0..n).map(move |_| Ok(Bytes::from(vec![b'a'; size]))))
     }
 
-    fn budget() -> ResponseBudget {
-        ResponseBudget::new(64 << 20, Default::default())
+    fn budget() -> Arc<ResponseBudget> {
+        Arc::new(ResponseBudget::new(64 << 20, Default::default()))
     }
 
-    fn bounds(cap: u64, budget: &ResponseBudget) -> Bounds<'_> {
+    fn bounds(cap: u64, budget: &Arc<ResponseBudget>) -> Bounds<'_> {
         Bounds {
             cap,
             pace: EndpointLimits::default().pace(Duration::from_secs(30)),
             budget,
             patience: Duration::from_secs(1),
+            keep: false,
         }
+    }
+
+    #[tokio::test]
+    async fn a_kept_body_holds_its_share_until_its_last_copy_goes() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let metrics = Arc::new(crate::telemetry::NodeMetrics::default());
+        let budget = Arc::new(ResponseBudget::new(64 << 20, metrics.clone()));
+        let held = || metrics.response_bytes_held.load(Relaxed);
+        let kept = Bounds {
+            keep: true,
+            ..bounds(8 << 20, &budget)
+        };
+        // 3 MiB in 1 KiB chunks: the reservation doubles past what is needed, then fits.
+        let body = collect(chunks(3072, 1024), None, kept).await.unwrap();
+        assert_eq!(body.len(), 3 << 20);
+        let over = (3 << 20) - super::super::budget::UNBUDGETED_BYTES;
+        assert_eq!(held(), over);
+        let part = body.slice(10..20);
+        drop(body);
+        assert_eq!(held(), over, "a slice keeps the share");
+        drop(part);
+        assert_eq!(held(), 0);
+        // Without keep, the share goes when reading ends.
+        let body = collect(chunks(3072, 1024), None, bounds(8 << 20, &budget))
+            .await
+            .unwrap();
+        assert_eq!((body.len(), held()), (3 << 20, 0));
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::telemetry::NodeMetrics;
 
@@ -33,7 +33,7 @@ const UNIT: u64 = 1024;
 /// The node's budget of response bytes held in memory.
 #[derive(Debug)]
 pub struct ResponseBudget {
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
     total_units: u32,
     metrics: Arc<NodeMetrics>,
 }
@@ -43,7 +43,7 @@ impl ResponseBudget {
     pub fn new(bytes: u64, metrics: Arc<NodeMetrics>) -> Self {
         let units = (bytes.max(1 << 20) / UNIT).min(u64::from(u32::MAX >> 4)) as u32;
         Self {
-            permits: Semaphore::new(units as usize),
+            permits: Arc::new(Semaphore::new(units as usize)),
             total_units: units,
             metrics,
         }
@@ -55,9 +55,9 @@ impl ResponseBudget {
     }
 
     /// A body's share, empty until it passes the free bytes.
-    pub(crate) fn share(&self) -> Share<'_> {
+    pub(crate) fn share(self: &Arc<Self>) -> Share {
         Share {
-            budget: self,
+            budget: self.clone(),
             held: None,
             units: 0,
         }
@@ -68,10 +68,12 @@ impl ResponseBudget {
     }
 }
 
-/// What one body holds of the budget (given back on drop).
-pub(crate) struct Share<'a> {
-    budget: &'a ResponseBudget,
-    held: Option<SemaphorePermit<'a>>,
+/// What one body holds of the budget (given back on drop). A body kept after reading can
+/// keep its share with it ([`super::body::Bounds::keep`]), so that documents waiting to be
+/// written count as well as ones being read.
+pub(crate) struct Share {
+    budget: Arc<ResponseBudget>,
+    held: Option<OwnedSemaphorePermit>,
     units: u32,
 }
 
@@ -82,7 +84,7 @@ pub(crate) struct BudgetSpent {
     pub(crate) waited: Duration,
 }
 
-impl<'a> Share<'a> {
+impl Share {
     /// Makes room for a body of `len` bytes (so far), waiting up to `patience`.
     pub(crate) async fn cover(&mut self, len: u64, patience: Duration) -> Result<(), BudgetSpent> {
         let Some(over) = len.checked_sub(UNBUDGETED_BYTES).filter(|o| *o > 0) else {
@@ -100,7 +102,7 @@ impl<'a> Share<'a> {
             // The whole budget is this body's already.
             return Ok(());
         }
-        if let Ok(p) = self.budget.permits.try_acquire_many(more) {
+        if let Ok(p) = self.budget.permits.clone().try_acquire_many_owned(more) {
             self.add(p, more);
             return Ok(());
         }
@@ -109,7 +111,7 @@ impl<'a> Share<'a> {
             .response_budget_waits
             .fetch_add(1, Relaxed);
         let started = tokio::time::Instant::now();
-        match tokio::time::timeout(patience, self.budget.permits.acquire_many(more)).await {
+        match tokio::time::timeout(patience, self.budget.permits.clone().acquire_many_owned(more)).await {
             Ok(Ok(p)) => {
                 self.add(p, more);
                 Ok(())
@@ -123,7 +125,31 @@ impl<'a> Share<'a> {
         }
     }
 
-    fn add(&mut self, p: SemaphorePermit<'a>, units: u32) {
+    /// Whether the share holds any budget.
+    pub(crate) fn holds_any(&self) -> bool {
+        self.units > 0
+    }
+
+    /// Gives back what a body of `len` bytes does not need (its reservation grew by doubling).
+    pub(crate) fn fit(&mut self, len: u64) {
+        let need = self
+            .budget
+            .units_for(len.saturating_sub(UNBUDGETED_BYTES));
+        let spare = self.units.saturating_sub(need);
+        if spare == 0 {
+            return;
+        }
+        if let Some(extra) = self.held.as_mut().and_then(|h| h.split(spare as usize)) {
+            drop(extra);
+            self.units -= spare;
+            self.budget
+                .metrics
+                .response_bytes_held
+                .fetch_sub(u64::from(spare) * UNIT, Relaxed);
+        }
+    }
+
+    fn add(&mut self, p: OwnedSemaphorePermit, units: u32) {
         match &mut self.held {
             Some(h) => h.merge(p),
             None => self.held = Some(p),
@@ -146,7 +172,7 @@ impl<'a> Share<'a> {
     }
 }
 
-impl Drop for Share<'_> {
+impl Drop for Share {
     fn drop(&mut self) {
         self.release();
     }
@@ -159,7 +185,7 @@ mod tests {
     #[tokio::test]
     async fn small_bodies_take_nothing_and_large_ones_give_it_back() {
         let metrics = Arc::new(NodeMetrics::default());
-        let budget = ResponseBudget::new(4 << 20, metrics.clone());
+        let budget = Arc::new(ResponseBudget::new(4 << 20, metrics.clone()));
         let patience = Duration::from_millis(50);
         let held = || metrics.response_bytes_held.load(Relaxed);
         let mut small = budget.share();
@@ -178,7 +204,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_that_cannot_grow_waits_then_gives_up_its_share() {
         let metrics = Arc::new(NodeMetrics::default());
-        let budget = ResponseBudget::new(4 << 20, metrics.clone());
+        let budget = Arc::new(ResponseBudget::new(4 << 20, metrics.clone()));
         let patience = Duration::from_secs(3);
         let held = || metrics.response_bytes_held.load(Relaxed);
         let mib = |n: u64| UNBUDGETED_BYTES + (n << 20);

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use tokio::sync::Semaphore;
 
 use crate::backoff::Backoff;
@@ -23,6 +23,7 @@ use super::coalesce::Coalescer;
 use super::limits::EndpointLimits;
 use super::reqwest_client::{build_http, build_upload_http, transport_key};
 use super::session_cache::SessionCache;
+pub use super::request::{Req, ReqBody};
 pub use super::response::Resp;
 use super::tls::TlsOptions;
 use super::transport::Transports;
@@ -63,51 +64,6 @@ pub struct ClientConfig {
     pub limits: EndpointLimits,
     /// The node's budget of response bytes held while reading.
     pub budget: Arc<ResponseBudget>,
-}
-
-/// A request to send: relative path (with query), optional body.
-#[derive(Debug, Clone)]
-pub struct Req {
-    /// HTTP method.
-    pub method: Method,
-    /// Path under the database, already encoded, with query string.
-    pub path: String,
-    /// Body (cheap to clone for retries).
-    pub body: Option<Bytes>,
-    /// Content-Type of the body.
-    pub content_type: std::borrow::Cow<'static, str>,
-    /// Accept header.
-    pub accept: &'static str,
-    /// Extra headers.
-    pub headers: Vec<(&'static str, String)>,
-    /// Sent on the client without a read timeout, for a streamed answer whose reader pauses
-    /// (an attachment passed on to a target that is slow to take it): the reader then times
-    /// the stream itself, counting only the time it waits for the next chunk.
-    pub paced_by_reader: bool,
-}
-
-impl Req {
-    /// A GET of `path`.
-    pub fn get(path: impl Into<String>) -> Self {
-        Self::new(Method::GET, path, None)
-    }
-
-    /// A request with a JSON body.
-    pub fn json(method: Method, path: impl Into<String>, body: impl Into<Bytes>) -> Self {
-        Self::new(method, path, Some(body.into()))
-    }
-
-    fn new(method: Method, path: impl Into<String>, body: Option<Bytes>) -> Self {
-        Self {
-            method,
-            path: path.into(),
-            body,
-            content_type: "application/json".into(),
-            accept: "application/json",
-            headers: Vec::new(),
-            paced_by_reader: false,
-        }
-    }
 }
 
 /// HTTP access to one endpoint.
@@ -504,9 +460,17 @@ impl HttpClient {
     ) -> Result<Outcome, Attempt> {
         let mut rb = self.builder(req, credentials).await.map_err(Attempt::Fatal)?;
         if let Some(body) = &req.body {
-            rb = rb
-                .header("content-type", req.content_type.as_ref())
-                .body(body.clone());
+            rb = rb.header("content-type", req.content_type.as_ref());
+            rb = match body {
+                ReqBody::Whole(b) => rb.body(b.clone()),
+                ReqBody::Parts(parts) => {
+                    let len: usize = parts.iter().map(Bytes::len).sum();
+                    let parts: Vec<Bytes> = parts.to_vec();
+                    let stream = futures::stream::iter(parts.into_iter().map(Ok::<_, std::io::Error>));
+                    rb.header("content-length", len)
+                        .body(reqwest::Body::wrap_stream(stream))
+                }
+            };
         }
         let resp = rb.send().await.map_err(|e| {
             if e.is_redirect() {
@@ -550,20 +514,32 @@ impl HttpClient {
     /// `endpoint_response_too_large` / `_too_slow` naming `what`, a broken connection
     /// `http_request_failed`.
     pub(crate) async fn read_body(&self, resp: reqwest::Response, what: &str) -> Result<Bytes> {
+        self.read_body_as(resp, what, Hold::WhileReading).await
+    }
+
+    /// [`Self::read_body`], the body holding its share of the node's budget as `hold` says.
+    pub(crate) async fn read_body_as(
+        &self,
+        resp: reqwest::Response,
+        what: &str,
+        hold: Hold,
+    ) -> Result<Bytes> {
         let declared = resp.content_length();
         // Without decompression the declared length is the body's; with it, reqwest drops
         // the header, and the cap counts decoded bytes as they come.
         let stream = resp.bytes_stream().map(|r| r.map_err(|e| describe(&e)));
-        self.collect_within_limits(stream, declared, self.cfg.limits.max_response_bytes, what)
+        let cap = self.cfg.limits.max_response_bytes;
+        self.collect_within_limits(stream, declared, (cap, hold), what)
             .await
     }
 
-    /// [`collect`] with this endpoint's pace, its errors named after `what`.
+    /// [`collect`] with this endpoint's pace, its errors named after `what`: at most `cap`
+    /// bytes, holding the node's budget as `hold` says.
     pub(crate) async fn collect_within_limits(
         &self,
         stream: impl futures::Stream<Item = std::result::Result<Bytes, String>>,
         declared: Option<u64>,
-        cap: u64,
+        (cap, hold): (u64, Hold),
         what: &str,
     ) -> Result<Bytes> {
         let l = &self.cfg.limits;
@@ -572,6 +548,7 @@ impl HttpClient {
             pace: l.pace(self.cfg.connection_timeout),
             budget: &self.cfg.budget,
             patience: self.cfg.connection_timeout,
+            keep: matches!(hold, Hold::UntilDropped),
         };
         collect(stream, declared, bounds)
             .await
@@ -585,6 +562,16 @@ impl HttpClient {
                 BodyError::Transport(m) => ReplicationError::HttpRequestFailed(format!("{what}: {m}")),
             })
     }
+}
+
+/// How long a body read whole holds its share of the node's response budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Until read (answers parsed and dropped at once).
+    WhileReading,
+    /// Until its last copy is dropped (documents held until written): a worker that holds
+    /// such a body must not wait for budget before giving it up.
+    UntilDropped,
 }
 
 /// Why one try failed: worth another, or not.

@@ -1,7 +1,8 @@
 //! HTTP to CouchDB servers: the client of one endpoint with its retries ([`client`]), the
 //! shared transports (connection pools) it runs on (`transport`), TLS ([`tls`]),
 //! authentication and the node's shared `_session` cookies ([`auth`], `session_cache`),
-//! coalesced identical reads (`coalesce`), the fully read response ([`response`]), the
+//! coalesced identical reads (`coalesce`), the request ([`request`]) and the fully read
+//! response ([`response`]), the
 //! reqwest client each endpoint runs on (`reqwest_client`) and the caps on what an endpoint
 //! may send ([`limits`]), enforced while reading (`body`) within the node's budget of
 //! response bytes ([`budget`]); streamed uploads are timed by their progress (`upload`).
@@ -13,6 +14,7 @@ pub mod client;
 pub(crate) mod coalesce;
 pub mod limits;
 pub(crate) mod reqwest_client;
+pub mod request;
 pub mod response;
 pub(crate) mod session_cache;
 pub mod tls;

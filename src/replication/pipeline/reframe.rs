@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::replication::error::{ReplicationError, Result};
-use crate::replication::http::client::HttpClient;
+use crate::replication::http::client::{Hold, HttpClient};
 
 use super::multipart::{Watch, boundary_of};
 
@@ -95,7 +95,9 @@ pub(crate) async fn reframe(
             .map_err(|e| e.to_string())
     });
     let cap = source.limits().max_response_bytes;
-    let json = source.collect_within_limits(part, None, cap, what).await?;
+    let json = source
+        .collect_within_limits(part, None, (cap, Hold::WhileReading), what)
+        .await?;
     let bad = |e: serde_json::Error| {
         ReplicationError::BadResponse(format!("{what}: the JSON part: invalid ({e})"))
     };

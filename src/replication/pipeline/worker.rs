@@ -18,6 +18,7 @@ use super::bulk_related::bulk_get_related;
 use super::fetch::{BulkGetGate, Fetched, Wanted, bulk_get, open_revs};
 use super::revs_diff::{DiffSkipper, all_missing, revs_diff};
 use super::stats::Counters;
+use crate::replication::http::budget::UNBUDGETED_BYTES;
 use super::write::{BULK_DOCS_BUFFER, WriteResult, put_json, put_multipart, write_docs};
 use crate::replication::changes::reader::Batch;
 use crate::replication::error::{ReplicationError, Result};
@@ -463,7 +464,9 @@ async fn fetch_one_by_one(
                 Ok::<_, ReplicationError>((w.id, got))
             }
         })
-        .buffered(INDIVIDUAL_FETCHES);
+        // Unordered: a document fetched is written as soon as it is ready, not after those
+        // before it (each holds its share of the node's budget until written).
+        .buffer_unordered(INDIVIDUAL_FETCHES);
     let mut held: usize = docs.iter().map(Bytes::len).sum();
     while let Some(f) = fetched.next().await {
         let (id, got) = f?;
@@ -474,12 +477,14 @@ async fn fetch_one_by_one(
                     result += put_json(&sh.tgt, &id, &b).await?
                 }
                 Fetched::Json(b) => {
-                    docs.push(b);
                     // Written as soon as they fill a `_bulk_docs` body: a batch of large
                     // documents fetched one by one is not held whole (100 of 7.9 MB took
-                    // the node to +824 MiB).
-                    held += docs.last().map_or(0, Bytes::len);
-                    if held >= BULK_DOCS_BUFFER {
+                    // the node to +824 MiB). One that holds budget goes at once: held while
+                    // the next fetch waits for budget, it could starve that fetch.
+                    let holds_budget = b.len() as u64 > UNBUDGETED_BYTES;
+                    held += b.len();
+                    docs.push(b);
+                    if held >= BULK_DOCS_BUFFER || holds_budget {
                         result += write_docs(&sh.tgt, docs).await?;
                         docs.clear();
                         held = 0;
