@@ -3,6 +3,7 @@
 mod support;
 
 mod reliability {
+    mod connection_limit;
     mod cutoff;
     mod faults;
     mod hostile_endpoints;
@@ -10,5 +11,7 @@ mod reliability {
     mod kill9;
     mod nodeloss;
     mod password_storm;
+    mod request_fuzz;
     mod security;
+    mod user_limits;
 }

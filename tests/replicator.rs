@@ -4,6 +4,7 @@ mod support;
 
 mod replicator {
     mod actors;
+    mod agreement;
     mod all_dbs;
     mod cluster;
     mod doc_processor;

@@ -13,6 +13,7 @@ mod auth_couchdb;
 mod config_file;
 mod limits_section;
 mod lockout_section;
+mod prometheus_section;
 mod replicate;
 mod replicator_section;
 mod serve;
@@ -20,6 +21,7 @@ mod serve_steps;
 mod serve_store;
 mod ssl_section;
 mod steps;
+mod user_limits_section;
 mod verify;
 
 /// Apache CouchDB's replicator, re-implemented in Rust.

@@ -14,7 +14,7 @@ use crate::replication::ReplicationOptions;
 use crate::replication::http::auth::AuthPolicy;
 use crate::replication::http::tls::TlsOptions;
 use crate::replication::options::values::ranged;
-use crate::replicator::{NodeType, ReplicatorSettings};
+use crate::replicator::{NodeType, ReplicatorSettings, TimingPolicy};
 
 use super::config_file::ConfigFile;
 
@@ -163,11 +163,13 @@ pub struct ReplicatorSection {
 pub fn is_known(key: &str) -> bool {
     SCHEDULER.iter().any(|(k, _, _)| *k == key)
         || key == "node_types"
+        || key == "cluster_timing"
         || FAIR_SHARE.contains(&key)
         || PER_JOB_NUMBERS.contains(&key)
         || PER_JOB_BOOLS.contains(&key)
         || TLS_AND_PROTOCOLS.contains(&key)
         || super::limits_section::KEYS.contains(&key)
+        || super::user_limits_section::KEYS.contains(&key)
         || IGNORED.iter().any(|(k, _)| *k == key)
         || matches!(key, "interval" | "health_threshold" | "socket_options")
 }
@@ -241,6 +243,16 @@ fn scheduler(cfg: &ConfigFile) -> Result<ReplicatorSettings, String> {
     for (k, v) in cfg.section("replicator") {
         if k == "node_types" {
             settings.node_types = node_types(v)?;
+        } else if k == "cluster_timing" {
+            settings.cluster_timing = match v.trim() {
+                "adopt" => TimingPolicy::Adopt,
+                "replace" => TimingPolicy::Replace,
+                _ => {
+                    return Err(format!(
+                        "[replicator] cluster_timing must be adopt or replace, not `{v}`"
+                    ));
+                }
+            };
         } else if let Some((_, _, set)) = SCHEDULER.iter().find(|(key, _, _)| key == k) {
             set(&mut settings, number(k, v)?);
         }

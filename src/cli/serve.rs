@@ -25,6 +25,7 @@ use crate::replicator::{
 use crate::store::Db;
 
 use crate::http::auth::AuthSettings;
+use crate::http::connection_limit::{ConnectionLimit, DEFAULT_PER_CLIENT};
 use crate::http::couchdb_auth::CouchDbAuth;
 use crate::http::password::{MAX_ITERATIONS, Prf};
 use crate::replication::http::tls::TlsOptions;
@@ -32,6 +33,7 @@ use crate::replication::http::tls::TlsOptions;
 use super::auth_couchdb;
 use super::config_file::ConfigFile;
 use super::lockout_section;
+use super::prometheus_section;
 use super::replicator_section;
 use super::serve_steps::{STEPS_KEYS, StepsSetup};
 use super::serve_store::{self, EtcdArgs};
@@ -100,6 +102,10 @@ pub struct NodeSetup {
     pub notes: Vec<String>,
     /// TLS to `https` endpoints and replicator databases.
     pub tls: TlsOptions,
+    /// Where the metrics are served on their own (`[prometheus] additional_port`).
+    pub prometheus: Option<SocketAddr>,
+    /// `[chttpd] max_connections_per_client`.
+    pub per_client: usize,
 }
 
 fn pairs(v: &[(String, String)]) -> Vec<(String, String)> {
@@ -200,6 +206,7 @@ pub fn setup(
     let mut http = HttpConfig {
         users,
         replicator_dbs: dbs.iter().map(|d| d.name.clone()).collect(),
+        user_limits: super::user_limits_section::read(cfg)?,
         ..HttpConfig::default()
     };
     if let Some(v) = cfg.get("chttpd", "max_http_request_size") {
@@ -215,7 +222,19 @@ pub fn setup(
         dbs,
         notes,
         tls,
+        prometheus: prometheus_section::read(cfg)?,
+        per_client: per_client(cfg)?,
     })
+}
+
+/// `[chttpd] max_connections_per_client` (ours): connections one client address may hold.
+fn per_client(cfg: &ConfigFile) -> Result<usize, String> {
+    match cfg.get("chttpd", "max_connections_per_client") {
+        None => Ok(DEFAULT_PER_CLIENT),
+        Some(v) => v.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+            format!("[chttpd] max_connections_per_client must be a whole number of at least 1, not `{v}`")
+        }),
+    }
 }
 
 /// `[chttpd_auth]` (or CouchDB's older `[couch_httpd_auth]`): how plain passwords are hashed
@@ -274,7 +293,10 @@ fn is_used(section: &str, key: &str) -> bool {
         "replicator" => replicator_section::is_known(key),
         // Database names: every key is a fair-share weight.
         "replicator.shares" => true,
-        "chttpd" => matches!(key, "port" | "bind_address" | "max_http_request_size"),
+        "chttpd" => matches!(
+            key,
+            "port" | "bind_address" | "max_http_request_size" | "max_connections_per_client"
+        ),
         "couchdb" => matches!(key, "uuid" | "node_name"),
         "ssl" => ssl_section::SSL_KEYS.contains(&key),
         "daemons" => key == "httpsd",
@@ -288,6 +310,7 @@ fn is_used(section: &str, key: &str) -> bool {
         serve_store::SECTION => serve_store::KEYS.contains(&key),
         auth_couchdb::SECTION => auth_couchdb::KEYS.contains(&key),
         lockout_section::SECTION => lockout_section::KEYS.contains(&key),
+        prometheus_section::SECTION => prometheus_section::KEYS.contains(&key),
         _ => false,
     }
 }
@@ -311,6 +334,8 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         Listeners {
             http: setup.addr,
             https: setup.https,
+            prometheus: setup.prometheus,
+            per_client: setup.per_client,
         },
         setup.http,
         steps_setup.clone(),
@@ -399,6 +424,10 @@ async fn announce(
 struct Listeners {
     http: SocketAddr,
     https: Option<Https>,
+    /// The metrics on their own (`[prometheus]`).
+    prometheus: Option<SocketAddr>,
+    /// Connections one client address may hold on them all together.
+    per_client: usize,
 }
 
 /// The addresses the API's listeners are bound to.
@@ -421,7 +450,8 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
         let bound = bound.clone();
         let at = at.clone();
         Box::pin(async move {
-            let (listener, https) = match bind_all(&at, &bound).await {
+            let limit = Arc::new(ConnectionLimit::new(at.per_client));
+            let (listener, https) = match bind_all(&at, &bound, &limit).await {
                 Ok(l) => l,
                 Err(msg) => {
                     bound.send_replace(Some(Err(msg.clone())));
@@ -432,19 +462,42 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
             let steps = steps
                 .steps(rep.jobs().clone())
                 .map_err(ServiceError::host)?;
+            let metrics = match at.prometheus {
+                None => None,
+                Some(a) => Some(http::bind_listener(a).await.map_err(|e| {
+                    ServiceError::host(format!("cannot listen on {a} ([prometheus]): {e}"))
+                })?),
+            };
             let state = AppState::new(rep, config);
+            let state_for_metrics = state.clone();
+            let limit_for_metrics = limit.clone();
+            let metrics = async move {
+                match metrics {
+                    Some(l) => {
+                        let router = http::metrics_router(state_for_metrics);
+                        let never = std::future::pending();
+                        http::serve_router_within(l, router, limit_for_metrics, never).await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             let router = http::router_with_steps(state, Some(steps));
             bound.send_replace(Some(Ok(Bound {
                 http: local,
                 https: https.as_ref().map(|l| l.local_addr()),
             })));
-            let plain = http::serve_router(listener, router.clone(), std::future::pending());
-            match https {
-                None => plain.await.map_err(ServiceError::from),
-                Some(tls) => tokio::select! {
-                    r = plain => r.map_err(ServiceError::from),
-                    r = tls.serve(router) => r.map_err(|e| ServiceError::host(format!("HTTPS server: {e}"))),
-                },
+            let plain =
+                http::serve_router_within(listener, router.clone(), limit, std::future::pending());
+            let tls = async move {
+                match https {
+                    Some(tls) => tls.serve(router).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = plain => r.map_err(ServiceError::from),
+                r = metrics => r.map_err(ServiceError::from),
+                r = tls => r.map_err(|e| ServiceError::host(format!("HTTPS server: {e}"))),
             }
         })
     })
@@ -454,6 +507,7 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
 async fn bind_all(
     at: &Listeners,
     bound: &BoundTx,
+    limit: &Arc<ConnectionLimit>,
 ) -> Result<(tokio::net::TcpListener, Option<ssl_section::HttpsListener>), String> {
     let before = match bound.borrow().as_ref() {
         Some(Ok(b)) => Some(*b),
@@ -466,8 +520,11 @@ async fn bind_all(
     let https = match &at.https {
         None => None,
         Some(h) => Some(
-            h.bind(before.and_then(|b| b.https).unwrap_or(h.addr))
-                .await?,
+            h.bind(
+                before.and_then(|b| b.https).unwrap_or(h.addr),
+                limit.clone(),
+            )
+            .await?,
         ),
     };
     Ok((listener, https))

@@ -182,18 +182,26 @@ pub struct HttpsListener {
 impl Https {
     /// Binds at `at` (the configured address, or the one first bound when the API restarts).
     #[cfg(feature = "tls")]
-    pub async fn bind(&self, at: SocketAddr) -> Result<HttpsListener, String> {
+    pub async fn bind(
+        &self,
+        at: SocketAddr,
+        limit: std::sync::Arc<crate::http::connection_limit::ConnectionLimit>,
+    ) -> Result<HttpsListener, String> {
         let tcp = crate::http::bind_listener(at)
             .await
             .map_err(|e| format!("cannot listen for HTTPS on {at}: {e}"))?;
         let local = tcp.local_addr().map_err(|e| e.to_string())?;
-        let inner = crate::http::tls::TlsListener::new(tcp, &self.tls)
+        let inner = crate::http::tls::TlsListener::new(tcp, &self.tls, limit)
             .map_err(|e| format!("cannot listen for HTTPS on {at}: {e}"))?;
         Ok(HttpsListener { inner, local })
     }
 
     #[cfg(not(feature = "tls"))]
-    pub async fn bind(&self, at: SocketAddr) -> Result<HttpsListener, String> {
+    pub async fn bind(
+        &self,
+        at: SocketAddr,
+        _limit: std::sync::Arc<crate::http::connection_limit::ConnectionLimit>,
+    ) -> Result<HttpsListener, String> {
         Err(format!(
             "cannot listen for HTTPS on {at}: no TLS in this build"
         ))

@@ -331,6 +331,21 @@ impl Users {
         Some((acct.stored.salt(), ctx_of(name, acct)))
     }
 
+    /// A user the authentication CouchDB vouches for, unless the name is one of this node's
+    /// own (`[admins]`, `[users]`): a CouchDB user who signs up as `admin` must not see or
+    /// cancel the jobs of this node's `admin`. 401, as a wrong password.
+    pub(crate) fn not_local(&self, u: UserCtx) -> Result<UserCtx, HttpError> {
+        let name = u.name.as_deref().unwrap_or("");
+        if self.inner.admins.contains_key(name) || self.inner.users.contains_key(name) {
+            tracing::info!(user = %name, "a CouchDB user named like a local account was refused");
+            return Err(HttpError::unauthorized(
+                "Name or password is incorrect. (this name belongs to an account of this node: \
+                 its users from the authentication CouchDB cannot use it)",
+            ));
+        }
+        Ok(u)
+    }
+
     /// Checks an `Authorization` header value against the configured users only.
     pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, HttpError> {
         let Some(h) = header else {
@@ -366,7 +381,10 @@ impl Users {
                     slot.set(v);
                 }
                 match verdict {
-                    Verdict::User(u) => return Ok((Caller::User(u), Some(AuthMethod::Cookie))),
+                    Verdict::User(u) => {
+                        let u = self.not_local(u)?;
+                        return Ok((Caller::User(u), Some(AuthMethod::Cookie)));
+                    }
                     Verdict::BadCookie(reason) => return Err(HttpError::bad_request(reason)),
                     // Expired or not CouchDB's either: on to Basic, as CouchDB goes on.
                     Verdict::Rejected => {}
@@ -391,7 +409,7 @@ impl Users {
             password: &password,
         };
         match c.check(cred).await.map_err(unavailable)?.0 {
-            Verdict::User(u) => Ok((Caller::User(u), Some(AuthMethod::Basic))),
+            Verdict::User(u) => Ok((Caller::User(self.not_local(u)?), Some(AuthMethod::Basic))),
             Verdict::Rejected | Verdict::BadCookie(_) => Err(wrong_password()),
         }
     }

@@ -10,6 +10,7 @@
 pub(crate) mod active_tasks;
 pub(crate) mod all_dbs;
 pub mod auth;
+pub mod connection_limit;
 pub(crate) mod cookie;
 pub(crate) mod couch_headers;
 pub(crate) mod couch_json;
@@ -18,6 +19,7 @@ pub mod error;
 pub(crate) mod health;
 pub mod lockout;
 pub(crate) mod mask;
+pub(crate) mod rejection;
 pub(crate) mod node_stats;
 pub mod password;
 pub mod peer;
@@ -26,6 +28,7 @@ pub(crate) mod scheduler;
 pub(crate) mod session;
 pub(crate) mod status_page;
 pub mod steps;
+pub mod user_limits;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub(crate) mod verify;
@@ -55,6 +58,8 @@ pub struct HttpConfig {
     /// The `_replicator` databases the doc processor follows (names as `_scheduler/docs`
     /// shows them).
     pub replicator_dbs: Vec<String>,
+    /// What callers who are not admins may ask for.
+    pub user_limits: user_limits::UserLimits,
 }
 
 impl Default for HttpConfig {
@@ -65,6 +70,7 @@ impl Default for HttpConfig {
             start_timeout: Duration::from_secs(60),
             completion_timeout: Duration::from_secs(3600),
             replicator_dbs: Vec::new(),
+            user_limits: user_limits::UserLimits::default(),
         }
     }
 }
@@ -79,6 +85,9 @@ struct Inner {
     replicator: Arc<Replicator>,
     config: HttpConfig,
     status_jobs: status_page::job_cache::JobCache,
+    /// Held from counting a user's jobs to adding theirs: two calls of one user at once
+    /// cannot both pass the count.
+    user_jobs: tokio::sync::Mutex<()>,
 }
 
 impl AppState {
@@ -89,6 +98,7 @@ impl AppState {
                 replicator,
                 config,
                 status_jobs: Default::default(),
+                user_jobs: Default::default(),
             }),
         }
     }
@@ -101,6 +111,11 @@ impl AppState {
     /// The API settings.
     pub fn config(&self) -> &HttpConfig {
         &self.inner.config
+    }
+
+    /// Held while a user's job count is checked and their job added.
+    pub(crate) fn user_jobs(&self) -> &tokio::sync::Mutex<()> {
+        &self.inner.user_jobs
     }
 
     /// The job listing the status page's viewers share.
@@ -170,8 +185,20 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
             )
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(rejection::as_couchdb_error))
         .layer(refresh)
         .layer(count)
+        .layer(axum::middleware::from_fn(couch_headers::couch_headers))
+}
+
+/// The metrics alone, without authentication, for a port of their own (`[prometheus]
+/// additional_port`, as CouchDB): `/_node/_local/_prometheus` and `/metrics`.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(node_stats::metrics))
+        .route("/_node/_local/_prometheus", get(node_stats::metrics))
+        .with_state(state)
+        .fallback(|| async { HttpError::not_found("missing") })
         .layer(axum::middleware::from_fn(couch_headers::couch_headers))
 }
 
@@ -208,12 +235,24 @@ pub async fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<tokio:
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Serves `router` on `listener` until `shutdown` resolves, each client address holding at
+/// most [`connection_limit::DEFAULT_PER_CLIENT`] connections.
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_router_within(listener, router, Arc::default(), shutdown).await
+}
+
+/// [`serve_router`], each client address holding at most what `limit` allows.
+pub async fn serve_router_within(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limit: Arc<self::connection_limit::ConnectionLimit>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = self::connection_limit::LimitedListener::new(listener, limit);
     let service = router.into_make_service_with_connect_info::<self::peer::PeerAddr>();
     axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
@@ -226,8 +265,5 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let service = router(state).into_make_service_with_connect_info::<self::peer::PeerAddr>();
-    axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_router(listener, router(state), shutdown).await
 }

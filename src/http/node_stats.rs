@@ -4,9 +4,13 @@
 //! answers `null` as CouchDB does), `GET /_node/{node}/_replicator_jobs` (the jobs this process
 //! runs, admins only). `{node}` is `_local` or this node's name.
 //!
-//! Gauges are refreshed at each request from the job list: `jobs.running` counts this node's
-//! running jobs; `jobs.pending`, `jobs.crashed` and `jobs.total` describe the queue all nodes
-//! share, so they read the same on every node (aggregate them with `max`, not `sum`).
+//! Nothing here reads the store: the job counts come from the job server's last census
+//! (`replicator::scheduler::census`, at most an `interval` old, sooner after a change; its age
+//! is `couch_replicator_jobs_census_age_seconds`). `jobs.running` counts this node's running
+//! jobs; `jobs.pending`, `jobs.crashed` and `jobs.total` describe the queue all nodes share,
+//! so they read the same on every node (aggregate them with `max`, not `sum`).
+
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -17,103 +21,59 @@ use serde_json::Value;
 use super::AppState;
 use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
-use super::status_page::model::queues;
-use crate::replicator::{JobId, JobView, RepState};
-use crate::telemetry::job_gauges::{self, JobSample};
+use crate::replicator::RepState;
+use crate::replicator::scheduler::census::{Census, STATES};
+use crate::telemetry::job_gauges;
 use crate::telemetry::stats_json::{StatNode, stats_tree};
 use crate::telemetry::{Exposition, Series};
 
-/// The numeric part of a sequence: a number, or the `N` of CouchDB's `N-opaque` strings.
-fn seq_number(v: &Value) -> Option<u64> {
-    match v {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.split('-').next().and_then(|n| n.parse().ok()),
-        _ => None,
-    }
-}
-
-fn sample(j: &JobView) -> JobSample<JobId> {
-    let n = j.stats.clone().unwrap_or_default();
-    let lag = match (
-        seq_number(&n.through_seq),
-        seq_number(&n.checkpointed_source_seq),
-    ) {
-        (Some(t), Some(c)) => Some(t.saturating_sub(c)),
-        _ => None,
-    };
-    JobSample {
-        job_id: j.job_id.clone(),
-        changes_pending: n.changes_pending,
-        checkpoint_lag: lag,
-        docs_written: n.docs_written,
-    }
-}
-
-/// Sets CouchDB's scheduler gauges from the job list; returns what it counted.
-async fn refresh(st: &AppState) -> Refreshed {
+/// Sets CouchDB's scheduler gauges from the last census: `jobs.running` is this node's
+/// running jobs as the job server counts them now; the others are the census'.
+fn refresh(st: &AppState) -> Arc<Census> {
     let rep = st.replicator();
-    let Ok(jobs) = rep.list().await else {
-        return Refreshed::default();
-    };
+    let c = rep.census();
     let m = rep.metrics();
-    let count = |s: RepState| jobs.iter().filter(|j| j.state == s).count() as u64;
-    let mine: Vec<&JobView> = jobs
-        .iter()
-        .filter(|j| j.state == RepState::Running && j.node.as_ref() == Some(rep.node()))
-        .collect();
-    m.couch.set(Series::JobsRunning, mine.len() as u64);
-    m.couch.set(Series::JobsPending, count(RepState::Pending));
-    m.couch.set(Series::JobsCrashed, count(RepState::Crashing));
-    m.couch.set(Series::JobsTotal, jobs.len() as u64);
-    let states = [
-        RepState::Pending,
-        RepState::Running,
-        RepState::Crashing,
-        RepState::Completed,
-        RepState::Failed,
-    ];
-    Refreshed {
-        samples: mine.into_iter().map(sample).collect(),
-        by_state: states.map(|s| (s, count(s))),
-        total: jobs.len() as u64,
-    }
+    m.couch.set(
+        Series::JobsRunning,
+        rep.job_sup().which_children().len() as u64,
+    );
+    m.couch.set(Series::JobsPending, c.count(RepState::Pending));
+    m.couch.set(Series::JobsCrashed, c.count(RepState::Crashing));
+    m.couch.set(Series::JobsTotal, c.total);
+    c
 }
 
-/// What one pass over the job list found.
-#[derive(Default)]
-struct Refreshed {
-    /// This node's running jobs.
-    samples: Vec<JobSample<JobId>>,
-    /// The cluster's jobs per state.
-    by_state: [(RepState, u64); 5],
-    total: u64,
-}
-
-/// The job counts per state `/metrics` has always had (kept for existing dashboards).
-fn render_job_states(e: &mut Exposition, r: &Refreshed) {
+/// The job counts per state `/metrics` has always had (kept for existing dashboards), and
+/// the census' age.
+fn render_job_states(e: &mut Exposition, c: &Census) {
     let name = "couch_replicator_jobs";
     e.family(name, "gauge", "replication jobs of the cluster per state");
-    for (state, n) in &r.by_state {
-        e.sample(name, &[("state", state.as_str())], *n as f64);
+    for (state, n) in STATES.iter().zip(c.by_state) {
+        e.sample(name, &[("state", state.as_str())], n as f64);
     }
     e.single(
         "couch_replicator_jobs_total",
         "gauge",
         "replication jobs of the cluster",
-        r.total as f64,
+        c.total as f64,
+    );
+    e.single(
+        "couch_replicator_jobs_census_age_seconds",
+        "gauge",
+        "how old the job counts are (taken by the job server, not by the scrape)",
+        c.taken.map_or(-1.0, |t| t.elapsed().as_secs_f64()),
     );
 }
 
 /// couch_jobs queue depth per job type: all pending jobs, and those due now.
-async fn render_queues(st: &AppState, e: &mut Exposition) {
-    let depth = queues(st).await;
+fn render_queues(c: &Census, e: &mut Exposition) {
     let name = "couch_jobs_pending";
     e.family(
         name,
         "gauge",
         "couch_jobs pending jobs per type (including backed-off ones)",
     );
-    for q in &depth {
+    for q in &c.queues {
         e.sample(name, &[("type", &q.job_type)], q.pending as f64);
     }
     let name = "couch_jobs_pending_due";
@@ -122,20 +82,28 @@ async fn render_queues(st: &AppState, e: &mut Exposition) {
         "gauge",
         "couch_jobs pending jobs per type whose scheduled time has come",
     );
-    for q in &depth {
+    for q in &c.queues {
         e.sample(name, &[("type", &q.job_type)], q.due as f64);
     }
 }
 
-/// The whole Prometheus document of this node.
-pub async fn render(st: &AppState) -> String {
-    let refreshed = refresh(st).await;
+/// The whole Prometheus document of this node, from numbers it keeps: nothing is read from
+/// the store.
+pub fn render(st: &AppState) -> String {
+    let census = refresh(st);
     let mut e = Exposition::default();
     st.replicator().metrics().render(&mut e);
-    render_job_states(&mut e, &refreshed);
-    job_gauges::render(&mut e, &refreshed.samples);
-    render_queues(st, &mut e).await;
-    let db = st.replicator().jobs().db();
+    render_job_states(&mut e, &census);
+    job_gauges::render(&mut e, &census.mine);
+    render_queues(&census, &mut e);
+    let jobs = st.replicator().jobs();
+    e.single(
+        "couch_jobs_rows_listed_total",
+        "counter",
+        "job rows read by scans of every job (the census, the status page, _scheduler/jobs)",
+        jobs.rows_listed() as f64,
+    );
+    let db = jobs.db();
     db.stats().render(&mut e);
     let (engine, counters) = db.engine_counters();
     for c in counters {
@@ -158,7 +126,7 @@ fn text_response(text: String) -> Response {
 
 /// `GET /metrics`.
 pub async fn metrics(State(st): State<AppState>) -> Response {
-    text_response(render(&st).await)
+    text_response(render(&st))
 }
 
 fn check_node(st: &AppState, node: &str) -> HttpResult<()> {
@@ -177,7 +145,7 @@ pub async fn prometheus(
 ) -> HttpResult<Response> {
     caller.require_admin()?;
     check_node(&st, &node)?;
-    Ok(text_response(render(&st).await))
+    Ok(text_response(render(&st)))
 }
 
 /// `GET /_node/{node}/_replicator_jobs`: the ids of the jobs whose actors run on this very
@@ -224,7 +192,7 @@ async fn stats_at(
 ) -> HttpResult<Json<Value>> {
     caller.require_admin()?;
     check_node(&st, &node)?;
-    refresh(&st).await;
+    refresh(&st);
     let tree = stats_tree(&st.replicator().metrics().couch);
     let mut root = std::collections::BTreeMap::new();
     root.insert("couch_replicator", tree);
@@ -239,18 +207,4 @@ async fn stats_at(
         }
     }
     Ok(Json(serde_json::to_value(at).unwrap_or(Value::Null)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn sequences_are_numbers_or_couchdb_strings() {
-        assert_eq!(seq_number(&json!(42)), Some(42));
-        assert_eq!(seq_number(&json!("17-g1AAAA")), Some(17));
-        assert_eq!(seq_number(&json!("opaque")), None);
-        assert_eq!(seq_number(&Value::Null), None);
-    }
 }

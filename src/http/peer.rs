@@ -11,6 +11,7 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::serve::IncomingStream;
 
+use super::connection_limit::LimitedListener;
 use super::tls::TlsListener;
 
 /// A connection's remote address, as the servers record it.
@@ -19,6 +20,12 @@ pub struct PeerAddr(pub SocketAddr);
 
 impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for PeerAddr {
     fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, LimitedListener>> for PeerAddr {
+    fn connect_info(stream: IncomingStream<'_, LimitedListener>) -> Self {
         Self(*stream.remote_addr())
     }
 }

@@ -107,11 +107,22 @@ pub async fn post_replicate(
             if spec.options.continuous {
                 refuse_duplicate(&st, &spec, &user, &rep_id).await?;
             }
+            let limited = match user.name.as_deref() {
+                Some(name) if !user.is_admin() => {
+                    let limits = &st.config().user_limits;
+                    limits.check_options(&spec.options)?;
+                    let held = st.user_jobs().lock().await;
+                    limits.check_jobs(rep, name).await?;
+                    Some(held)
+                }
+                _ => None,
+            };
             let job = rep
                 .add(NewJob::from_body(JobKind::Transient {
                         user: user.name.clone(),
                     }, body))
                 .await?;
+            drop(limited);
             // In the request's span: its request id leads from the caller to the job.
             tracing::info!(job_id = %job.job_id, rep_id = %rep_id.full(), "replication job added");
             if spec.options.continuous {

@@ -126,6 +126,7 @@ pub(crate) async fn post_session(
             .await
             .map_err(|e| HttpError::unavailable(e.to_string()))?;
         if let Some((ctx, cookie)) = got {
+            let ctx = users.not_local(ctx)?;
             let body = json!({"ok": true, "name": ctx.name, "roles": ctx.roles});
             let mut r = (StatusCode::OK, Json(body)).into_response();
             if let Some(v) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {

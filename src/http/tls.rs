@@ -19,11 +19,18 @@ use openssl::pkey::{PKey, Private};
 use openssl::ssl::{Ssl, SslAcceptor, SslMethod, SslOptions, SslVerifyMode, SslVersion};
 use openssl::x509::X509;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::connection_limit::{ConnectionLimit, Limited};
 use tokio_openssl::SslStream;
 
 /// How long a client may take to complete its handshake before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Handshakes in flight at most: past them, connections wait in the kernel's backlog (a
+/// flood of clients that never finish their handshake holds 64 tasks for 30 s, not one per
+/// connection).
+pub const MAX_HANDSHAKES: usize = 64;
 
 /// A TLS protocol version of `tls_versions`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -289,7 +296,7 @@ fn set_ciphers(
     Ok(())
 }
 
-type Accepted = (SslStream<TcpStream>, SocketAddr);
+type Accepted = (Limited<SslStream<TcpStream>>, SocketAddr);
 
 /// A TCP listener whose connections come out TLS-terminated, for [`axum::serve()`]. The accept
 /// loop runs in a task of its own, stopped when this value is dropped.
@@ -300,11 +307,11 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    /// Starts accepting on `tcp` with `tls`.
-    pub fn new(tcp: TcpListener, tls: &ServerTls) -> io::Result<Self> {
+    /// Starts accepting on `tcp` with `tls`, each client address within `limit`.
+    pub fn new(tcp: TcpListener, tls: &ServerTls, limit: Arc<ConnectionLimit>) -> io::Result<Self> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(64);
-        let accept_loop = tokio::spawn(accept_loop(tcp, tls.acceptor.clone(), tx));
+        let accept_loop = tokio::spawn(accept_loop(tcp, tls.acceptor.clone(), tx, limit));
         Ok(Self {
             ready,
             local,
@@ -320,7 +327,7 @@ impl Drop for TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = SslStream<TcpStream>;
+    type Io = Limited<SslStream<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -336,8 +343,17 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-async fn accept_loop(tcp: TcpListener, acceptor: Arc<SslAcceptor>, tx: mpsc::Sender<Accepted>) {
+async fn accept_loop(
+    tcp: TcpListener,
+    acceptor: Arc<SslAcceptor>,
+    tx: mpsc::Sender<Accepted>,
+    limit: Arc<ConnectionLimit>,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     loop {
+        let Ok(permit) = handshakes.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, peer) = match tcp.accept().await {
             Ok(c) => c,
             // A client that gave up before we took its connection.
@@ -349,12 +365,17 @@ async fn accept_loop(tcp: TcpListener, acceptor: Arc<SslAcceptor>, tx: mpsc::Sen
                 continue;
             }
         };
+        let Some(slot) = limit.admit(peer.ip()) else {
+            continue;
+        };
         let acceptor = acceptor.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&acceptor, stream)).await {
+            let done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&acceptor, stream)).await;
+            drop(permit);
+            match done {
                 Ok(Ok(tls)) => {
-                    let _ = tx.send((tls, peer)).await;
+                    let _ = tx.send((Limited::new(tls, slot), peer)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

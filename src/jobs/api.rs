@@ -169,6 +169,7 @@ impl Jobs {
                 })
                 .await?;
             let full = page.len() >= page_size.max(1);
+            self.count_listed(page.len());
             after = page.last().map(|j| j.id.clone());
             for job in page {
                 acc = f(acc, job);

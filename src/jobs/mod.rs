@@ -107,6 +107,8 @@ struct Inner {
     registry: Arc<type_server::Registry>,
     rng: accept::AcceptRng,
     claims: Arc<accept::Claims>,
+    /// Job rows read by [`Jobs::fold_jobs`] so far (a scan of every job shows here).
+    rows_listed: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -132,6 +134,7 @@ impl Jobs {
                 registry: Arc::new(type_server::Registry::default()),
                 rng: accept::AcceptRng::new(options.rng_seed),
                 claims: Arc::default(),
+                rows_listed: Default::default(),
             }),
         }
     }
@@ -154,6 +157,17 @@ impl Jobs {
     /// The `[couch_jobs]` settings this handle was built with.
     pub fn config(&self) -> &JobsConfig {
         &self.inner.config
+    }
+
+    /// Job rows read by [`Jobs::fold_jobs`] so far, over every job type.
+    pub fn rows_listed(&self) -> u64 {
+        self.inner.rows_listed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_listed(&self, n: usize) {
+        self.inner
+            .rows_listed
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn rng(&self) -> &accept::AcceptRng {

@@ -36,6 +36,9 @@ pub enum ReplicatorError {
     /// couch_jobs failed.
     #[error(transparent)]
     Jobs(#[from] JobsError),
+    /// The store cannot be joined (a newer format).
+    #[error(transparent)]
+    Agreement(#[from] crate::replicator::cluster::agreement::AgreementError),
 }
 
 impl From<ReplicationError> for ReplicatorError {

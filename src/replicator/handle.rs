@@ -142,6 +142,12 @@ impl Replicator {
         }
     }
 
+    /// The last count of the cluster's jobs (taken by the job server every `interval`, and
+    /// soon after a job is added, started or ended; reading it reads nothing from the store).
+    pub fn census(&self) -> Arc<super::scheduler::census::Census> {
+        self.ctx.census().last()
+    }
+
     /// The cluster's nodes with their last heartbeat (UNIX ms), sorted by name.
     pub async fn members(&self) -> ReplicatorResult<Vec<(NodeName, i64)>> {
         let clustering = super::cluster::actor::Clustering::from_ctx(self.ctx.clone());
@@ -231,6 +237,7 @@ impl Replicator {
         } else {
             Series::JobsAdds
         });
+        self.ctx.census().poke();
         Ok(view)
     }
 

@@ -34,5 +34,5 @@ pub use job::view::{JobKind, JobView, RepState};
 pub use node::event_bus::{ClusterStatus, EventReceiver, ReplicatorEvent};
 pub use node::frontend::{Frontend, ServiceError, ServiceFn, ServiceFuture};
 pub use node::name::NodeName;
-pub use node::settings::{NodeType, ReplicatorSettings, SettingsError};
+pub use node::settings::{NodeType, ReplicatorSettings, SettingsError, TimingPolicy};
 pub use server_job::spec::{DbProgress, ServerJobId, ServerJobView, ServerSpec, ServerState};

@@ -52,9 +52,21 @@ async fn serve_lets_couchdb_users_in_and_logs_no_credentials() {
             .put_doc("_users", "org.couchdb.user:alice", &user)
             .await;
         assert!(s == 201 || s == 202, "{v}");
+        // A CouchDB user who signed up under the name of one of the node's own users.
+        let carol =
+            json!({"name": "carol", "type": "user", "roles": [], "password": "carol-Couch"});
+        let (s, v) = couch
+            .put_doc("_users", "org.couchdb.user:carol", &carol)
+            .await;
+        assert!(s == 201 || s == 202, "{v}");
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("node.ini");
-        std::fs::write(&cfg, "[auth_couchdb]\ncache_ttl = 5\n").unwrap();
+        std::fs::write(
+            &cfg,
+            "[auth_couchdb]\ncache_ttl = 5\n[users]\ncarol = carol-Local\n\
+             [chttpd_auth]\niterations = 10\n",
+        )
+        .unwrap();
         let log_path = dir.path().join("serve.log");
         let log = std::fs::File::create(&log_path).unwrap();
         let node = spawn_serve(
@@ -80,6 +92,31 @@ async fn serve_lets_couchdb_users_in_and_logs_no_credentials() {
         )
         .await;
         assert_eq!(s, 401);
+        // The local carol is carol; CouchDB's carol is nobody here.
+        let (s, me) = get(&base, "/_session", Some(("carol", "carol-Local")), None).await;
+        assert_eq!((s, &me["userCtx"]["name"]), (200, &json!("carol")), "{me}");
+        let (s, e) = get(
+            &base,
+            "/_scheduler/jobs",
+            Some(("carol", "carol-Couch")),
+            None,
+        )
+        .await;
+        assert_eq!(s, 401, "{e}");
+        assert!(
+            e["reason"]
+                .as_str()
+                .unwrap()
+                .contains("account of this node"),
+            "{e}"
+        );
+        let r = reqwest::Client::new()
+            .post(format!("{base}/_session"))
+            .json(&json!({"name": "carol", "password": "carol-Couch"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
         let (s, me) = get(&base, "/_session", Some(("admin", "admin")), None).await;
         assert_eq!((s, &me["userCtx"]["roles"]), (200, &json!(["_admin"])));
         // A login through our node is CouchDB's: its cookie works here.
@@ -107,7 +144,16 @@ async fn serve_lets_couchdb_users_in_and_logs_no_credentials() {
         assert_eq!(s, 200);
         drop(node);
 
-        assert_no_credentials(&log_path, &["alice-Pa55", "wrong-Pa55", cookie]);
+        assert_no_credentials(
+            &log_path,
+            &[
+                "alice-Pa55",
+                "wrong-Pa55",
+                cookie,
+                "carol-Couch",
+                "carol-Local",
+            ],
+        );
     })
     .await;
 }

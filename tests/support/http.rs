@@ -95,11 +95,30 @@ impl Node {
         Self::build_on(cfg, settings, with_steps, None).await
     }
 
+    /// A frontend-only node whose users are `cfg`'s own (not the fixed ones).
+    pub async fn frontend_with_own_users(cfg: HttpConfig) -> Node {
+        let settings = ReplicatorSettings {
+            node_types: vec![NodeType::ApiFrontend],
+            ..fast_settings()
+        };
+        Self::start_node(cfg, settings, false, None, true).await
+    }
+
     async fn build_on(
+        cfg: HttpConfig,
+        settings: ReplicatorSettings,
+        with_steps: bool,
+        uuid: Option<&str>,
+    ) -> Node {
+        Self::start_node(cfg, settings, with_steps, uuid, false).await
+    }
+
+    async fn start_node(
         mut cfg: HttpConfig,
         settings: ReplicatorSettings,
         with_steps: bool,
         uuid: Option<&str>,
+        own_users: bool,
     ) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path().join("jobs.redb")).unwrap();
@@ -117,15 +136,17 @@ impl Node {
         let replicator = Arc::new(rep);
         // The fixed users, plus the authentication CouchDB the caller configured, if any.
         let couchdb = cfg.users.couchdb().cloned();
-        cfg.users = Users::new(
-            [(ADMIN.0.to_string(), ADMIN.1.to_string())],
-            [
-                (BOB.0.to_string(), BOB.1.to_string()),
-                (EVE.0.to_string(), EVE.1.to_string()),
-            ],
-        );
-        if let Some(c) = couchdb {
-            cfg.users = cfg.users.with_couchdb(c);
+        if !own_users {
+            cfg.users = Users::new(
+                [(ADMIN.0.to_string(), ADMIN.1.to_string())],
+                [
+                    (BOB.0.to_string(), BOB.1.to_string()),
+                    (EVE.0.to_string(), EVE.1.to_string()),
+                ],
+            );
+            if let Some(c) = couchdb {
+                cfg.users = cfg.users.with_couchdb(c);
+            }
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();

@@ -12,6 +12,7 @@ use crate::http::AppState;
 use crate::http::error::{HttpError, HttpResult};
 use crate::replication::RepId;
 use crate::replicator::{JobId, JobView, NodeName, RepState};
+use crate::replicator::scheduler::census;
 
 /// Rows per page unless asked otherwise, and the most a page may hold.
 pub const DEFAULT_LIMIT: usize = 50;
@@ -205,31 +206,17 @@ fn counts(jobs: &[JobView]) -> Counts {
     }
 }
 
-/// Counted at most this many pending jobs per type (the count scans the pending index).
-const QUEUE_COUNT_LIMIT: usize = 1_000_000;
-
-/// couch_jobs' queue depth of every job type.
+/// couch_jobs' queue depth of every job type, read now.
 pub async fn queues(st: &AppState) -> Vec<Queue> {
-    let jobs = st.replicator().jobs();
-    let Ok(types) = jobs.get_types().await else {
-        return Vec::new();
-    };
-    let now = jobs.clock().now_secs();
-    let mut out = Vec::new();
-    for ty in types {
-        let all = jobs.pending_count(&ty, None, Some(QUEUE_COUNT_LIMIT)).await;
-        let due = jobs
-            .pending_count(&ty, Some(now), Some(QUEUE_COUNT_LIMIT))
-            .await;
-        if let (Ok(pending), Ok(due)) = (all, due) {
-            out.push(Queue {
-                job_type: ty,
-                pending,
-                due,
-            });
-        }
-    }
-    out
+    census::queue_depths(st.replicator().jobs())
+        .await
+        .into_iter()
+        .map(|q| Queue {
+            job_type: q.job_type,
+            pending: q.pending,
+            due: q.due,
+        })
+        .collect()
 }
 
 /// Builds the snapshot for `q`.

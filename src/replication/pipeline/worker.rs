@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -438,15 +438,8 @@ async fn fetch_one_by_one(
     let mut fetched = futures::stream::iter(refetch)
         .map(move |w| {
             let (src, tgt) = (src.clone(), tgt.clone());
-            async move {
-                // Attachments stream from source to target; on failure fetch again buffered.
-                let mut got = match open_revs(&src, &w, Some(&tgt), enc).await {
-                    Ok(g) => g,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "streamed fetch failed, fetching buffered");
-                        open_revs(&src, &w, None, enc).await?
-                    }
-                };
+            let fetch = async move {
+                let mut got = fetch_streamed(&src, &tgt, &w, enc).await?;
                 let missing_stub = got
                     .iter()
                     .any(|f| matches!(f, Fetched::Written(r) if r.missing_stub > 0));
@@ -462,7 +455,14 @@ async fn fetch_one_by_one(
                     got = open_revs(&src, &again, None, enc).await?;
                 }
                 Ok::<_, ReplicationError>((w.id, got))
-            }
+            };
+            // On a task of its own: an attachment streamed to the target inside the fetch
+            // keeps moving while this loop writes other documents (polled only by the loop,
+            // it stalled at every write: 256 MiB took 62 s instead of 23). Dropping the
+            // handle (the job stopping) drops the fetch.
+            let (fetch, handle) = fetch.remote_handle();
+            tokio::spawn(fetch);
+            handle
         })
         // Unordered: a document fetched is written as soon as it is ready, not after those
         // before it (each holds its share of the node's budget until written).
@@ -498,6 +498,40 @@ async fn fetch_one_by_one(
         }
     }
     Ok(result)
+}
+
+/// Streamed tries of one document at most, when each moved for a while before failing.
+const STREAMED_TRIES: u32 = 3;
+
+/// A streamed try that failed after this long is tried again streamed, not buffered.
+const LONG_TRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Fetches a revision with its attachments streamed from source to target. A try that fails
+/// at once is fetched again buffered (with the client's retries). One that failed after
+/// moving for a while (a 1 GiB attachment the target gave up on: CouchDB's `fabric`
+/// `request_timeout` bounds a document's whole upload) is tried again streamed, up to
+/// [`STREAMED_TRIES`]: buffered, it would trip `max_response_bytes`.
+async fn fetch_streamed(
+    src: &HttpClient,
+    tgt: &HttpClient,
+    w: &Wanted,
+    enc: bool,
+) -> Result<Vec<Fetched>> {
+    for attempt in 1..=STREAMED_TRIES {
+        let started = Instant::now();
+        match open_revs(src, w, Some(tgt), enc).await {
+            Ok(g) => return Ok(g),
+            Err(e) if attempt < STREAMED_TRIES && started.elapsed() >= LONG_TRY => {
+                tracing::warn!(error = %e, attempt, "streamed fetch failed, trying it again");
+                tokio::time::sleep(std::time::Duration::from_secs(u64::from(attempt))).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "streamed fetch failed, fetching buffered");
+                break;
+            }
+        }
+    }
+    open_revs(src, w, None, enc).await
 }
 
 #[cfg(test)]

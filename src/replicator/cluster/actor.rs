@@ -27,6 +27,7 @@ use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::event_bus::{ClusterStatus, ReplicatorEvent};
 use crate::replicator::node::name::NodeName;
 use crate::replicator::scheduler::job_server::{JOB_SERVER, JobServerMsg};
+use crate::replicator::scheduler::census;
 
 /// Node membership, a child of the tree.
 pub(crate) const CLUSTERING: ChildId<ClusterMsg> = ChildId::new("clustering");
@@ -121,6 +122,17 @@ impl Drop for ClusterState {
     }
 }
 
+impl Clustering {
+    fn census(&self) -> tokio::task::JoinHandle<()> {
+        census::spawn(
+            self.ctx.census().clone(),
+            self.ctx.jobs().clone(),
+            self.ctx.node().clone(),
+            self.ctx.settings().interval,
+        )
+    }
+}
+
 fn after(myself: &ActorRef<ClusterMsg>, d: Duration, msg: ClusterMsg) {
     let me = myself.clone();
     tokio::spawn(async move {
@@ -191,7 +203,9 @@ impl Server for Clustering {
             generation: 0,
             stable: false,
             removed: Vec::new(),
-            tasks: vec![watcher, beats],
+            // The count of the cluster's jobs `/metrics` shows runs here, on every kind of
+            // node, for as long as the node takes part in the cluster.
+            tasks: vec![watcher, beats, self.census()],
         })
     }
 

@@ -1,4 +1,5 @@
-//! The nodes sharing one store: membership rows, heartbeats and the neighbour rules as store
+//! The nodes sharing one store: what they agree on (store format, timing: [`agreement`]),
+//! membership rows, heartbeats and the neighbour rules as store
 //! transactions ([`membership`]), liveness judged by what this process saw change
 //! ([`sightings`]), and the actor that runs them and publishes stability
 //! ([`actor`]).
@@ -7,5 +8,6 @@
 //! `Heartbeat`, `Quiet` (the stability period passed) and `Observe`.
 
 pub mod actor;
+pub mod agreement;
 pub mod membership;
 pub mod sightings;

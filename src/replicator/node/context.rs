@@ -11,6 +11,7 @@ use supervisors::{ChildHandle, Children};
 use crate::jobs::Jobs;
 use crate::replication::http::budget::ResponseBudget;
 use crate::replicator::job::lease::Lease;
+use crate::replicator::scheduler::census::CensusBoard;
 use crate::store::tuple;
 use crate::telemetry::NodeMetrics;
 
@@ -48,6 +49,8 @@ struct Inner {
     /// When each member's row last changed, as this process saw it (clustering and the
     /// job server's balance share it).
     sightings: Arc<Sightings>,
+    /// The last count of the cluster's jobs (`/metrics` reads it, the job server takes it).
+    census: Arc<CensusBoard>,
 }
 
 impl NodeCtx {
@@ -75,6 +78,7 @@ impl NodeCtx {
                 metrics,
                 node_lease: Arc::new(Lease::new(node_timeout)),
                 sightings: Arc::default(),
+                census: Arc::default(),
             }),
         }
     }
@@ -112,6 +116,11 @@ impl NodeCtx {
     /// This process's sightings of the members' rows.
     pub(crate) fn sightings(&self) -> &Arc<Sightings> {
         &self.inner.sightings
+    }
+
+    /// The last count of the cluster's jobs.
+    pub fn census(&self) -> &Arc<CensusBoard> {
+        &self.inner.census
     }
 
     /// This node's metrics.

@@ -22,6 +22,16 @@ pub enum NodeType {
     Replication,
 }
 
+/// What a node started with timing other than the cluster's does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TimingPolicy {
+    /// Takes the cluster's values (and logs both).
+    #[default]
+    Adopt,
+    /// Records its own values as the cluster's (the one explicit way to change them).
+    Replace,
+}
+
 /// The scheduler and job settings, as an embedding host sets them. Times are [`Duration`]s;
 /// the config-file layer (the `couch-replicator` binary) reads CouchDB's `[replicator]` keys,
 /// with their names and units, into these fields.
@@ -60,6 +70,9 @@ pub struct ReplicatorSettings {
     /// sees it) is removed and its jobs run elsewhere; a node that could not beat for most
     /// of it stops its own jobs first. Capped by `job_timeout` (see [`Self::node_timeout`]).
     pub node_timeout: Duration,
+    /// What a node started with a `job_timeout` or `node_timeout` other than the cluster's
+    /// does (`[replicator] cluster_timing`; see `cluster::agreement`).
+    pub cluster_timing: TimingPolicy,
     /// Membership must be unchanged this long before the cluster is `stable`.
     pub cluster_quiet_period: Duration,
     /// The same window right after boot.
@@ -104,6 +117,7 @@ impl Default for ReplicatorSettings {
             stats_update_interval: Duration::from_secs(10),
             job_timeout: Duration::from_secs(61),
             node_timeout: Duration::from_secs(15),
+            cluster_timing: TimingPolicy::Adopt,
             cluster_quiet_period: Duration::from_secs(60),
             cluster_start_period: Duration::from_secs(5),
             rate_limiter_max_interval: MAX_RATE_LIMITER_INTERVAL,

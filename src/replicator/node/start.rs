@@ -1,4 +1,5 @@
-//! Starting one node: [`Replicator::start`] sets up couch_jobs (the `rep_jobs` activity
+//! Starting one node: [`Replicator::start`] checks what the cluster agrees on (the store's
+//! format, its timing: `cluster::agreement`), sets up couch_jobs (the `rep_jobs` activity
 //! timeout and the background processes), starts the `replicator_sup` tree for the configured
 //! node types, and hands the resulting [`Replicator`] handle to the tree's frontend services.
 
@@ -8,6 +9,7 @@ use crate::jobs::Jobs;
 
 use super::frontend::Frontend;
 use super::tree;
+use crate::replicator::cluster::agreement;
 use crate::replicator::error::{ReplicatorError, ReplicatorResult};
 use crate::replicator::handle::{Replicator, ReplicatorConfig};
 use crate::replicator::job::view::REP_JOBS;
@@ -32,7 +34,9 @@ impl Replicator {
             .map_err(ReplicatorError::Config)?;
         let prefix = config.jobs.prefix.clone();
         let jobs = Jobs::new(config.db, config.jobs);
-        let timeout = config.settings.job_timeout.as_secs() as i64;
+        let mut settings = config.settings;
+        agreement::settle(&jobs, &prefix, &mut settings).await?;
+        let timeout = settings.job_timeout.as_secs() as i64;
         jobs.set_type_timeout(REP_JOBS, timeout).await?;
         // Whole-server jobs keep alive the same way (their worker updates every turn).
         jobs.set_type_timeout(SERVER_JOBS, timeout).await?;
@@ -44,7 +48,7 @@ impl Replicator {
             job_sup,
         } = tree::start(
             jobs,
-            config.settings,
+            settings,
             config.node,
             config.server_uuid,
             prefix,

@@ -483,6 +483,10 @@ impl Server for JobServer {
         msg: JobServerMsg,
         st: &mut JobServerState,
     ) -> Result<(), BoxError> {
+        if !matches!(msg, JobServerMsg::Observe(_)) {
+            // A job started, ended or was enqueued (or a tick): the count is due again.
+            self.ctx.census().poke();
+        }
         match msg {
             JobServerMsg::Accepted {
                 acceptor,

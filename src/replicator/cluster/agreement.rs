@@ -1,0 +1,143 @@
+//! What every node sharing a store must agree on, kept in the store and settled at start
+//! ([`settle`]): the store's format version, and the cluster's timing (`job_timeout`,
+//! `node_timeout`).
+//!
+//! - **Format.** `(prefix, 56, "format") -> "N"`. A store without one gets this build's
+//!   [`STORE_FORMAT`]; a store written in a newer format is refused with both versions named,
+//!   so a node of an older version cannot join a cluster an upgrade moved on. A future format
+//!   change must come with an explicit upgrade step that rewrites this key (see
+//!   `docs/operations.md`).
+//! - **Timing.** `(prefix, 56, "timing") -> {"job_timeout_sec", "node_timeout_sec"}`. Each
+//!   node used to write its own `job_timeout` into couch_jobs' type timeout at start, the last
+//!   one winning, while it timed its own leases with its own value: a node's healthy jobs
+//!   could then be re-enqueued while it still ran them. Now the first node records its timing;
+//!   a node started with other values adopts the cluster's and says so; `[replicator]
+//!   cluster_timing = replace` is the one explicit way to change them (that node records its
+//!   own; the others adopt them as they restart, so restart every node in turn).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::jobs::Jobs;
+use crate::replicator::node::settings::{ReplicatorSettings, TimingPolicy};
+use crate::store::{StoreError, Tx, tuple};
+
+/// The format of the replicator's keys this build reads and writes.
+pub const STORE_FORMAT: u32 = 1;
+
+/// Sub-space tag of what the cluster agrees on (ours).
+const AGREEMENT: i64 = 56;
+
+/// Why the store cannot be joined.
+#[derive(Debug, thiserror::Error)]
+pub enum AgreementError {
+    /// The store was written in a format this build does not know.
+    #[error(
+        "the job store's format is {stored}, newer than the {ours} this node reads: run this \
+         node's newer version (an older node must not join a store an upgrade moved on)"
+    )]
+    NewerFormat {
+        /// The store's.
+        stored: u32,
+        /// This build's.
+        ours: u32,
+    },
+    /// The format key holds something else.
+    #[error("the job store's format key holds {0:?}, not a version number")]
+    Unreadable(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The cluster's timing as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterTiming {
+    /// couch_jobs' activity timeout of replication jobs, seconds.
+    pub job_timeout_sec: u64,
+    /// Node liveness timeout, seconds.
+    pub node_timeout_sec: u64,
+}
+
+impl ClusterTiming {
+    fn of(s: &ReplicatorSettings) -> Self {
+        Self {
+            job_timeout_sec: s.job_timeout.as_secs(),
+            node_timeout_sec: s.node_timeout.as_secs(),
+        }
+    }
+
+    fn apply(self, s: &mut ReplicatorSettings) {
+        s.job_timeout = Duration::from_secs(self.job_timeout_sec);
+        s.node_timeout = Duration::from_secs(self.node_timeout_sec);
+    }
+}
+
+/// Checks the store's format and settles the cluster's timing into `settings` (in one
+/// transaction).
+pub async fn settle(
+    jobs: &Jobs,
+    prefix: &[u8],
+    settings: &mut ReplicatorSettings,
+) -> Result<(), AgreementError> {
+    let policy = settings.cluster_timing;
+    let key = |name: &str| {
+        let mut k = prefix.to_vec();
+        tuple::pack_into(&(AGREEMENT, name), &mut k);
+        k
+    };
+    let (format_key, timing_key) = (key("format"), key("timing"));
+    let ours = ClusterTiming::of(settings);
+    let (format, recorded) = jobs
+        .db()
+        .run(|tx: Tx| {
+            let (format_key, timing_key) = (format_key.clone(), timing_key.clone());
+            async move {
+                let format = tx.get(&format_key, false).await?;
+                if format.is_none() {
+                    tx.set(&format_key, STORE_FORMAT.to_string().as_bytes());
+                }
+                let recorded = tx
+                    .get(&timing_key, false)
+                    .await?
+                    .and_then(|v| serde_json::from_slice::<ClusterTiming>(&v).ok());
+                if recorded.is_none() || policy == TimingPolicy::Replace {
+                    let v = serde_json::to_vec(&ours).unwrap_or_default();
+                    tx.set(&timing_key, &v);
+                }
+                Ok::<_, StoreError>((format, recorded))
+            }
+        })
+        .await?;
+    if let Some(v) = format {
+        let text = String::from_utf8_lossy(&v).into_owned();
+        let stored: u32 = text.trim().parse().map_err(|_| AgreementError::Unreadable(text))?;
+        if stored > STORE_FORMAT {
+            return Err(AgreementError::NewerFormat {
+                stored,
+                ours: STORE_FORMAT,
+            });
+        }
+    }
+    match (recorded, policy) {
+        (Some(cluster), TimingPolicy::Adopt) if cluster != ours => {
+            tracing::warn!(
+                ours.job_timeout_sec, ours.node_timeout_sec,
+                cluster.job_timeout_sec, cluster.node_timeout_sec,
+                "this node's timing differs from the cluster's: using the cluster's \
+                 ([replicator] cluster_timing = replace changes the cluster's)"
+            );
+            cluster.apply(settings);
+        }
+        (Some(cluster), TimingPolicy::Replace) if cluster != ours => {
+            tracing::warn!(
+                ours.job_timeout_sec, ours.node_timeout_sec,
+                cluster.job_timeout_sec, cluster.node_timeout_sec,
+                "replaced the cluster's timing with this node's: restart every other node"
+            );
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! The cluster's jobs counted ([`Census`]), kept for `/metrics` and `_stats` so that a scrape
+//! reads nothing from the store: a scrape is unauthenticated and may come often, and with
+//! 10,000 jobs a count read every one. The clustering actor runs [`spawn`]'s task (on every
+//! kind of node), which takes a census every `period` and soon after a poke
+//! ([`CensusBoard::poke`]: the job server's messages, a job added through the handle), at
+//! most once per [`MIN_GAP`]; a scrape shows the last one and its age.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::jobs::{Jobs, JobsResult};
+use crate::replicator::job::id::JobId;
+use crate::replicator::job::view::{JobView, REP_JOBS, RepState};
+use crate::replicator::node::name::NodeName;
+use crate::telemetry::job_gauges::JobSample;
+
+/// The least time between two censuses, however often poked.
+pub const MIN_GAP: Duration = Duration::from_secs(2);
+
+/// Counted at most this many pending jobs per type (the count scans the pending index).
+const QUEUE_COUNT_LIMIT: usize = 1_000_000;
+
+/// The states a census counts, in the order `/metrics` shows them.
+pub const STATES: [RepState; 5] = [
+    RepState::Pending,
+    RepState::Running,
+    RepState::Crashing,
+    RepState::Completed,
+    RepState::Failed,
+];
+
+/// couch_jobs' queue of one job type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// The job type.
+    pub job_type: String,
+    /// Pending jobs, backed-off ones included.
+    pub pending: usize,
+    /// Pending jobs whose scheduled time has come.
+    pub due: usize,
+}
+
+/// One count of the cluster's replication jobs and of this node's running ones.
+#[derive(Debug, Clone, Default)]
+pub struct Census {
+    /// Jobs per state, in [`STATES`]' order.
+    pub by_state: [u64; 5],
+    /// Every job.
+    pub total: u64,
+    /// This node's running jobs.
+    pub mine: Vec<JobSample<JobId>>,
+    /// couch_jobs' queue depth of every job type.
+    pub queues: Vec<QueueDepth>,
+    /// When it was taken (`None`: not yet).
+    pub taken: Option<Instant>,
+}
+
+impl Census {
+    /// Jobs in `state`.
+    pub fn count(&self, state: RepState) -> u64 {
+        STATES
+            .iter()
+            .position(|s| *s == state)
+            .map_or(0, |i| self.by_state[i])
+    }
+}
+
+/// The last census and the pokes that ask for the next.
+#[derive(Debug, Default)]
+pub struct CensusBoard {
+    last: Mutex<Arc<Census>>,
+    poked: Notify,
+}
+
+impl CensusBoard {
+    /// The last census taken.
+    pub fn last(&self) -> Arc<Census> {
+        match self.last.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Something changed: take a census soon.
+    pub fn poke(&self) {
+        self.poked.notify_one();
+    }
+
+    fn set(&self, c: Census) {
+        let c = Arc::new(c);
+        match self.last.lock() {
+            Ok(mut g) => *g = c,
+            Err(p) => *p.into_inner() = c,
+        }
+    }
+}
+
+/// Takes a census every `period` and after each poke (at most one per [`MIN_GAP`]).
+pub fn spawn(board: Arc<CensusBoard>, jobs: Jobs, node: NodeName, period: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match take(&jobs, &node).await {
+                Ok(c) => board.set(c),
+                Err(e) => tracing::debug!(error = %e, "census failed"),
+            }
+            tokio::time::sleep(MIN_GAP).await;
+            let _ = tokio::time::timeout(period.saturating_sub(MIN_GAP), board.poked.notified()).await;
+        }
+    })
+}
+
+/// Counts the cluster's jobs and samples this node's running ones (reads every job).
+pub async fn take(jobs: &Jobs, node: &NodeName) -> JobsResult<Census> {
+    let mut c = jobs
+        .fold_jobs(REP_JOBS, Census::default(), |mut c, j| {
+            let Ok(v) = JobView::from_data(&JobId::from(&j.id), &j.data) else {
+                return c;
+            };
+            c.total += 1;
+            if let Some(i) = STATES.iter().position(|s| *s == v.state) {
+                c.by_state[i] += 1;
+            }
+            if v.state == RepState::Running && v.node.as_ref() == Some(node) {
+                c.mine.push(sample(&v));
+            }
+            c
+        })
+        .await?;
+    c.queues = queue_depths(jobs).await;
+    c.taken = Some(Instant::now());
+    Ok(c)
+}
+
+/// couch_jobs' queue depth of every job type (reads the pending index).
+pub async fn queue_depths(jobs: &Jobs) -> Vec<QueueDepth> {
+    let Ok(types) = jobs.get_types().await else {
+        return Vec::new();
+    };
+    let now = jobs.clock().now_secs();
+    let mut out = Vec::new();
+    for ty in types {
+        let all = jobs.pending_count(&ty, None, Some(QUEUE_COUNT_LIMIT)).await;
+        let due = jobs.pending_count(&ty, Some(now), Some(QUEUE_COUNT_LIMIT)).await;
+        if let (Ok(pending), Ok(due)) = (all, due) {
+            out.push(QueueDepth {
+                job_type: ty,
+                pending,
+                due,
+            });
+        }
+    }
+    out
+}
+
+/// The numeric part of a sequence: a number, or the `N` of CouchDB's `N-opaque` strings.
+fn seq_number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.split('-').next().and_then(|n| n.parse().ok()),
+        _ => None,
+    }
+}
+
+fn sample(j: &JobView) -> JobSample<JobId> {
+    let n = j.stats.clone().unwrap_or_default();
+    let lag = match (
+        seq_number(&n.through_seq),
+        seq_number(&n.checkpointed_source_seq),
+    ) {
+        (Some(t), Some(c)) => Some(t.saturating_sub(c)),
+        _ => None,
+    };
+    JobSample {
+        job_id: j.job_id.clone(),
+        changes_pending: n.changes_pending,
+        checkpoint_lag: lag,
+        docs_written: n.docs_written,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sequences_are_numbers_or_couchdb_strings() {
+        assert_eq!(seq_number(&json!(42)), Some(42));
+        assert_eq!(seq_number(&json!("17-g1AAAA")), Some(17));
+        assert_eq!(seq_number(&json!("opaque")), None);
+        assert_eq!(seq_number(&Value::Null), None);
+    }
+}

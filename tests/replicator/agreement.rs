@@ -1,0 +1,93 @@
+//! What the nodes of one store agree on (issue 40, points 3 and 4): the first node records
+//! its timing, a node started with other values adopts the cluster's, `cluster_timing =
+//! replace` is the explicit change the next nodes adopt, and a store written in a newer
+//! format is refused naming both versions.
+
+use std::time::Duration;
+
+use couch_replicator::replicator::cluster::agreement::STORE_FORMAT;
+use couch_replicator::replicator::{
+    NodeType, Replicator, ReplicatorConfig, ReplicatorError, ReplicatorSettings, TimingPolicy,
+};
+use couch_replicator::store::tuple;
+
+use crate::support::nodes::Nodes;
+
+fn timed(job: u64, node: u64, policy: TimingPolicy) -> ReplicatorSettings {
+    ReplicatorSettings {
+        node_types: vec![NodeType::ApiFrontend],
+        job_timeout: Duration::from_secs(job),
+        node_timeout: Duration::from_secs(node),
+        cluster_timing: policy,
+        ..ReplicatorSettings::default()
+    }
+}
+
+fn timing(n: &Replicator) -> (u64, u64) {
+    let s = n.settings();
+    (s.job_timeout.as_secs(), s.node_timeout.as_secs())
+}
+
+#[tokio::test(start_paused = true)]
+async fn nodes_adopt_the_clusters_timing_until_it_is_replaced() {
+    let cluster = Nodes::paused();
+    let a = cluster.start("a", timed(30, 10, TimingPolicy::Adopt)).await;
+    assert_eq!(timing(&a), (30, 10), "the first node records its own");
+    let b = cluster.start("b", timed(61, 15, TimingPolicy::Adopt)).await;
+    assert_eq!(timing(&b), (30, 10), "a later node adopts the cluster's");
+    let c = cluster
+        .start("c", timed(20, 8, TimingPolicy::Replace))
+        .await;
+    assert_eq!(timing(&c), (20, 8), "replace records this node's");
+    let d = cluster
+        .start(
+            "d",
+            ReplicatorSettings {
+                node_types: vec![NodeType::ApiFrontend],
+                ..ReplicatorSettings::default()
+            },
+        )
+        .await;
+    assert_eq!(
+        timing(&d),
+        (20, 8),
+        "the next node adopts the replaced timing"
+    );
+    for n in [a, b, c, d] {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_in_a_newer_format_is_refused_naming_both() {
+    let cluster = Nodes::paused();
+    let a = cluster.start("a", timed(30, 10, TimingPolicy::Adopt)).await;
+    a.shutdown().await;
+    // A newer version wrote the store: format 99 under the default layer prefix.
+    let prefix = couch_replicator::jobs::JobsOptions::default().prefix;
+    let mut key = prefix.clone();
+    tuple::pack_into(&(56i64, "format"), &mut key);
+    cluster
+        .db()
+        .run(|tx| {
+            let key = key.clone();
+            async move {
+                tx.set(&key, b"99");
+                Ok::<_, couch_replicator::store::StoreError>(())
+            }
+        })
+        .await
+        .unwrap();
+    let config = ReplicatorConfig {
+        node: "old".into(),
+        settings: timed(30, 10, TimingPolicy::Adopt),
+        ..ReplicatorConfig::new(cluster.db().clone())
+    };
+    let err = Replicator::start(config).await.expect_err("refused");
+    assert!(matches!(err, ReplicatorError::Agreement(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("99") && text.contains(&STORE_FORMAT.to_string()),
+        "{text}"
+    );
+}
