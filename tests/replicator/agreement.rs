@@ -31,17 +31,21 @@ fn timing(n: &Replicator) -> (u64, u64) {
 #[tokio::test(start_paused = true)]
 async fn nodes_adopt_the_clusters_timing_until_it_is_replaced() {
     let cluster = Nodes::paused();
-    let a = cluster.start("a", timed(30, 10, TimingPolicy::Adopt)).await;
+    let a = cluster
+        .start("agree-a", timed(30, 10, TimingPolicy::Adopt))
+        .await;
     assert_eq!(timing(&a), (30, 10), "the first node records its own");
-    let b = cluster.start("b", timed(61, 15, TimingPolicy::Adopt)).await;
+    let b = cluster
+        .start("agree-b", timed(61, 15, TimingPolicy::Adopt))
+        .await;
     assert_eq!(timing(&b), (30, 10), "a later node adopts the cluster's");
     let c = cluster
-        .start("c", timed(20, 8, TimingPolicy::Replace))
+        .start("agree-c", timed(20, 8, TimingPolicy::Replace))
         .await;
     assert_eq!(timing(&c), (20, 8), "replace records this node's");
     let d = cluster
         .start(
-            "d",
+            "agree-d",
             ReplicatorSettings {
                 node_types: vec![NodeType::ApiFrontend],
                 ..ReplicatorSettings::default()
@@ -61,7 +65,9 @@ async fn nodes_adopt_the_clusters_timing_until_it_is_replaced() {
 #[tokio::test(start_paused = true)]
 async fn a_store_in_a_newer_format_is_refused_naming_both() {
     let cluster = Nodes::paused();
-    let a = cluster.start("a", timed(30, 10, TimingPolicy::Adopt)).await;
+    let a = cluster
+        .start("agree-e", timed(30, 10, TimingPolicy::Adopt))
+        .await;
     a.shutdown().await;
     // A newer version wrote the store: format 99 under the default layer prefix.
     let prefix = couch_replicator::jobs::JobsOptions::default().prefix;
@@ -79,7 +85,7 @@ async fn a_store_in_a_newer_format_is_refused_naming_both() {
         .await
         .unwrap();
     let config = ReplicatorConfig {
-        node: "old".into(),
+        node: "agree-old".into(),
         settings: timed(30, 10, TimingPolicy::Adopt),
         ..ReplicatorConfig::new(cluster.db().clone())
     };

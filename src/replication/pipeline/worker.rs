@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -438,7 +438,7 @@ async fn fetch_one_by_one(
     let mut fetched = futures::stream::iter(refetch)
         .map(move |w| {
             let (src, tgt) = (src.clone(), tgt.clone());
-            let fetch = async move {
+            async move {
                 let mut got = fetch_streamed(&src, &tgt, &w, enc).await?;
                 let missing_stub = got
                     .iter()
@@ -455,18 +455,9 @@ async fn fetch_one_by_one(
                     got = open_revs(&src, &again, None, enc).await?;
                 }
                 Ok::<_, ReplicationError>((w.id, got))
-            };
-            // On a task of its own: an attachment streamed to the target inside the fetch
-            // keeps moving while this loop writes other documents (polled only by the loop,
-            // it stalled at every write: 256 MiB took 62 s instead of 23). Dropping the
-            // handle (the job stopping) drops the fetch.
-            let (fetch, handle) = fetch.remote_handle();
-            tokio::spawn(fetch);
-            handle
+            }
         })
-        // Unordered: a document fetched is written as soon as it is ready, not after those
-        // before it (each holds its share of the node's budget until written).
-        .buffer_unordered(INDIVIDUAL_FETCHES);
+        .buffered(INDIVIDUAL_FETCHES);
     let mut held: usize = docs.iter().map(Bytes::len).sum();
     while let Some(f) = fetched.next().await {
         let (id, got) = f?;
