@@ -490,7 +490,10 @@ fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: Bou
                 http::serve_router_within(listener, router.clone(), limit, std::future::pending());
             let tls = async move {
                 match https {
-                    Some(tls) => tls.serve(router).await,
+                    Some(tls) => {
+                        let secure = axum::middleware::from_fn(http::cookie::secure_over_tls);
+                        tls.serve(router.layer(secure)).await
+                    }
                     None => std::future::pending().await,
                 }
             };

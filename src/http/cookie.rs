@@ -5,8 +5,11 @@
 //! does. Minting, verifying, reading and writing the cookie header; the `/_session`
 //! endpoints that use it are in `session.rs`, the request authentication in `auth.rs`.
 
-use axum::http::HeaderMap;
-use axum::http::header::COOKIE;
+use axum::extract::Request;
+use axum::http::header::{COOKIE, SET_COOKIE};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
 use base64::Engine as _;
 use hmac::{Hmac, Mac as _};
 use rand::RngCore as _;
@@ -151,6 +154,30 @@ pub fn cookie_value(headers: &HeaderMap) -> Option<String> {
         .find(|(k, _)| *k == "AuthSession")
         .map(|(_, v)| v.trim().to_owned())
         .filter(|v| !v.is_empty())
+}
+
+/// Marks every cookie a response sets `Secure`: the layer of the HTTPS listener's routes, as
+/// CouchDB marks its cookies on its TLS port (a browser then never sends them over plain HTTP).
+pub async fn secure_over_tls(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let set: Vec<HeaderValue> = resp
+        .headers()
+        .get_all(SET_COOKIE)
+        .iter()
+        .map(|v| match v.to_str() {
+            Ok(s) if !s.to_ascii_lowercase().contains("; secure") => {
+                HeaderValue::from_str(&format!("{s}; Secure")).unwrap_or_else(|_| v.clone())
+            }
+            _ => v.clone(),
+        })
+        .collect();
+    if !set.is_empty() {
+        resp.headers_mut().remove(SET_COOKIE);
+        for v in set {
+            resp.headers_mut().append(SET_COOKIE, v);
+        }
+    }
+    resp
 }
 
 /// A `Set-Cookie` value with CouchDB's attributes (`value` empty clears the session).

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::support::couchdb::CouchPeer;
 use crate::support::deadline;
 use crate::support::serve::{ServeProcess, spawn_serve_listening};
-use crate::support::tls::{ClientCert, TestPki, https_get};
+use crate::support::tls::{ClientCert, TestPki, https_get, https_raw};
 
 /// What one server did for each kind of client: `GET /` status, or `None` if refused.
 #[derive(Debug, PartialEq, Eq)]
@@ -144,12 +144,48 @@ async fn verify_modes(peer: &CouchPeer, pki: &TestPki) {
         assert_eq!(couch, expected, "CouchDB with {context}");
         let mine = verdicts(pki, &other, both.port).await;
         assert_eq!(mine, couch, "ours vs CouchDB with {context}");
+        if !fail {
+            secure_cookies(pki, &both).await;
+        }
         // Plain HTTP stays on beside HTTPS, on both.
         for base in [peer.url(), both.node.base.clone()] {
             let r = http.get(format!("{base}/_up")).send().await.unwrap();
             assert_eq!(r.status(), 200, "{base}/_up");
         }
     }
+}
+
+/// A session cookie minted over HTTPS is `Secure` on both (CouchDB marks it so on its TLS
+/// port), and over plain HTTP it is not on ours.
+async fn secure_cookies(pki: &TestPki, both: &Pair) {
+    let body = r#"{"name":"admin","password":"admin"}"#;
+    for (who, port) in both.ports() {
+        let req = format!(
+            "POST /_session HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, head, _) = https_raw(&pki.path("ca.pem"), port, None, &req)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{who}: {head}");
+        let cookie = head
+            .lines()
+            .find(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("set-cookie: authsession=")
+            })
+            .unwrap_or_else(|| panic!("{who}: no session cookie in {head}"));
+        assert!(cookie.contains("; Secure"), "{who}: {cookie}");
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{}/_session", both.node.base))
+        .json(&serde_json::json!({"name": "admin", "password": "admin"}))
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
 }
 
 /// A client certificate one intermediate below the CA of `cacert_file` needs

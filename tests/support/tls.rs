@@ -287,10 +287,23 @@ pub async fn https_get(
     client: Option<&ClientCert>,
     path: &str,
 ) -> Result<(u16, String), String> {
-    let exchange = https_exchange(ca, port, client, path);
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    https_raw(ca, port, client, &req)
+        .await
+        .map(|(status, _, body)| (status, body))
+}
+
+/// One raw HTTP/1.0 `request` over TLS: the status, the head and the body.
+pub async fn https_raw(
+    ca: &Path,
+    port: u16,
+    client: Option<&ClientCert>,
+    request: &str,
+) -> Result<(u16, String, String), String> {
+    let exchange = https_exchange(ca, port, client, request);
     match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
         Ok(r) => r,
-        Err(_) => panic!("GET https://127.0.0.1:{port}{path} hung for 30 s"),
+        Err(_) => panic!("https://127.0.0.1:{port}: {request:?} hung for 30 s"),
     }
 }
 
@@ -298,8 +311,8 @@ async fn https_exchange(
     ca: &Path,
     port: u16,
     client: Option<&ClientCert>,
-    path: &str,
-) -> Result<(u16, String), String> {
+    req: &str,
+) -> Result<(u16, String, String), String> {
     use openssl::ssl::SslConnector;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
@@ -327,7 +340,6 @@ async fn https_exchange(
         .connect()
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
     tls.write_all(req.as_bytes())
         .await
         .map_err(|e| format!("write: {e}"))?;
@@ -344,5 +356,5 @@ async fn https_exchange(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("no status in {head:?}"))?;
-    Ok((status, body.to_owned()))
+    Ok((status, head.to_owned(), body.to_owned()))
 }
