@@ -57,7 +57,12 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// `source`, failing once more than `cap` of its bytes wait unhanded in the parser.
+    /// `source`, failing once more than `cap` of its bytes wait unhanded in the parser, and
+    /// handing the parser one chunk per poll: `multer` pulls from its source until it is
+    /// not ready, so behind a target slower than the source it took everything the source
+    /// could send (16 MiB ahead, then the cap tripped, under a loaded test run). Between
+    /// two chunks the guard says "not ready" and wakes its task at once: the parser hands on
+    /// what it has first, and pulls more only when polled again.
     pub(crate) fn guard<S>(
         &self,
         source: S,
@@ -67,7 +72,7 @@ impl Watch {
         S: Stream<Item = std::io::Result<Bytes>> + Send + 'static,
     {
         let me = self.clone();
-        source.map(move |chunk| {
+        let counted = source.map(move |chunk| {
             let b = chunk?;
             let taken = me.taken.fetch_add(b.len() as u64, Ordering::Relaxed) + b.len() as u64;
             if taken.saturating_sub(me.handed.load(Ordering::Relaxed)) > cap {
@@ -77,6 +82,17 @@ impl Watch {
                 )));
             }
             Ok(b)
+        });
+        let mut counted = Box::pin(counted);
+        let mut pause = false;
+        futures::stream::poll_fn(move |cx| {
+            if std::mem::take(&mut pause) {
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            let next = counted.as_mut().poll_next(cx);
+            pause = matches!(next, std::task::Poll::Ready(Some(Ok(_))));
+            next
         })
     }
 
