@@ -1,33 +1,18 @@
 //! CouchDB's `[prometheus] additional_port` through a real `serve` process: the metrics on a
 //! port of their own, without authentication, while the API's port still asks for it.
 
-use std::process::Stdio;
-
 use crate::support::deadline;
-use crate::support::serve::spawn_serve;
+use crate::support::serve::spawn_serve_with;
 use crate::support::server::free_port;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_on_a_port_of_their_own() {
     deadline(60, "metrics port", async {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("node.ini");
         let port = free_port();
-        std::fs::write(
-            &cfg,
-            format!(
-                "[admins]\nadmin = secret\n[chttpd_auth]\niterations = 10\n\
+        let (_dir, node) = spawn_serve_with(&format!(
+            "[admins]\nadmin = secret\n[chttpd_auth]\niterations = 10\n\
                  [prometheus]\nadditional_port = true\nbind_address = 127.0.0.1\nport = {port}\n"
-            ),
-        )
-        .unwrap();
-        let node = spawn_serve(
-            &dir.path().join("data"),
-            &cfg,
-            &[],
-            "warn",
-            Stdio::inherit(),
-        )
+        ))
         .await;
         let http = reqwest::Client::new();
         let metrics = format!("http://127.0.0.1:{port}");

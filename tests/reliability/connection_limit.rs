@@ -3,14 +3,13 @@
 //! every further one closed at once, while another address is served; the slots come back
 //! as its connections close.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::support::deadline;
-use crate::support::serve::spawn_serve;
+use crate::support::serve::spawn_serve_with;
 
 /// `GET /_up` on a fresh connection from `from`: the status line, or `None` when the
 /// server closed the connection without answering.
@@ -36,17 +35,7 @@ async fn up_from(port: u16, from: [u8; 4]) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_connection() {
     deadline(60, "connections per client", async {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("node.ini");
-        std::fs::write(&cfg, "[chttpd]\nmax_connections_per_client = 20\n").unwrap();
-        let node = spawn_serve(
-            &dir.path().join("data"),
-            &cfg,
-            &[],
-            "warn",
-            Stdio::inherit(),
-        )
-        .await;
+        let (_dir, node) = spawn_serve_with("[chttpd]\nmax_connections_per_client = 20\n").await;
         let port: u16 = node.base.rsplit(':').next().unwrap().parse().unwrap();
         let mut held = Vec::new();
         for _ in 0..20 {

@@ -3,12 +3,10 @@
 //! at the limit is refused with 403 until one of their jobs ends; a job asking for more
 //! workers than a user may is refused with 400; admins are not limited.
 
-use std::process::Stdio;
-
 use serde_json::{Value, json};
 
 use crate::support::deadline;
-use crate::support::serve::spawn_serve;
+use crate::support::serve::spawn_serve_with;
 
 async fn post(http: &reqwest::Client, base: &str, who: (&str, &str), body: &Value) -> (u16, Value) {
     let r = http
@@ -35,21 +33,10 @@ fn job(n: usize) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_at_the_limit_is_refused_until_a_job_ends() {
     deadline(120, "user limits", async {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("node.ini");
-        std::fs::write(
-            &cfg,
+        let (_dir, node) = spawn_serve_with(
             "[admins]\nadmin = secret\n[users]\nbob = bob-secret\n\
              [chttpd_auth]\niterations = 10\n\
              [replicator]\nmax_jobs_per_user = 2\nuser_max_worker_processes = 6\n",
-        )
-        .unwrap();
-        let node = spawn_serve(
-            &dir.path().join("data"),
-            &cfg,
-            &[],
-            "warn",
-            Stdio::inherit(),
         )
         .await;
         let http = reqwest::Client::new();

@@ -73,3 +73,20 @@ pub async fn spawn_serve_listening(
     let base = urls[0].clone();
     (ServeProcess { child, base }, urls)
 }
+
+/// A `serve` process on its own temp dir with `ini` as its config (warn logs to stderr); the
+/// dir lives as long as the returned handle.
+pub async fn spawn_serve_with(ini: &str) -> (tempfile::TempDir, ServeProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("node.ini");
+    std::fs::write(&cfg, ini).unwrap();
+    let node = spawn_serve(
+        &dir.path().join("data"),
+        &cfg,
+        &[],
+        "warn",
+        Stdio::inherit(),
+    )
+    .await;
+    (dir, node)
+}
