@@ -15,7 +15,10 @@
 //! etcd running `BENCH_JOBS` (default 3,000) continuous replications (`max_jobs` 500 each)
 //! against a real CouchDB 3.4.3, then one embedded single-node `serve` running the same
 //! jobs: `RESULT cluster_running_jobs_max_over_min` and
-//! `RESULT cluster_cpu_per_start_over_single_node`. Skips without CouchDB's peer script.
+//! `RESULT cluster_cpu_per_start_over_single_node` (node 2's clock 90 s ahead when
+//! libfaketime is installed); then the failover drill (`tests/support/failover_drill.rs`) on
+//! a new 3-member etcd: `RESULT failover_seconds`, `RESULT rolling_restart_max_pause_seconds`
+//! and `RESULT double_runs`. Skips without CouchDB's peer script.
 //! `BENCH_PARTS=1` or `2` runs one part only.
 
 use std::sync::Arc;
@@ -39,8 +42,15 @@ mod couch;
 mod etcd_cluster;
 #[path = "shared/cycles.rs"]
 mod job_cycles;
+#[path = "../tests/support/failover_drill.rs"]
+mod failover_drill;
 #[path = "cluster/serve.rs"]
 mod part2;
+#[path = "shared/relay.rs"]
+#[allow(dead_code)]
+mod relay;
+#[path = "../tests/support/run_log.rs"]
+mod run_log;
 #[path = "../tests/support/serve_cluster.rs"]
 #[allow(dead_code)]
 mod serve_cluster;

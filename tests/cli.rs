@@ -9,6 +9,7 @@ mod cli {
     mod serve_cluster;
     mod serve_e2e;
     mod serve_etcd;
+    mod serve_failover_drill;
     mod serve_metrics_port;
     mod serve_steps;
     mod serve_tls;

@@ -20,7 +20,8 @@ use serde_json::json;
 use super::BenchResult;
 use super::couch::{Couch, fill_with};
 use super::etcd_cluster::EtcdCluster;
-use super::serve_cluster::ServeCluster;
+use super::failover_drill::{Drill, DrillReport};
+use super::serve_cluster::{ServeCluster, libfaketime};
 
 const BIN: &str = env!("CARGO_BIN_EXE_couch-replicator");
 const SRC: &str = "cluster_bench_src";
@@ -193,7 +194,16 @@ pub async fn run() -> BenchResult<()> {
 
     let endpoints = etcd.endpoints().join(",");
     let three = {
-        let cluster = ServeCluster::start(BIN.as_ref(), &endpoints, 3, ini).await?;
+        let mut cluster = ServeCluster::prepare(BIN.as_ref(), &endpoints, 3, ini)?;
+        if let Some(lib) = libfaketime() {
+            println!("node 2's wall clock runs 90 s ahead (libfaketime)");
+            cluster.set_env(1, "LD_PRELOAD", lib);
+            cluster.set_env(1, "FAKETIME", "+90s");
+            cluster.set_env(1, "FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        for i in 0..3 {
+            cluster.restart(i).await?;
+        }
         submit(&cluster, &couch, jobs).await?;
         measure(&cluster, warmup, window).await
     };
@@ -204,7 +214,52 @@ pub async fn run() -> BenchResult<()> {
         measure(&cluster, warmup, window).await
     };
     print_results(jobs, window, &three, &single);
+    drill(&couch).await
+}
+
+/// The failover drill on CouchDB: `BENCH_DRILL_JOBS` (default 30) continuous jobs.
+async fn drill(couch: &Couch) -> BenchResult<()> {
+    let Some(etcd) = EtcdCluster::start(3).await else {
+        return Ok(());
+    };
+    let drill = Drill {
+        bin: BIN.into(),
+        upstream_root: format!("http://127.0.0.1:{}", couch.port),
+        credentials: Some(("admin".into(), "admin".into())),
+        etcd: etcd.endpoints(),
+        jobs: env_num("BENCH_DRILL_JOBS", 30) as usize,
+        faketime: libfaketime().map(str::to_owned),
+        ini: String::new(),
+    };
+    let report = drill.run().await?;
+    print_drill(&drill, &report);
     Ok(())
+}
+
+fn print_drill(drill: &Drill, report: &DrillReport) {
+    println!(
+        "failover drill: {} continuous jobs on 3 serve processes, CouchDB 3.4.3, a writer \
+         adding a document to every source each second; clocks {}",
+        drill.jobs,
+        if drill.faketime.is_some() {
+            "of node 2 +90 s and node 3 -90 s"
+        } else {
+            "untouched (libfaketime not installed)"
+        }
+    );
+    println!("{:<36} {:>10}", "phase", "seconds");
+    for (phase, took) in &report.phases {
+        println!("{phase:<36} {:>10.1}", took.as_secs_f64());
+    }
+    for (pair, requests) in report.double_runs.iter().zip(&report.evidence) {
+        println!("double run: {pair:?}\n  requests: {requests:?}");
+    }
+    println!("RESULT failover_seconds = {:.1}", report.failover.as_secs_f64());
+    println!(
+        "RESULT rolling_restart_max_pause_seconds = {:.1}",
+        report.rolling_pause.as_secs_f64()
+    );
+    println!("RESULT double_runs = {}", report.double_runs.len());
 }
 
 fn print_results(jobs: usize, window: Duration, three: &Run, single: &Run) {

@@ -58,6 +58,8 @@ struct Counts {
     dropped: AtomicU64,
     /// While set, new connections are closed at once (a partition, see [`Relay::block`]).
     blocked: AtomicBool,
+    /// A round trip added to the link's own, in milliseconds (see [`Relay::add_rtt`]).
+    added_rtt_ms: AtomicU64,
 }
 
 /// One direction's bottleneck: when it is next free to send (the bandwidth cap).
@@ -149,6 +151,15 @@ impl Relay {
     /// Ends [`Relay::block`]: new connections are relayed again.
     pub fn unblock(&self) {
         self.counts.blocked.store(false, Ordering::Relaxed);
+    }
+
+    /// Adds a round trip of `rtt` (half each way) to every chunk relayed from now on, on
+    /// open connections too: a link that turns slow under a running client (zero: back to
+    /// the link's own delay).
+    pub fn add_rtt(&self, rtt: Duration) {
+        self.counts
+            .added_rtt_ms
+            .store(rtt.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// `http://127.0.0.1:{port}/{path}`.
@@ -243,14 +254,15 @@ impl Pipe {
     /// has sent the chunks before it and this one, plus the delay.
     fn arrival(&self, n: usize, open_at: Instant) -> Instant {
         let now = Instant::now().max(open_at);
+        let added = Duration::from_millis(self.counter.added_rtt_ms.load(Ordering::Relaxed) / 2);
         let Some(rate) = self.bytes_per_s.filter(|r| *r > 0) else {
-            return now + self.delay;
+            return now + self.delay + added;
         };
         let mut free = self.link.lock().unwrap_or_else(|p| p.into_inner());
         let start = free.map_or(now, |f| f.max(now));
         let sent = start + Duration::from_secs_f64(n as f64 / rate as f64);
         *free = Some(sent);
-        sent + self.delay
+        sent + self.delay + added
     }
 
     async fn run(

@@ -2,7 +2,8 @@
 //!
 //! Scheduled times (`STime`) and type timeouts are UNIX seconds, as in CouchDB. [`SystemClock`]
 //! reads the OS clock; [`TokioClock`] advances with tokio's clock (so paused-time tests see
-//! `sleep`/`advance` move the wall clock too); [`ManualClock`] only moves when told to.
+//! `sleep`/`advance` move the wall clock too); [`ManualClock`] only moves when told to;
+//! [`CorrectedClock`] is another clock moved by an offset (a cluster's consensus).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -101,6 +102,46 @@ impl Clock for ManualClock {
     }
 }
 
+/// Another clock moved by a settable offset: on a cluster, this machine's clock moved to the
+/// members' consensus (`replicator/cluster/sightings.rs` sets the offset), so that a time
+/// scheduled by one node means the same instant to every other.
+#[derive(Debug)]
+pub struct CorrectedClock {
+    base: SharedClock,
+    offset_ms: AtomicI64,
+}
+
+impl CorrectedClock {
+    /// `base`, not yet moved.
+    pub fn new(base: SharedClock) -> Self {
+        Self {
+            base,
+            offset_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// The base clock's time, without the offset.
+    pub fn base_ms(&self) -> i64 {
+        self.base.now_ms()
+    }
+
+    /// The offset now added to the base clock.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+
+    /// Moves the clock `offset_ms` away from its base.
+    pub fn set_offset_ms(&self, offset_ms: i64) {
+        self.offset_ms.store(offset_ms, Ordering::Relaxed);
+    }
+}
+
+impl Clock for CorrectedClock {
+    fn now_ms(&self) -> i64 {
+        self.base.now_ms() + self.offset_ms()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +154,17 @@ mod tests {
         assert_eq!(c.now_secs(), 11);
         c.set_ms(-1);
         assert_eq!(c.now_secs(), -1);
+    }
+
+    #[test]
+    fn a_corrected_clock_is_its_base_moved_by_the_offset() {
+        let base = Arc::new(ManualClock::new(50_000));
+        let c = CorrectedClock::new(base.clone());
+        assert_eq!(c.now_ms(), 50_000);
+        c.set_offset_ms(-90_000);
+        assert_eq!((c.now_ms(), c.base_ms()), (-40_000, 50_000));
+        base.advance_ms(1);
+        assert_eq!(c.now_ms(), -39_999);
     }
 
     #[tokio::test(start_paused = true)]

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use crate::store::{Db, tuple};
 
 pub use accept::AcceptOpts;
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
+pub use clock::{Clock, CorrectedClock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use config::JobsConfig;
 pub use error::{JobsError, JobsResult};
 pub use event::{EventState, JobEvent};
@@ -103,6 +103,8 @@ struct Inner {
     db: Db,
     keys: Keys,
     clock: SharedClock,
+    /// The same clock, to correct (see [`Jobs::corrected_clock`]).
+    corrected: Arc<CorrectedClock>,
     config: JobsConfig,
     registry: Arc<type_server::Registry>,
     rng: accept::AcceptRng,
@@ -125,11 +127,13 @@ impl Jobs {
     /// under that prefix too). Starts nothing: call [`Jobs::start_background`] on each node
     /// that runs workers.
     pub fn new(db: Db, options: JobsOptions) -> Self {
+        let corrected = Arc::new(CorrectedClock::new(options.clock));
         Self {
             inner: Arc::new(Inner {
                 db: db.with_txid_prefix(&options.prefix),
                 keys: Keys::new(&options.prefix),
-                clock: options.clock,
+                clock: corrected.clone(),
+                corrected,
                 config: options.config,
                 registry: Arc::new(type_server::Registry::default()),
                 rng: accept::AcceptRng::new(options.rng_seed),
@@ -152,6 +156,12 @@ impl Jobs {
     /// The wall clock of this handle (see [`JobsOptions::clock`]).
     pub fn clock(&self) -> &SharedClock {
         &self.inner.clock
+    }
+
+    /// The wall clock of this handle as a [`CorrectedClock`]: the options' clock, moved by
+    /// whatever offset the layers above settle on (a cluster's median clock).
+    pub fn corrected_clock(&self) -> &Arc<CorrectedClock> {
+        &self.inner.corrected
     }
 
     /// The `[couch_jobs]` settings this handle was built with.

@@ -226,7 +226,10 @@ impl Replicator {
                         Err(JobsError::NotFound) => {}
                         Err(e) => return Err(e),
                     }
-                    jobs.add_tx(&tx, REP_JOBS, job_id.as_str(), data.clone(), now)
+                    // Scheduled at 0, couch_jobs' own default: due at once on every node,
+                    // whatever its clock says (a node 90 s ahead scheduled new jobs 90 s
+                    // into the others' future).
+                    jobs.add_tx(&tx, REP_JOBS, job_id.as_str(), data.clone(), 0)
                         .await?;
                     Ok((JobView::from_record(&job_id, &record), false))
                 }

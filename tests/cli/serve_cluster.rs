@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::support::etcd::EtcdCluster;
 use crate::support::http::Pouch;
 use crate::support::relay::Relay;
-use crate::support::serve_cluster::ServeCluster;
+use crate::support::serve_cluster::{ServeCluster, libfaketime};
 use crate::support::{deadline, wait_for};
 
 fn bin() -> &'static std::path::Path {
@@ -205,16 +205,6 @@ async fn a_stopped_nodes_jobs_run_elsewhere_at_once() {
         assert!(took < Duration::from_secs(10), "hand-over took {took:?}");
     })
     .await;
-}
-
-/// libfaketime's preload library, when installed (`apt-get install faketime`).
-fn libfaketime() -> Option<&'static str> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-    ]
-    .into_iter()
-    .find(|p| std::path::Path::new(p).exists())
 }
 
 /// A node whose wall clock runs 90 s ahead (an unsynchronised VM: libfaketime, monotonic

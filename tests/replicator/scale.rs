@@ -144,3 +144,57 @@ async fn rotation(jobs: usize, max_jobs: usize, max_churn: usize) {
     })
     .await;
 }
+
+/// `max_jobs` holds while no running job may be rotated yet (issue 44): 20 continuous jobs,
+/// `max_jobs` 5, `max_churn` 5, a 1 s interval and CouchDB 4.x's `min_run_time` of 60 s.
+/// Sampled every 200 ms for 8 s, the node never runs more than 5. Before, every interval
+/// started `max_churn` extra jobs that nothing could trim: 10 ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_jobs_holds_while_no_running_job_may_rotate() {
+    deadline(120, "max_jobs under churn", async {
+        let pouch = Pouch::start().await;
+        for i in 0..20 {
+            pouch.create_db(&format!("s{i}")).await;
+        }
+        let nodes = Nodes::on_disk();
+        let settings = ReplicatorSettings {
+            max_jobs: 5,
+            max_churn: 5,
+            interval: Duration::from_secs(1),
+            min_run_time: Duration::from_secs(60),
+            ..test_settings()
+        };
+        let n = nodes.start("max_jobs_churn", settings).await;
+        for i in 0..20 {
+            n.add(NewJob::from_body(
+                JobKind::Persistent {
+                    db_name: "_replicator".into(),
+                    doc_id: format!("r{i}"),
+                },
+                json!({"source": pouch.url(&format!("s{i}")),
+                    "target": pouch.url(&format!("t{i}")),
+                    "create_target": true, "continuous": true}),
+            ))
+            .await
+            .unwrap();
+        }
+        let server = n
+            .tree()
+            .which_child::<couch_replicator::replicator::scheduler::job_server::JobServerMsg>(
+                "job_server",
+            )
+            .unwrap();
+        let (mut most, mut reached) = (0, false);
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(8) {
+            let running = supervisors::observe(&server).await.unwrap().jobs.len();
+            most = most.max(running);
+            reached |= running == 5;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(reached, "the node never ran max_jobs (5)");
+        assert_eq!(most, 5, "at most max_jobs (5) running, saw {most}");
+        n.shutdown().await;
+    })
+    .await;
+}

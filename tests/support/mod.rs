@@ -8,7 +8,8 @@
 //! can be a slow, capped or dropping link ([`relay`], shared with the benches). Nodes: replicator nodes on one real store ([`replicator`]), the node harness for
 //! paused time with CouchDB's default intervals that fails a test leaving a node running ([`nodes`]), a node with
 //! its HTTP API ([`http`]), the built binary's `serve` ([`serve`]) and N of them on one etcd
-//! ([`serve_cluster`]), steps clusters ([`steps`]),
+//! ([`serve_cluster`]), the failover drill of three of them ([`failover_drill`]) with its
+//! recording relay ([`run_log`]), steps clusters ([`steps`]),
 //! store harnesses for every engine ([`store`]), real etcd clusters ([`etcd`]). Time: one [`deadline`] and one [`wait_for`].
 //! Each test binary uses only part of this, hence the dead-code allowance.
 #![allow(dead_code)]
@@ -17,6 +18,7 @@ pub mod browser;
 pub mod couch;
 pub mod couchdb;
 pub mod etcd;
+pub mod failover_drill;
 pub mod generated;
 pub mod hostile;
 pub mod hostile_attachment;
@@ -26,6 +28,7 @@ pub mod proxy;
 #[path = "../../benches/shared/relay.rs"]
 pub mod relay;
 pub mod replicator;
+pub mod run_log;
 pub mod serve;
 pub mod serve_cluster;
 pub mod server;

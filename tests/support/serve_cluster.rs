@@ -14,6 +14,16 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// libfaketime's preload library, when installed (`apt-get install faketime`).
+pub fn libfaketime() -> Option<&'static str> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+}
+
 /// The server admin of every node.
 pub const ADMIN: (&str, &str) = ("admin", "admin");
 
@@ -100,6 +110,16 @@ impl ServeCluster {
         self.nodes[i].endpoints = Some(endpoints);
     }
 
+    /// Adds `text` to node `i`'s config file, from its next start on (later keys win).
+    pub fn append_config(&mut self, i: usize, text: &str) -> Result<(), String> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.config_path(i))
+            .map_err(|e| format!("config: {e}"))?;
+        writeln!(f, "{text}").map_err(|e| format!("config: {e}"))
+    }
+
     /// Node `i` runs with `key=value` in its environment from its next start on.
     pub fn set_env(&mut self, i: usize, key: &str, value: &str) {
         self.nodes[i].env.push((key.to_owned(), value.to_owned()));
@@ -147,10 +167,12 @@ impl ServeCluster {
             .map_err(|_| format!("node {} did not listen within 60 s", i + 1))?
             .map_err(|e| format!("stdout: {e}"))?
             .ok_or_else(|| {
+                let log = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
                 format!(
-                    "node {} exited before listening; see {}",
+                    "node {} exited before listening; the end of its log:\n{}",
                     i + 1,
-                    self.log_path(i).display()
+                    lines[lines.len().saturating_sub(20)..].join("\n")
                 )
             })?;
         let base = first
@@ -275,18 +297,26 @@ impl ServeCluster {
     }
 }
 
+impl ServeCluster {
+    /// The last `n` lines each node logged.
+    pub fn log_tails(&self, n: usize) -> String {
+        let mut out = String::new();
+        for i in 0..self.nodes.len() {
+            let log = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(n)..];
+            out.push_str(&format!("--- last lines of node{} ---\n{}\n", i + 1, tail.join("\n")));
+        }
+        out
+    }
+}
+
 impl Drop for ServeCluster {
     /// A failing test shows the last lines each node logged: the processes and their temp
     /// dir go with the cluster, so this is the only trace left of what they did.
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        for i in 0..self.nodes.len() {
-            let log = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(40)..];
-            eprintln!("--- last lines of node{} ---\n{}", i + 1, tail.join("\n"));
+        if std::thread::panicking() {
+            eprintln!("{}", self.log_tails(40));
         }
     }
 }

@@ -256,9 +256,13 @@ impl Membership {
         Ok(beat)
     }
 
-    /// [`Membership::beat_tx`] in its own retried transaction, at the jobs clock's now.
+    /// [`Membership::beat_tx`] in its own retried transaction, at this machine's own time
+    /// (not the corrected jobs clock: the rows are what the correction is taken from).
     pub async fn beat(&self, join: bool) -> Result<Beat, JobsError> {
-        let now = self.jobs.clock().now_ms();
+        let now = self
+            .sightings
+            .local_ms()
+            .unwrap_or_else(|| self.jobs.clock().now_ms());
         self.jobs
             .db()
             .run(|tx| async move { self.beat_tx(&tx, now, join).await })

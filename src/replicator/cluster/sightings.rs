@@ -7,22 +7,104 @@
 //! taking over the cluster's jobs. A row changes at every beat (it carries a beat count),
 //! so only a member that stopped beating stays unchanged, whatever the clocks say. The price:
 //! a member first seen is given `dead_after` of observation before it can be judged dead.
+//!
+//! The rows' wall clocks still serve one purpose, the schedule: couch_jobs compares the
+//! times jobs are scheduled for with each node's "now", so a node 90 s behind saw jobs
+//! enqueued by the others as 90 s in the future and took none of them. Each changed row is
+//! therefore also a sample of its writer's clock against ours (written minus read, the best
+//! of the last [`SAMPLES`] being the one read soonest after its write), and the jobs clock is
+//! moved to the median of the members' clocks (ours counting as one; offsets under
+//! [`DEAD_BAND_MS`] are left at zero), so every node schedules on about the same time. Only pending jobs' eligibility depends on it; who is
+//! alive and who runs a job never does.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::jobs::CorrectedClock;
 use crate::replicator::node::name::NodeName;
+
+/// Clock samples kept per member.
+pub const SAMPLES: usize = 8;
+/// Offsets smaller than this are left at zero: the samples' own error (a row is read up to a
+/// heartbeat after its write) is of this order, and synchronised clocks need no correction.
+pub const DEAD_BAND_MS: i64 = 2_000;
+
+/// The jobs clock to correct, and which member is this node.
+#[derive(Debug)]
+struct Consensus {
+    clock: Arc<CorrectedClock>,
+    me: NodeName,
+    /// Per other member: its row's time minus our base clock's when we saw it change.
+    samples: HashMap<NodeName, VecDeque<i64>>,
+}
+
+impl Consensus {
+    fn sample(&mut self, node: &NodeName, row: &[u8]) {
+        let Some(written) = row.get(..8).and_then(|b| b.try_into().ok()) else {
+            return;
+        };
+        if *node == self.me {
+            return;
+        }
+        let sample = i64::from_le_bytes(written) - self.clock.base_ms();
+        let kept = self.samples.entry(node.clone()).or_default();
+        if kept.len() == SAMPLES {
+            kept.pop_front();
+        }
+        kept.push_back(sample);
+        self.settle();
+    }
+
+    /// Moves the clock to the median of the members' clocks, ours (offset 0) included.
+    fn settle(&self) {
+        let mut offsets: Vec<i64> = self
+            .samples
+            .values()
+            .filter_map(|s| s.iter().max().copied())
+            .collect();
+        offsets.push(0);
+        offsets.sort_unstable();
+        let mid = offsets.len() / 2;
+        let median = if offsets.len() % 2 == 1 {
+            offsets[mid]
+        } else {
+            (offsets[mid - 1] + offsets[mid]) / 2
+        };
+        self.clock
+            .set_offset_ms(if median.abs() < DEAD_BAND_MS { 0 } else { median });
+    }
+}
 
 /// Member rows as last read, and since when each has not changed.
 #[derive(Debug, Default)]
 pub struct Sightings {
     seen: Mutex<HashMap<NodeName, (Vec<u8>, Instant)>>,
+    consensus: Option<Mutex<Consensus>>,
 }
 
 impl Sightings {
+    /// Sightings that also move `clock` to the members' median clock; `me` is this node.
+    pub fn with_clock(clock: Arc<CorrectedClock>, me: NodeName) -> Self {
+        Self {
+            seen: Mutex::default(),
+            consensus: Some(Mutex::new(Consensus {
+                clock,
+                me,
+                samples: HashMap::new(),
+            })),
+        }
+    }
+
+    /// This machine's own wall clock (the jobs clock without the correction), the time a
+    /// heartbeat row carries; `None` without a clock to correct.
+    pub fn local_ms(&self) -> Option<i64> {
+        let c = self.consensus.as_ref()?.lock().ok()?;
+        Some(c.clock.base_ms())
+    }
+
     /// Records `row` as `node`'s heartbeat row read now; returns how long it has been the
     /// same (zero when it changed, or the member is new to this process).
     pub fn silent_for(&self, node: &NodeName, row: &[u8]) -> Duration {
@@ -34,6 +116,8 @@ impl Sightings {
             Some((last, since)) if last.as_slice() == row => now.duration_since(*since),
             Some(entry) => {
                 *entry = (row.to_vec(), now);
+                drop(seen);
+                self.sample(node, row);
                 Duration::ZERO
             }
             None => {
@@ -43,10 +127,24 @@ impl Sightings {
         }
     }
 
+    fn sample(&self, node: &NodeName, row: &[u8]) {
+        if let Some(c) = &self.consensus
+            && let Ok(mut c) = c.lock()
+        {
+            c.sample(node, row);
+        }
+    }
+
     /// Forgets members not in `present` (they left or were removed).
     pub fn keep_only(&self, present: &[NodeName]) {
         if let Ok(mut seen) = self.seen.lock() {
             seen.retain(|n, _| present.contains(n));
+        }
+        if let Some(c) = &self.consensus
+            && let Ok(mut c) = c.lock()
+        {
+            c.samples.retain(|n, _| present.contains(n));
+            c.settle();
         }
     }
 }
@@ -67,5 +165,46 @@ mod tests {
         assert_eq!(s.silent_for(&b, b"2"), Duration::from_secs(3));
         s.keep_only(&[]);
         assert_eq!(s.silent_for(&b, b"2"), Duration::ZERO, "forgotten, seen anew");
+    }
+
+    fn row(ms: i64, beat: u64) -> Vec<u8> {
+        let mut r = ms.to_le_bytes().to_vec();
+        r.push(1);
+        r.extend_from_slice(&beat.to_le_bytes());
+        r
+    }
+
+    #[test]
+    fn the_jobs_clock_moves_to_the_members_median() {
+        let base = Arc::new(crate::jobs::ManualClock::new(1_000_000));
+        let clock = Arc::new(CorrectedClock::new(base.clone()));
+        let (me, ahead, behind): (NodeName, NodeName, NodeName) =
+            ("me".into(), "ahead".into(), "behind".into());
+        let s = Sightings::with_clock(clock.clone(), me.clone());
+        // Rows are sampled when they change: first sightings set nothing.
+        s.silent_for(&ahead, &row(1_090_000, 0));
+        s.silent_for(&me, &row(1_000_000, 0));
+        assert_eq!(clock.offset_ms(), 0);
+        // One member 90 s ahead, read 400 ms and then 100 ms after its writes: the best
+        // sample (read soonest) counts; with us at 0 the median of two is half-way.
+        base.set_ms(1_002_400);
+        s.silent_for(&ahead, &row(1_092_000, 1));
+        base.set_ms(1_004_100);
+        s.silent_for(&ahead, &row(1_094_000, 2));
+        assert_eq!(clock.offset_ms(), 89_900 / 2);
+        // Our own row never counts, a third member 90 s behind makes us the median.
+        s.silent_for(&me, &row(1_004_100, 1));
+        s.silent_for(&behind, &row(914_000, 0));
+        s.silent_for(&behind, &row(914_100, 1));
+        assert_eq!(clock.offset_ms(), 0);
+        // The member ahead leaves: half-way to the one behind.
+        s.keep_only(&[me.clone(), behind.clone()]);
+        assert_eq!(clock.offset_ms(), -90_000 / 2);
+        assert_eq!(s.local_ms(), Some(1_004_100));
+        // A member a second off (a row read late) changes nothing.
+        s.keep_only(std::slice::from_ref(&me));
+        s.silent_for(&ahead, &row(1_005_000, 3));
+        s.silent_for(&ahead, &row(1_006_000, 4));
+        assert_eq!(clock.offset_ms(), 0);
     }
 }

@@ -63,6 +63,11 @@ impl NodeCtx {
         prefix: Vec<u8>,
         children: Children,
     ) -> Self {
+        // The jobs clock, moved to the cluster's median by the sightings of members' rows.
+        let sightings = Arc::new(Sightings::with_clock(
+            jobs.corrected_clock().clone(),
+            node.clone(),
+        ));
         let node_timeout = settings.node_timeout();
         let metrics: Arc<NodeMetrics> = Arc::default();
         let budget = settings.job_defaults.limits.response_budget_bytes;
@@ -77,7 +82,7 @@ impl NodeCtx {
                 response_budget: Arc::new(ResponseBudget::new(budget, metrics.clone())),
                 metrics,
                 node_lease: Arc::new(Lease::new(node_timeout)),
-                sightings: Arc::default(),
+                sightings,
                 census: Arc::default(),
             }),
         }

@@ -32,6 +32,10 @@ const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 const ACCEPT_CANDIDATES: usize = 64;
 /// How long an acceptor keeps trying to hand an accepted job to a restarting job_sup.
 const HANDOFF_ATTEMPTS: u32 = 50;
+/// The most an acceptor pauses after a wait that found nothing, before it waits again. Up
+/// to `startup_jitter` (5 s) before: a job handed over by a node stopping (a rolling
+/// restart) could find every acceptor of the other nodes in that pause and wait 5 s.
+const REWAIT_JITTER: Duration = Duration::from_millis(200);
 
 /// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
 pub(super) async fn acceptor(
@@ -41,7 +45,7 @@ pub(super) async fn acceptor(
     id: u64,
     retire: Arc<AtomicBool>,
 ) {
-    let jitter = (ctx.settings().startup_jitter.as_millis() as u64).max(1);
+    let jitter = (ctx.settings().startup_jitter.min(REWAIT_JITTER).as_millis() as u64).max(1);
     loop {
         if retire.load(Ordering::Relaxed) {
             let _ = server.send_message(JobServerMsg::AcceptorEnded(id));

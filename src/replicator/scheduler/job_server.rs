@@ -298,6 +298,7 @@ impl JobServer {
             s.max_jobs,
             s.max_churn,
             st.churn,
+            st.rot.rotatable(s.min_run_time),
         ) * usize::from(st.limit >= s.max_jobs);
         if budget > 0 {
             let now = self.ctx.now_secs();

@@ -62,18 +62,26 @@ pub fn trim_victims<Id: Clone>(
     candidates.into_iter().map(|j| j.id.clone()).collect()
 }
 
-/// The most extra acceptors worth starting: bounded by the churn left this cycle and by the
-/// slots up to `max_jobs + max_churn`. Zero means "do not even ask how many are pending".
+/// The most extra acceptors worth starting: bounded by the churn left this cycle, by the
+/// slots up to `max_jobs + max_churn`, and past `max_jobs` by the `rotatable` jobs (those
+/// [`trim_victims`] may stop), one for each job accepted over `max_jobs`. Zero means "do not
+/// even ask how many are pending".
+///
+/// Without the last bound, a node whose jobs were all younger than `min_run_time` started
+/// `max_churn` jobs over `max_jobs` that nothing could trim: 70 running with `max_jobs` 50
+/// and `max_churn` 20 (issue 44), where CouchDB never runs more than `max_jobs`.
 pub fn extra_acceptor_budget(
     acceptors: usize,
     workers: usize,
     max_jobs: usize,
     max_churn: usize,
     churn: usize,
+    rotatable: usize,
 ) -> usize {
     let churn_left = max_churn.saturating_sub(churn);
     let slots = (max_jobs + max_churn).saturating_sub(acceptors + workers);
-    churn_left.min(slots)
+    let room = max_jobs.saturating_sub(acceptors + workers) + rotatable;
+    churn_left.min(slots).min(room)
 }
 
 /// The jobs the cluster starts per cycle at most: the queue is shared, and each of its
@@ -215,14 +223,19 @@ mod tests {
     }
 
     #[test]
-    fn extra_acceptors_are_bounded_by_churn_and_slots() {
-        // 100 running of max 100, churn 20 unused: 20 extras allowed.
-        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 0), 20);
+    fn extra_acceptors_are_bounded_by_churn_slots_and_what_can_be_trimmed() {
+        // 100 running of max 100, churn 20 unused, all rotatable: 20 extras allowed.
+        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 0, 100), 20);
         // Already churned 15 this cycle: 5 left.
-        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 15), 5);
+        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 15, 100), 5);
         // Spike already at max_jobs + max_churn: none.
-        assert_eq!(extra_acceptor_budget(2, 118, 100, 20, 0), 0);
+        assert_eq!(extra_acceptor_budget(2, 118, 100, 20, 0, 100), 0);
         // Churn exhausted.
-        assert_eq!(extra_acceptor_budget(0, 10, 100, 20, 20), 0);
+        assert_eq!(extra_acceptor_budget(0, 10, 100, 20, 20, 0), 0);
+        // Every running job younger than min_run_time: nothing to trim, so no extras.
+        assert_eq!(extra_acceptor_budget(0, 50, 50, 20, 0, 0), 0);
+        // 3 can be trimmed: 3 extras; 40 of 50 running, none trimmable: the 10 free slots.
+        assert_eq!(extra_acceptor_budget(0, 50, 50, 20, 0, 3), 3);
+        assert_eq!(extra_acceptor_budget(0, 40, 50, 20, 0, 0), 10);
     }
 }

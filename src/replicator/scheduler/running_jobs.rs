@@ -77,6 +77,14 @@ impl Rotation {
         self.workers.values().filter(|w| !w.leaving).count()
     }
 
+    /// Running jobs a trim may stop: continuous, not leaving, run for `min_run_time`.
+    pub(crate) fn rotatable(&self, min_run_time: Duration) -> usize {
+        self.workers
+            .values()
+            .filter(|w| !w.leaving && w.continuous && w.started.elapsed() >= min_run_time)
+            .count()
+    }
+
     /// A tick at `now`: measures the cycle and sets when a job trimmed in it is due, with
     /// `pending` jobs waiting and `max_churn` started per cycle.
     pub(crate) fn tick(&mut self, now: Instant, interval: Duration, pending: usize, churn: usize) {
