@@ -40,10 +40,10 @@ mod couch;
 #[path = "../tests/support/etcd.rs"]
 #[allow(dead_code)]
 mod etcd_cluster;
-#[path = "shared/cycles.rs"]
-mod job_cycles;
 #[path = "../tests/support/failover_drill.rs"]
 mod failover_drill;
+#[path = "shared/cycles.rs"]
+mod job_cycles;
 #[path = "cluster/serve.rs"]
 mod part2;
 #[path = "shared/relay.rs"]

@@ -15,6 +15,7 @@ use supervisors::SupervisorRef;
 use crate::jobs::{Background, Jobs, JobsError, JobsOptions, Subscribed};
 use crate::store::Db;
 
+use super::cluster::actor::{CLUSTERING, ClusterMsg};
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::job::collision;
 use super::job::id::{JobId, JobRef};
@@ -34,6 +35,9 @@ use crate::telemetry::Series;
 /// How long [`Replicator::wait`] pauses before subscribing again when a subscription ended
 /// early (its notifier restarted).
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
+/// How long a stopping node waits for its membership row to be removed before it stops its
+/// jobs anyway (a store that does not answer: the neighbours will remove the row).
+const LEAVE_WAIT: Duration = Duration::from_secs(5);
 
 /// How to start a node.
 #[derive(Debug, Clone)]
@@ -402,6 +406,18 @@ impl Replicator {
     /// them up), as do the whole-server jobs this node ran; then couch_jobs' background
     /// processes stop.
     pub async fn shutdown(mut self) {
+        // Out of the membership first: the other nodes make room for this node's jobs while
+        // they are still being checkpointed, and take them the moment they are handed back
+        // (a rolling restart's jobs waited for this node's row to go, at the end, before).
+        if let Some(clustering) = self
+            .ctx
+            .children()
+            .get::<ClusterMsg>(CLUSTERING.name())
+        {
+            let _ = clustering
+                .call(ClusterMsg::Leave, Some(LEAVE_WAIT))
+                .await;
+        }
         self.tree.stop().await;
         match self.release_server_jobs().await {
             Ok(0) => {}

@@ -31,7 +31,9 @@ async fn no_job_runs_twice_through_kills_restarts_cuts_slow_links_and_skewed_clo
         ini: String::new(),
     };
     if drill.faketime.is_none() {
-        eprintln!("clock offsets left out: libfaketime is not installed (apt-get install faketime)");
+        eprintln!(
+            "clock offsets left out: libfaketime is not installed (apt-get install faketime)"
+        );
     }
     let report = deadline(600, "the failover drill", drill.run())
         .await

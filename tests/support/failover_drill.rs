@@ -2,8 +2,8 @@
 //! continuous replications (one source and one target database per job, reached through a
 //! [`RunLog`]) while a writer adds a document to every source each second, and live
 //! through, in turn: the kill -9 of the busiest node, a rolling restart (SIGTERM, start
-//! again, node by node), node 3 cut off etcd, and node 3's store link slowed to a 2 s round
-//! trip for 20 s while it runs. All along node 2's wall clock runs 90 s ahead and node 3's 90 s behind
+//! again, node by node), node 3's store link slowed to a 2 s round trip for 20 s while it
+//! runs jobs, and node 3 cut off etcd. All along node 2's wall clock runs 90 s ahead and node 3's 90 s behind
 //! (libfaketime, when installed), and node 2 was started with other timing settings than
 //! the cluster's. At the end every target must hold every document, and the run log must
 //! show no job run by two processes at once.
@@ -49,6 +49,9 @@ pub struct DrillReport {
     pub failover: Duration,
     /// The rolling restart: the longest time a job's target went without a request.
     pub rolling_pause: Duration,
+    /// That job's requests from 1 s before its pause to 1 s after: (ms from the pause's
+    /// start, pid, method, path).
+    pub pause_evidence: Vec<(i64, Option<u32>, String, String)>,
     /// A job's requests sent by two processes at once (see [`overlaps`]).
     pub double_runs: Vec<Overlap>,
     /// For each double run, the job's requests within [`WINDOW`] of the intruding one:
@@ -109,7 +112,10 @@ async fn put_doc(http: &reqwest::Client, root: &str, db: &str, id: &str) -> Resu
 
 async fn doc_count(http: &reqwest::Client, root: &str, db: &str) -> u64 {
     match http.get(format!("{root}/{db}")).send().await {
-        Ok(r) => r.json::<Value>().await.map_or(0, |v| v["doc_count"].as_u64().unwrap_or(0)),
+        Ok(r) => r
+            .json::<Value>()
+            .await
+            .map_or(0, |v| v["doc_count"].as_u64().unwrap_or(0)),
         Err(_) => 0,
     }
 }
@@ -139,13 +145,27 @@ async fn counts(cluster: &ServeCluster) -> BTreeMap<usize, usize> {
     out
 }
 
-/// Waits until every job runs, each running node holding at least one; an error names
-/// `what` and the last counts.
-async fn settle(cluster: &ServeCluster, jobs: usize, what: &str) -> Result<Duration, String> {
+/// Where the jobs must run for [`settle`].
+#[derive(Clone, Copy, PartialEq)]
+enum Spread {
+    /// On any running node.
+    Anywhere,
+    /// Every running node holding at least one.
+    EveryNode,
+}
+
+/// Waits until every job runs, spread as asked; an error names `what` and the last counts.
+async fn settle(
+    cluster: &ServeCluster,
+    jobs: usize,
+    spread: Spread,
+    what: &str,
+) -> Result<Duration, String> {
     let began = Instant::now();
     loop {
         let c = counts(cluster).await;
-        if c.values().sum::<usize>() == jobs && c.values().all(|n| *n > 0) {
+        let everywhere = spread == Spread::Anywhere || c.values().all(|n| *n > 0);
+        if c.values().sum::<usize>() == jobs && everywhere {
             eprintln!("drill: {what} after {:?}: {c:?}", began.elapsed());
             return Ok(began.elapsed());
         }
@@ -189,48 +209,18 @@ impl Drill {
         self.submit(&cluster, &log).await?;
         let writer = Writer::start(http.clone(), root.clone(), self.jobs);
         let mut phases = Vec::new();
-        let took = settle(&cluster, self.jobs, "every job running on every node").await?;
+        let took = settle(&cluster, self.jobs, Spread::EveryNode, "spread").await?;
         note(&mut phases, "spread", took);
 
         let failover = self.kill_busiest(&mut cluster, &log).await?;
         note(&mut phases, "kill -9 failover", failover);
-        let took = settle(&cluster, self.jobs, "spread again after the restart").await?;
-        note(&mut phases, "spread after restart", took);
-
-        let began = Instant::now();
-        for i in 0..3 {
-            cluster.stop(i).await;
-            cluster.restart(i).await?;
-            until(60, "every job running after a node's restart", || async {
-                counts(&cluster).await.values().sum::<usize>() == self.jobs
-            })
-            .await?;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        }
-        let ended = Instant::now();
-        note(&mut phases, "rolling restart", ended - began);
-        let progress = |s: &Seen| s.db().starts_with('t') && s.path.ends_with("/_revs_diff");
-        let rolling_pause = longest_pauses(&log.seen(), job_of, progress, began, ended)
-            .into_values()
-            .max()
-            .unwrap_or_default();
-
-        let began = Instant::now();
-        for r in &relays {
-            r.block();
-        }
-        until(60, "node 3's jobs elsewhere while it is cut off", || async {
-            let c = counts(&cluster).await;
-            c.get(&0).copied().unwrap_or(0) + c.get(&1).copied().unwrap_or(0) == self.jobs
-        })
-        .await?;
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        for r in &relays {
-            r.unblock();
-        }
-        settle(&cluster, self.jobs, "spread after the cut").await?;
-        note(&mut phases, "node 3 cut off etcd and back", began.elapsed());
-
+        let took = settle(&cluster, self.jobs, Spread::EveryNode, "after the restart").await?;
+        note(&mut phases, "spread after the restart", took);
+        let (took, rolling_pause, pause_evidence) =
+            self.rolling_restart(&mut cluster, &log).await?;
+        note(&mut phases, "rolling restart (node 3 first)", took);
+        // Node 3 holds jobs (those nodes 1 and 2 handed over when they stopped, and after
+        // the slow link the part it took back): the slow link and the cut are about them.
         let began = Instant::now();
         for r in &relays {
             r.add_rtt(Duration::from_secs(2));
@@ -239,8 +229,16 @@ impl Drill {
         for r in &relays {
             r.add_rtt(Duration::ZERO);
         }
-        settle(&cluster, self.jobs, "spread after the slow link").await?;
+        settle(
+            &cluster,
+            self.jobs,
+            Spread::EveryNode,
+            "after the slow link",
+        )
+        .await?;
         note(&mut phases, "node 3 on a 2 s store link", began.elapsed());
+        let took = self.cut_off(&cluster, &relays).await?;
+        note(&mut phases, "node 3 cut off etcd and back", took);
 
         let written = writer.stop().await?;
         let began = Instant::now();
@@ -260,10 +258,87 @@ impl Drill {
         Ok(DrillReport {
             failover,
             rolling_pause,
+            pause_evidence,
             double_runs,
             evidence,
             phases,
         })
+    }
+
+    /// Stops and starts each node in turn (node 3 first, so that it holds jobs afterwards);
+    /// how long it took, and the longest time a job's target waited meanwhile.
+    async fn rolling_restart(
+        &self,
+        cluster: &mut ServeCluster,
+        log: &RunLog,
+    ) -> Result<(Duration, Duration, Vec<(i64, Option<u32>, String, String)>), String> {
+        let began = Instant::now();
+        for i in [2, 0, 1] {
+            cluster.stop(i).await;
+            cluster.restart(i).await?;
+            settle(
+                cluster,
+                self.jobs,
+                Spread::Anywhere,
+                "after a node's restart",
+            )
+            .await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        let ended = Instant::now();
+        // A target's progress: a `_revs_diff` or a `_bulk_docs` (new documents are sent
+        // without asking the target first).
+        let progress = |s: &Seen| {
+            s.db().starts_with('t')
+                && (s.path.ends_with("/_revs_diff") || s.path.ends_with("/_bulk_docs"))
+        };
+        let seen = log.seen();
+        let worst = longest_pauses(&seen, job_of, progress, began, ended)
+            .into_iter()
+            .max_by_key(|(_, (gap, _))| *gap);
+        let Some((job, (gap, end))) = worst else {
+            return Ok((ended - began, Duration::ZERO, Vec::new()));
+        };
+        let start = end - gap;
+        let evidence = seen
+            .iter()
+            .filter(|s| job_of(s.db()).as_ref() == Some(&job))
+            .filter(|s| {
+                s.at + Duration::from_secs(1) >= start && s.at <= end + Duration::from_secs(1)
+            })
+            .map(|s| {
+                let ms = if s.at >= start {
+                    (s.at - start).as_millis() as i64
+                } else {
+                    -((start - s.at).as_millis() as i64)
+                };
+                (ms, s.pid, s.method.clone(), s.path.clone())
+            })
+            .collect();
+        Ok((ended - began, gap, evidence))
+    }
+
+    /// Cuts node 3 off etcd until the other nodes run all its jobs, 5 s more, then heals.
+    async fn cut_off(&self, cluster: &ServeCluster, relays: &[Relay]) -> Result<Duration, String> {
+        let began = Instant::now();
+        for r in relays {
+            r.block();
+        }
+        until(
+            60,
+            "node 3's jobs elsewhere while it is cut off",
+            || async {
+                let c = counts(cluster).await;
+                c.get(&0).copied().unwrap_or(0) + c.get(&1).copied().unwrap_or(0) == self.jobs
+            },
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for r in relays {
+            r.unblock();
+        }
+        settle(cluster, self.jobs, Spread::EveryNode, "after the cut").await?;
+        Ok(began.elapsed())
     }
 
     /// Three nodes, none started: node 2 ahead with other timing settings, node 3 behind.
@@ -316,7 +391,11 @@ impl Drill {
     }
 
     /// Kills the busiest node; returns how long until each of its jobs ran elsewhere.
-    async fn kill_busiest(&self, cluster: &mut ServeCluster, log: &RunLog) -> Result<Duration, String> {
+    async fn kill_busiest(
+        &self,
+        cluster: &mut ServeCluster,
+        log: &RunLog,
+    ) -> Result<Duration, String> {
         let c = counts(cluster).await;
         let busiest = c.iter().max_by_key(|(_, n)| **n).map_or(0, |(i, _)| *i);
         let pid = cluster.pid(busiest).ok_or("the busiest node has no pid")?;

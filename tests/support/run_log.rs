@@ -37,7 +37,11 @@ pub struct Seen {
 impl Seen {
     /// The database the request names (the path's first segment).
     pub fn db(&self) -> &str {
-        self.path.trim_start_matches('/').split('/').next().unwrap_or("")
+        self.path
+            .trim_start_matches('/')
+            .split('/')
+            .next()
+            .unwrap_or("")
     }
 }
 
@@ -179,7 +183,11 @@ fn owner(owners: &Mutex<HashMap<u64, u32>>, peer_port: u16, relay_port: u16) -> 
     // Unknown socket: learn every socket of every replicator process.
     let mut found = HashMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -321,24 +329,31 @@ pub fn first_by_another(
 
 /// Per job, the longest time between two requests matching `is_progress` within
 /// `[from, to]` (the window's edges count as requests, so a job silent throughout has the
-/// whole window).
+/// whole window), and when that pause ended.
 pub fn longest_pauses(
     seen: &[Seen],
     job_of: impl Fn(&str) -> Option<String>,
     is_progress: impl Fn(&Seen) -> bool,
     from: Instant,
     to: Instant,
-) -> BTreeMap<String, Duration> {
-    let mut last: BTreeMap<String, (Instant, Duration)> = BTreeMap::new();
+) -> BTreeMap<String, (Duration, Instant)> {
+    // Per job: the last progress, and the longest pause so far with its end.
+    let mut last: BTreeMap<String, (Instant, (Duration, Instant))> = BTreeMap::new();
     for s in seen.iter().filter(|s| s.at >= from && s.at <= to) {
         let Some(job) = job_of(s.db()).filter(|_| is_progress(s)) else {
             continue;
         };
-        let (prev, worst) = last.entry(job).or_insert((from, Duration::ZERO));
-        *worst = (*worst).max(s.at.duration_since(*prev));
+        let (prev, worst) = last.entry(job).or_insert((from, (Duration::ZERO, from)));
+        let gap = s.at.duration_since(*prev);
+        if gap > worst.0 {
+            *worst = (gap, s.at);
+        }
         *prev = s.at;
     }
     last.into_iter()
-        .map(|(job, (prev, worst))| (job, worst.max(to.duration_since(prev))))
+        .map(|(job, (prev, worst))| {
+            let tail = to.duration_since(prev);
+            (job, if tail > worst.0 { (tail, to) } else { worst })
+        })
         .collect()
 }

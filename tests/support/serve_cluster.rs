@@ -305,7 +305,11 @@ impl ServeCluster {
             let log = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
             let lines: Vec<&str> = log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(n)..];
-            out.push_str(&format!("--- last lines of node{} ---\n{}\n", i + 1, tail.join("\n")));
+            out.push_str(&format!(
+                "--- last lines of node{} ---\n{}\n",
+                i + 1,
+                tail.join("\n")
+            ));
         }
         out
     }

@@ -43,6 +43,10 @@ pub enum ClusterMsg {
     Quiet(u64),
     /// The actor's view of the cluster.
     Observe(RpcReplyPort<ClusteringObservation>),
+    /// The node is stopping: leave the membership now and beat no more, so the other nodes
+    /// count it out (and open acceptors for its jobs) before it hands its jobs back; answers
+    /// once the row is gone (or could not be removed).
+    Leave(RpcReplyPort<()>),
 }
 
 /// What [`ClusterMsg::Observe`] answers.
@@ -112,6 +116,8 @@ pub(crate) struct ClusterState {
     stable: bool,
     removed: Vec<NodeName>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Left the membership ([`ClusterMsg::Leave`]): heartbeats would join again.
+    left: bool,
 }
 
 impl Drop for ClusterState {
@@ -203,6 +209,7 @@ impl Server for Clustering {
             generation: 0,
             stable: false,
             removed: Vec::new(),
+            left: false,
             // The count of the cluster's jobs `/metrics` shows runs here, on every kind of
             // node, for as long as the node takes part in the cluster.
             tasks: vec![watcher, beats, self.census()],
@@ -241,6 +248,14 @@ impl Server for Clustering {
                         ClusterMsg::Quiet(state.generation),
                     );
                 }
+            }
+            ClusterMsg::Heartbeat if state.left => {}
+            ClusterMsg::Leave(reply) => {
+                state.left = true;
+                if let Err(e) = self.membership.leave().await {
+                    tracing::warn!(error = %e, "could not leave the membership");
+                }
+                let _ = reply.send(());
             }
             ClusterMsg::Heartbeat => {
                 let began = tokio::time::Instant::now();

@@ -3,9 +3,13 @@
 //!
 //! Each node writes `(prefix, 55, "member", node) -> last heartbeat (ms, i64 LE)`, then one
 //! byte saying whether it runs replications (1) or only the API (0; rows without it run
-//! replications), then its beat count (u64 LE; older rows lack it). Whether a member is alive
-//! is judged by whether its row changed lately as this process saw it ([`Sightings`]), never
-//! by comparing its written time with the reader's clock; `(prefix, 55, "load", node) -> jobs it runs (u64 LE)` as its job server last
+//! replications), then its beat count (u64 LE; older rows lack it), then its own node timeout
+//! (ms, u64 LE; older rows lack it). Whether a member is alive is judged by whether its row
+//! changed lately as this process saw it ([`Sightings`]), never by comparing its written time
+//! with the reader's clock; and a member is given at least its *own* node timeout, since its
+//! lease (which stops its jobs) runs on that: a node started with a longer timeout than its
+//! neighbours', or not yet restarted after the cluster's timing was replaced, is never
+//! removed while it may still run its jobs; `(prefix, 55, "load", node) -> jobs it runs (u64 LE)` as its job server last
 //! reported them (read by every node's balance, so that it reads one row per node instead of
 //! one per running job); and bumps
 //! `(prefix, 55, "version")` (a versionstamped value) when it joins, leaves or removes
@@ -98,11 +102,21 @@ impl Membership {
             let Some(node) = Self::node_of(&b, &kv.key) else {
                 continue;
             };
-            if runs_jobs && self.sightings.silent_for(&node, &kv.value) <= self.dead_after {
+            if runs_jobs && self.sightings.silent_for(&node, &kv.value) <= self.allowed(&kv.value) {
                 out.push(node);
             }
         }
         Ok(out)
+    }
+
+    /// How long a member whose row is `row` may stay silent: our node timeout, or the
+    /// member's own when its row says it is longer.
+    fn allowed(&self, row: &[u8]) -> Duration {
+        let own = row
+            .get(17..25)
+            .and_then(|b| b.try_into().ok())
+            .map(|b| Duration::from_millis(u64::from_le_bytes(b)));
+        own.map_or(self.dead_after, |own| own.max(self.dead_after))
     }
 
     fn key<T: tuple::TuplePack>(&self, t: &T) -> Vec<u8> {
@@ -218,17 +232,19 @@ impl Membership {
     pub async fn beat_tx(&self, tx: &Tx, now_ms: i64, join: bool) -> Result<Beat, JobsError> {
         let me = &self.node;
         let rows = self.member_rows_tx(tx).await?;
-        let members: Vec<(NodeName, Duration)> = rows
+        // Each member with how long it has been silent, and how long it may be.
+        let members: Vec<(NodeName, Duration, Duration)> = rows
             .iter()
-            .map(|(n, row)| (n.clone(), self.sightings.silent_for(n, row)))
+            .map(|(n, row)| (n.clone(), self.sightings.silent_for(n, row), self.allowed(row)))
             .collect();
         let present: Vec<NodeName> = rows.into_iter().map(|(n, _)| n).collect();
         self.sightings.keep_only(&present);
-        let known = members.iter().any(|(n, _)| n == me);
+        let known = members.iter().any(|(n, _, _)| n == me);
         tx.add_read_conflict_key(&self.member_key(me));
         let mut row = now_ms.to_le_bytes().to_vec();
         row.push(u8::from(self.replication));
         row.extend_from_slice(&self.beats.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+        row.extend_from_slice(&(self.dead_after.as_millis() as u64).to_le_bytes());
         tx.set(&self.member_key(me), &row);
         if join || !known {
             self.bump_version(tx);
@@ -240,11 +256,11 @@ impl Membership {
         // The right-hand neighbour in sorted order (wrapping), other than us.
         let right = members
             .iter()
-            .filter(|(n, _)| n != me)
-            .find(|(n, _)| n > me)
-            .or_else(|| members.iter().find(|(n, _)| n != me));
-        if let Some((n, silent)) = right
-            && *silent > self.dead_after
+            .filter(|(n, _, _)| n != me)
+            .find(|(n, _, _)| n > me)
+            .or_else(|| members.iter().find(|(n, _, _)| n != me));
+        if let Some((n, silent, allowed)) = right
+            && silent > allowed
         {
             tx.add_read_conflict_key(&self.member_key(n));
             tx.clear(&self.member_key(n));
@@ -398,6 +414,24 @@ mod tests {
         let beat = nodes[0].beat(false).await.unwrap();
         assert_eq!(beat.removed, Some(("b".into(), 0)));
         assert_eq!(loads(&nodes[0]).await, [("a".into(), 5)].into());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_with_a_longer_node_timeout_is_given_its_own() {
+        let options = JobsOptions::default();
+        let prefix = options.prefix.clone();
+        let jobs = Jobs::new(Db::new(Arc::new(MemoryStore::new())), options);
+        let a = Membership::new(jobs.clone(), &prefix, &"a".into(), Duration::from_secs(10));
+        // b runs with 30 s (not restarted since the cluster's timing was replaced): its
+        // lease stops its jobs only after 24 s, so a must not remove it at 10 s.
+        let b = Membership::new(jobs.clone(), &prefix, &"b".into(), Duration::from_secs(30));
+        a.beat(true).await.unwrap();
+        b.beat(true).await.unwrap();
+        assert_eq!(a.beat(false).await.unwrap().removed, None);
+        tokio::time::advance(Duration::from_secs(25)).await;
+        assert_eq!(a.beat(false).await.unwrap().removed, None, "within b's own 30 s");
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(a.beat(false).await.unwrap().removed, Some(("b".into(), 0)));
     }
 
     #[tokio::test(start_paused = true)]

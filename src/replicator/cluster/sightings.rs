@@ -28,6 +28,12 @@ use crate::replicator::node::name::NodeName;
 
 /// Clock samples kept per member.
 pub const SAMPLES: usize = 8;
+/// How long a member's clock still counts after its last sample: a member that leaves for a
+/// restart (or is cut off for a while) keeps its vote, so the consensus does not jump when
+/// the membership shrinks. Without it, nodes at +0 and +90 s whose third member (at -90 s)
+/// left for a restart jumped to +45 s, and the jobs they handed back waited 45 s for the
+/// restarted node, still at +0.
+pub const REMEMBER: Duration = Duration::from_secs(600);
 /// Offsets smaller than this are left at zero: the samples' own error (a row is read up to a
 /// heartbeat after its write) is of this order, and synchronised clocks need no correction.
 pub const DEAD_BAND_MS: i64 = 2_000;
@@ -37,8 +43,9 @@ pub const DEAD_BAND_MS: i64 = 2_000;
 struct Consensus {
     clock: Arc<CorrectedClock>,
     me: NodeName,
-    /// Per other member: its row's time minus our base clock's when we saw it change.
-    samples: HashMap<NodeName, VecDeque<i64>>,
+    /// Per other member: its row's time minus our base clock's when we saw it change, and
+    /// when the last of them was taken.
+    samples: HashMap<NodeName, (VecDeque<i64>, Instant)>,
 }
 
 impl Consensus {
@@ -50,11 +57,15 @@ impl Consensus {
             return;
         }
         let sample = i64::from_le_bytes(written) - self.clock.base_ms();
-        let kept = self.samples.entry(node.clone()).or_default();
+        let (kept, at) = self
+            .samples
+            .entry(node.clone())
+            .or_insert_with(|| (VecDeque::new(), Instant::now()));
         if kept.len() == SAMPLES {
             kept.pop_front();
         }
         kept.push_back(sample);
+        *at = Instant::now();
         self.settle();
     }
 
@@ -63,7 +74,8 @@ impl Consensus {
         let mut offsets: Vec<i64> = self
             .samples
             .values()
-            .filter_map(|s| s.iter().max().copied())
+            .filter(|(_, at)| at.elapsed() < REMEMBER)
+            .filter_map(|(s, _)| s.iter().max().copied())
             .collect();
         offsets.push(0);
         offsets.sort_unstable();
@@ -135,7 +147,8 @@ impl Sightings {
         }
     }
 
-    /// Forgets members not in `present` (they left or were removed).
+    /// Forgets the rows of members not in `present` (they left or were removed); their
+    /// clocks still count for [`REMEMBER`].
     pub fn keep_only(&self, present: &[NodeName]) {
         if let Ok(mut seen) = self.seen.lock() {
             seen.retain(|n, _| present.contains(n));
@@ -143,8 +156,7 @@ impl Sightings {
         if let Some(c) = &self.consensus
             && let Ok(mut c) = c.lock()
         {
-            c.samples.retain(|n, _| present.contains(n));
-            c.settle();
+            c.samples.retain(|_, (_, at)| at.elapsed() < REMEMBER);
         }
     }
 }
@@ -197,14 +209,28 @@ mod tests {
         s.silent_for(&behind, &row(914_000, 0));
         s.silent_for(&behind, &row(914_100, 1));
         assert_eq!(clock.offset_ms(), 0);
-        // The member ahead leaves: half-way to the one behind.
+        // The member ahead leaves (a restart): its clock still counts, nothing moves.
         s.keep_only(&[me.clone(), behind.clone()]);
-        assert_eq!(clock.offset_ms(), -90_000 / 2);
+        s.silent_for(&behind, &row(914_200, 2));
+        assert_eq!(clock.offset_ms(), 0);
         assert_eq!(s.local_ms(), Some(1_004_100));
-        // A member a second off (a row read late) changes nothing.
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_gone_for_long_stops_counting_and_small_offsets_are_ignored() {
+        let base = Arc::new(crate::jobs::ManualClock::new(1_000_000));
+        let clock = Arc::new(CorrectedClock::new(base.clone()));
+        let (me, ahead, near): (NodeName, NodeName, NodeName) =
+            ("me".into(), "ahead".into(), "near".into());
+        let s = Sightings::with_clock(clock.clone(), me.clone());
+        s.silent_for(&ahead, &row(1_090_000, 0));
+        s.silent_for(&ahead, &row(1_090_000, 1));
+        assert_eq!(clock.offset_ms(), 45_000);
+        tokio::time::advance(REMEMBER).await;
         s.keep_only(std::slice::from_ref(&me));
-        s.silent_for(&ahead, &row(1_005_000, 3));
-        s.silent_for(&ahead, &row(1_006_000, 4));
+        // A member a second off (a row read late) moves nothing.
+        s.silent_for(&near, &row(1_000_000, 0));
+        s.silent_for(&near, &row(1_001_500, 1));
         assert_eq!(clock.offset_ms(), 0);
     }
 }

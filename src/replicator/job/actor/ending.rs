@@ -148,12 +148,13 @@ pub(super) async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsEr
     r.pid = None;
     r.set_state(RepState::Pending, None, now);
     r.push_history(HistoryKind::Stopped, now, None, max_history);
-    // Rotated out: after the delay the rotation chose. Stopped with its node (SIGTERM, a
-    // rolling restart): at once (scheduled at 0, due on every node whatever its clock),
-    // so another node takes it without waiting an interval (it waited 61 s before).
+    // Rotated out: after the delay the rotation chose. Handed back to another node, or
+    // stopped with its node (SIGTERM, a rolling restart): at once (scheduled at 0, due on
+    // every node whatever its clock), so another node takes it without waiting an interval
+    // (it waited 61 s before).
     let stime = match st.resubmit_delay {
-        Some(delay) => now + delay.as_secs().max(1) as i64,
-        None => 0,
+        Some(delay) if !delay.is_zero() => now + delay.as_secs().max(1) as i64,
+        _ => 0,
     };
     resubmit(st, stime).await?;
     st.ctx.publish(ReplicatorEvent::Stopped {
