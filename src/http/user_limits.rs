@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 
 use super::error::{HttpError, HttpResult};
 use crate::replication::ReplicationOptions;
-use crate::replicator::{JobView, Replicator};
+use crate::replicator::Replicator;
 
 /// The limits on callers who are not admins.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,11 +56,10 @@ impl UserLimits {
         Ok(())
     }
 
-    /// 403 `forbidden` when `user` already holds `max_jobs` unfinished jobs. Reads every
-    /// job, so only callers who are not admins pay for it.
+    /// 403 `forbidden` when `user` already holds `max_jobs` unfinished jobs (read from that
+    /// user's own rows, not from every job).
     pub async fn check_jobs(&self, rep: &Replicator, user: &str) -> HttpResult<()> {
-        let jobs = rep.list().await?;
-        let held = jobs.iter().filter(|j| holds(j, user)).count();
+        let held = rep.unfinished_jobs_of(user).await?;
         if held >= self.max_jobs {
             return Err(HttpError::new(
                 StatusCode::FORBIDDEN,
@@ -73,11 +72,6 @@ impl UserLimits {
         }
         Ok(())
     }
-}
-
-/// A transient job of `user` that has not finished.
-fn holds(j: &JobView, user: &str) -> bool {
-    j.database.is_none() && j.user.as_deref() == Some(user) && !j.state.is_terminal()
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use crate::store::Db;
 
 use super::cluster::actor::{CLUSTERING, ClusterMsg};
 use super::error::{ReplicatorError, ReplicatorResult};
-use super::job::collision;
+use super::job::{collision, owners};
 use super::job::id::{JobId, JobRef};
 use super::job::record::{JobError, RepJobRecord};
 use super::job::view::{
@@ -210,6 +210,10 @@ impl Replicator {
         let record = new_record(job.kind(), job.body(), &spec, self.ctx.server_uuid(), now);
         let data = record.to_data();
         let ctx = &self.ctx;
+        let owner = match job.kind() {
+            JobKind::Transient { user: Some(user) } => Some(user.as_str()),
+            _ => None,
+        };
         let (view, duplicate) = jobs
             .db()
             .run(|tx| {
@@ -235,6 +239,9 @@ impl Replicator {
                     // into the others' future).
                     jobs.add_tx(&tx, REP_JOBS, job_id.as_str(), data.clone(), 0)
                         .await?;
+                    if let Some(user) = owner {
+                        owners::record_tx(ctx, &tx, user, &job_id);
+                    }
                     Ok((JobView::from_record(&job_id, &record), false))
                 }
             })
@@ -325,6 +332,12 @@ impl Replicator {
                 acc
             })
             .await?)
+    }
+
+    /// How many unfinished transient jobs `user` holds (`[replicator] max_jobs_per_user`):
+    /// reads that user's jobs only, not every job.
+    pub async fn unfinished_jobs_of(&self, user: &str) -> ReplicatorResult<usize> {
+        Ok(owners::unfinished_of(&self.ctx, user).await?)
     }
 
     /// `_active_tasks`: every running job of the cluster that has reported stats.

@@ -26,7 +26,10 @@ async fn no_job_runs_twice_through_kills_restarts_cuts_slow_links_and_skewed_clo
         upstream_root: pouch.url.clone(),
         credentials: None,
         etcd: etcd.endpoints(),
-        jobs: 9,
+        jobs: std::env::var("DRILL_JOBS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(9),
         faketime: libfaketime().map(str::to_owned),
         ini: String::new(),
     };
@@ -81,6 +84,15 @@ fn a_request_between_another_process_requests_is_a_double_run() {
         seen(t, 9_500, 1, "/s2"),
     ];
     assert!(overlaps(&clean, job, window).is_empty());
+    // Handed straight back: process 1 starts a new run (its databases' roots first).
+    let back = [
+        seen(t, 0, 1, "/s1/_changes"),
+        seen(t, 500, 2, "/s1"),
+        seen(t, 900, 2, "/s1/_changes"),
+        seen(t, 1_200, 1, "/s1"),
+        seen(t, 1_300, 1, "/s1/_changes"),
+    ];
+    assert!(overlaps(&back, job, window).is_empty());
     let mut stale = clean[..4].to_vec();
     stale.push(seen(t, 2_500, 1, "/s1/_changes"));
     stale.push(seen(t, 3_000, 2, "/s1/_changes"));

@@ -97,3 +97,38 @@ async fn a_store_in_a_newer_format_is_refused_naming_both() {
         "{text}"
     );
 }
+
+/// Replacing the timing while replication nodes run (issue 40, point 3): a longer job
+/// timeout is taken at once; a shorter one is refused, naming the nodes still beating, since
+/// their jobs' leases run on the longer one; once they stopped, it is taken.
+#[tokio::test(start_paused = true)]
+async fn a_shorter_job_timeout_waits_for_the_running_nodes_to_stop() {
+    let cluster = Nodes::paused();
+    let runs = |job, node, policy| ReplicatorSettings {
+        node_types: vec![NodeType::Replication],
+        ..timed(job, node, policy)
+    };
+    let a = cluster
+        .start("agree-run-a", runs(30, 3, TimingPolicy::Adopt))
+        .await;
+    let config = |name: &str, job| ReplicatorConfig {
+        node: name.into(),
+        settings: runs(job, 3, TimingPolicy::Replace),
+        ..ReplicatorConfig::new(cluster.db().clone())
+    };
+    let err = Replicator::start(config("agree-run-b", 20))
+        .await
+        .expect_err("a shorter job timeout while agree-run-a beats");
+    let text = err.to_string();
+    assert!(
+        text.contains("agree-run-a") && text.contains("30 s") && text.contains("20 s"),
+        "{text}"
+    );
+    let b = Replicator::start(config("agree-run-b", 45)).await.unwrap();
+    assert_eq!(timing(&b), (45, 3), "a longer one is taken at once");
+    a.shutdown().await;
+    b.shutdown().await;
+    let c = Replicator::start(config("agree-run-c", 10)).await.unwrap();
+    assert_eq!(timing(&c), (10, 3), "with nobody running, a shorter one too");
+    c.shutdown().await;
+}

@@ -289,3 +289,47 @@ async fn an_idle_running_job_rewrites_its_record_only_to_stay_alive() {
     )
     .await;
 }
+
+/// `[replicator] max_jobs_per_user` counts a user's jobs without reading every job (issue 39):
+/// with 30 other jobs stored, counting user u's two transient jobs lists no job row, and a
+/// cancelled one no longer counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_unfinished_jobs_are_counted_without_reading_every_job() {
+    deadline(120, "a user's jobs counted", async {
+        let pouch = Pouch::start().await;
+        pouch.create_db("src").await;
+        let nodes = Nodes::on_disk();
+        let settings = ReplicatorSettings {
+            interval: Duration::from_secs(3600),
+            ..test_settings()
+        };
+        let node = nodes.start("user_jobs_count", settings).await;
+        let body = |k: usize| {
+            json!({"source": pouch.url("src"), "target": pouch.url(&format!("t{k}")),
+                "continuous": true, "create_target": true})
+        };
+        for k in 0..30 {
+            let kind = JobKind::Persistent {
+                db_name: "_replicator".into(),
+                doc_id: format!("r{k}"),
+            };
+            node.add(NewJob::from_body(kind, body(k))).await.unwrap();
+        }
+        let mut mine = Vec::new();
+        for k in 100..102 {
+            let kind = JobKind::Transient {
+                user: Some("u".into()),
+            };
+            mine.push(node.add(NewJob::from_body(kind, body(k))).await.unwrap());
+        }
+        // Past the census that the adds asked for (at most 2 s after the last).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let listed = node.jobs().rows_listed();
+        assert_eq!(node.unfinished_jobs_of("u").await.unwrap(), 2);
+        assert_eq!(node.unfinished_jobs_of("v").await.unwrap(), 0);
+        assert_eq!(node.jobs().rows_listed(), listed, "a user's count read every job");
+        node.cancel(&mine[0].job_id).await.unwrap();
+        assert_eq!(node.unfinished_jobs_of("u").await.unwrap(), 1);
+    })
+    .await;
+}

@@ -9,7 +9,9 @@
 //! show no job run by two processes at once.
 //!
 //! Shared by `tests/cli/serve_failover_drill.rs` (pouchdb-server) and `benches/cluster.rs`
-//! (CouchDB 3.4.3), which include the modules it names through `super::`.
+//! (CouchDB 3.4.3), which include the modules it names through `super::`. With
+//! `DRILL_KEEP_LOGS=DIR` the nodes' logs are copied there at the end (`CLUSTER_LOG` sets
+//! their level).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -252,6 +254,14 @@ impl Drill {
         })
         .await?;
         note(&mut phases, "targets complete", began.elapsed());
+        if let Some(dir) = std::env::var_os("DRILL_KEEP_LOGS") {
+            for i in 0..3 {
+                let _ = std::fs::copy(
+                    cluster.log_path(i),
+                    std::path::Path::new(&dir).join(format!("node{}.log", i + 1)),
+                );
+            }
+        }
         let seen = log.seen();
         let double_runs = overlaps(&seen, job_of, WINDOW);
         let evidence = double_runs.iter().map(|o| evidence(&seen, o)).collect();

@@ -250,41 +250,49 @@ pub struct Overlap {
     pub at: Instant,
 }
 
+/// Whether a request opens a run of its job: a replication starts by reading its databases'
+/// roots (`GET /source`, `GET`/`PUT /target`), which a running one does not send again.
+fn opens_run(s: &Seen) -> bool {
+    s.path.trim_matches('/').split('/').count() == 1
+}
+
 /// The double runs in `seen`: a request by one process for a job while another process
-/// sent requests for the same job within `window` before it and within `window` after it.
-/// A running job sends requests at least every `window` (its sources change that often), so
-/// two processes running it at once interleave; a clean hand-over does not, since the old
-/// process sends its last request before the new one its first. Each (job, running,
-/// intruder) is reported once, at its first request.
+/// sent requests for the same job within `window` before it and, in the same run (no
+/// database root read between), within `window` after it. A running job sends requests at
+/// least every `window` (its sources change that often), so two processes running it at
+/// once interleave; a clean hand-over does not, since the old process sends its last request
+/// before the new one its first (and a job handed straight back starts a new run). Each
+/// (job, running, intruder) is reported once, at its first request.
 pub fn overlaps(
     seen: &[Seen],
     job_of: impl Fn(&str) -> Option<String>,
     window: Duration,
 ) -> Vec<Overlap> {
-    let mut per_job: BTreeMap<String, Vec<(Instant, u32)>> = BTreeMap::new();
+    let mut per_job: BTreeMap<String, Vec<(Instant, u32, bool)>> = BTreeMap::new();
     for s in seen {
         if let (Some(job), Some(pid)) = (job_of(s.db()), s.pid) {
-            per_job.entry(job).or_default().push((s.at, pid));
+            per_job.entry(job).or_default().push((s.at, pid, opens_run(s)));
         }
     }
     let mut out: Vec<Overlap> = Vec::new();
     for (job, list) in per_job {
-        for (i, &(at, intruder)) in list.iter().enumerate() {
+        for (i, &(at, intruder, _)) in list.iter().enumerate() {
             let before = list[..i]
                 .iter()
                 .rev()
-                .take_while(|(t, _)| at.duration_since(*t) <= window)
-                .map(|(_, p)| *p);
-            let after: Vec<u32> = list[i + 1..]
-                .iter()
-                .take_while(|(t, _)| t.duration_since(at) <= window)
-                .map(|(_, p)| *p)
-                .collect();
-            for running in before.filter(|p| *p != intruder && after.contains(p)) {
+                .take_while(|(t, _, _)| at.duration_since(*t) <= window)
+                .map(|(_, p, _)| *p);
+            for running in before.filter(|p| *p != intruder) {
+                // The running process's next request, unless a new run of it came first.
+                let next = list[i + 1..]
+                    .iter()
+                    .take_while(|(t, _, _)| t.duration_since(at) <= window)
+                    .find(|(_, p, _)| *p == running);
+                let same_run = next.is_some_and(|(_, _, opens)| !opens);
                 let known = out
                     .iter()
                     .any(|o| o.job == job && o.running == running && o.intruder == intruder);
-                if !known {
+                if same_run && !known {
                     out.push(Overlap {
                         job: job.clone(),
                         running,

@@ -13,7 +13,13 @@
 //!   could then be re-enqueued while it still ran them. Now the first node records its timing;
 //!   a node started with other values adopts the cluster's and says so; `[replicator]
 //!   cluster_timing = replace` is the one explicit way to change them (that node records its
-//!   own; the others adopt them as they restart, so restart every node in turn).
+//!   own; the others adopt them as they restart, so restart every node in turn). Replacing
+//!   is safe while the other nodes run: each member's row carries its own node timeout and
+//!   is given it (`membership.rs`), and a longer job timeout only lets a job live longer;
+//!   but a *shorter* job timeout would let another node take a job whose node still times
+//!   its lease on the longer one. So a replace that shortens `job_timeout` first watches the
+//!   membership rows for one node timeout, and is refused, naming the nodes, while a node
+//!   that runs replications still beats.
 
 use std::time::Duration;
 
@@ -21,7 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::jobs::Jobs;
 use crate::replicator::node::settings::{ReplicatorSettings, TimingPolicy};
-use crate::store::{StoreError, Tx, tuple};
+use crate::replicator::node::context::NODES;
+use crate::store::{RangeOptions, StoreError, Tx, tuple};
 
 /// The format of the replicator's keys this build reads and writes.
 pub const STORE_FORMAT: u32 = 1;
@@ -46,6 +53,22 @@ pub enum AgreementError {
     /// The format key holds something else.
     #[error("the job store's format key holds {0:?}, not a version number")]
     Unreadable(String),
+    /// A replace that shortens the job timeout while replication nodes still run.
+    #[error(
+        "cannot shorten the cluster's job timeout from {cluster_sec} s to {ours_sec} s while \
+         nodes that run replications still beat ({}): their jobs' leases run on {cluster_sec} s, \
+         so another node could take their jobs while they still run them. Stop them first \
+         (or replace with a timeout at least as long)",
+        nodes.join(", ")
+    )]
+    ShorterWhileRunning {
+        /// The recorded job timeout, seconds.
+        cluster_sec: u64,
+        /// This node's, seconds.
+        ours_sec: u64,
+        /// The nodes seen beating.
+        nodes: Vec<String>,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -89,6 +112,28 @@ pub async fn settle(
     };
     let (format_key, timing_key) = (key("format"), key("timing"));
     let ours = ClusterTiming::of(settings);
+    let recorded = jobs
+        .db()
+        .run(|tx: Tx| {
+            let timing_key = timing_key.clone();
+            async move { tx.get(&timing_key, false).await }
+        })
+        .await?
+        .and_then(|v| serde_json::from_slice::<ClusterTiming>(&v).ok());
+    if let Some(cluster) = recorded
+        && policy == TimingPolicy::Replace
+        && ours.job_timeout_sec < cluster.job_timeout_sec
+    {
+        let wait = Duration::from_secs(cluster.node_timeout_sec + 1);
+        let nodes = beating(jobs, prefix, wait).await?;
+        if !nodes.is_empty() {
+            return Err(AgreementError::ShorterWhileRunning {
+                cluster_sec: cluster.job_timeout_sec,
+                ours_sec: ours.job_timeout_sec,
+                nodes,
+            });
+        }
+    }
     let (format, recorded) = jobs
         .db()
         .run(|tx: Tx| {
@@ -140,4 +185,34 @@ pub async fn settle(
         _ => {}
     }
     Ok(())
+}
+
+/// The replication nodes whose membership rows changed within `wait` (read twice).
+async fn beating(jobs: &Jobs, prefix: &[u8], wait: Duration) -> Result<Vec<String>, StoreError> {
+    let mut begin = prefix.to_vec();
+    tuple::pack_into(&(NODES, "member"), &mut begin);
+    let mut end = begin.clone();
+    end.push(0xFF);
+    let read = || {
+        let (begin, end) = (begin.clone(), end.clone());
+        jobs.db().run(move |tx: Tx| {
+            let (begin, end) = (begin.clone(), end.clone());
+            async move { tx.get_range(&begin, &end, RangeOptions::all()).await }
+        })
+    };
+    let first = read().await?;
+    tokio::time::sleep(wait).await;
+    let second = read().await?;
+    Ok(second
+        .into_iter()
+        .filter(|kv| kv.value.get(8).is_none_or(|flag| *flag != 0))
+        .filter(|kv| !first.iter().any(|f| f.key == kv.key && f.value == kv.value))
+        .map(|kv| {
+            let name = kv.key.strip_prefix(begin.as_slice()).unwrap_or(&kv.key);
+            tuple::unpack::<(tuple::Bytes,)>(name).map_or_else(
+                |_| String::from_utf8_lossy(name).into_owned(),
+                |(n,)| String::from_utf8_lossy(&n).into_owned(),
+            )
+        })
+        .collect())
 }

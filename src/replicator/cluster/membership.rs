@@ -77,6 +77,11 @@ impl Membership {
         }
     }
 
+    /// The couch_jobs handle these rows live beside.
+    pub(crate) fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
     /// Judges liveness by `sightings` (shared by every view this process has of the
     /// membership, so a view made anew still knows how long each row stood still).
     pub fn with_sightings(mut self, sightings: Arc<Sightings>) -> Self {

@@ -1,6 +1,7 @@
 //! One replication job: its stored record in couch_jobs (`record`), how the rest of the
 //! node sees it and names it (`view`: job ids, [`view::JobView`]), the collision index
-//! that keeps one job per replication id (`collision`), the error backoff between its runs
+//! that keeps one job per replication id (`collision`), which transient jobs each user
+//! holds (`owners`), the error backoff between its runs
 //! (`error_backoff`), the lease that keeps a replication from running on two nodes at
 //! once (`lease`), and the actor that runs it ([`actor`], with `runner` for the engine
 //! task and its lease watchdog, and `observe` for its span and counters).
@@ -15,6 +16,7 @@ pub(crate) mod error_backoff;
 pub(crate) mod id;
 pub(crate) mod lease;
 pub(crate) mod observe;
+pub(crate) mod owners;
 pub(crate) mod record;
 pub(crate) mod runner;
 pub(crate) mod view;

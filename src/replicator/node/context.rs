@@ -25,6 +25,8 @@ use super::settings::ReplicatorSettings;
 pub(crate) const REP_IDS: i64 = 54;
 /// Sub-space tag of node membership (our own; CouchDB 4.x had none).
 pub const NODES: i64 = 55;
+/// Sub-space tag of the transient jobs each user holds (ours; `job/owners.rs`).
+pub(crate) const USER_JOBS: i64 = 57;
 
 /// One node's shared context. Cheap to clone.
 #[derive(Clone, Debug)]

@@ -352,15 +352,46 @@ impl JobServer {
     /// queue. A job is moved at most once an interval (or `min_run_time`, if shorter), so
     /// views read at slightly different times do not bounce it. Keeps the old limit when
     /// the store cannot be read.
-    async fn balance(&self, st: &mut JobServerState) {
-        let s = self.ctx.settings();
-        let membership = Membership::new(
+    fn membership(&self) -> Membership {
+        Membership::new(
             self.ctx.jobs().clone(),
             self.ctx.prefix(),
             self.ctx.node(),
-            s.node_timeout(),
+            self.ctx.settings().node_timeout(),
         )
-        .with_sightings(self.ctx.sightings().clone());
+        .with_sightings(self.ctx.sightings().clone())
+    }
+
+    /// Writes this node's load row now (a blind write) when it runs in a cluster: the other
+    /// nodes' balance counts a job it just took as running here, not as gone. Reported only
+    /// at this node's own balance before, a node that had just taken its part still showed
+    /// none, so a neighbour counted 10 jobs too few and handed back more than the newcomer
+    /// had room for; they waited for the next tick (4.8 s in the failover drill).
+    fn report_load(&self, st: &JobServerState) {
+        if st.members < 2 {
+            return;
+        }
+        let (membership, running) = (self.membership(), st.rot.live());
+        tokio::spawn(async move {
+            let db = membership.jobs().db().clone();
+            let written = db
+                .run(|tx| {
+                    let m = &membership;
+                    async move {
+                        m.report_load_tx(&tx, running);
+                        Ok::<_, crate::jobs::JobsError>(())
+                    }
+                })
+                .await;
+            if let Err(e) = written {
+                tracing::debug!(error = %e, "could not report this node's load");
+            }
+        });
+    }
+
+    async fn balance(&self, st: &mut JobServerState) {
+        let s = self.ctx.settings();
+        let membership = self.membership();
         let load = match balance::read_load(&self.ctx, &membership, st.rot.live()).await {
             Ok(load) => load,
             Err(e) => {
@@ -514,6 +545,7 @@ impl Server for JobServer {
                     },
                 );
                 st.churn += 1;
+                self.report_load(st);
                 let s = self.ctx.settings();
                 if st.limit < s.max_jobs && st.rot.live() > st.limit {
                     // Taken by an acceptor retiring meanwhile: over this node's part, so
@@ -534,6 +566,7 @@ impl Server for JobServer {
             JobServerMsg::WorkerExited(id) => {
                 if let Some(w) = st.rot.workers.remove(&id) {
                     st.share.stopped(&w.job_id, Instant::now());
+                    self.report_load(st);
                 }
                 self.refill(&myself, st);
             }
