@@ -129,6 +129,10 @@ async fn a_shorter_job_timeout_waits_for_the_running_nodes_to_stop() {
     a.shutdown().await;
     b.shutdown().await;
     let c = Replicator::start(config("agree-run-c", 10)).await.unwrap();
-    assert_eq!(timing(&c), (10, 3), "with nobody running, a shorter one too");
+    assert_eq!(
+        timing(&c),
+        (10, 3),
+        "with nobody running, a shorter one too"
+    );
     c.shutdown().await;
 }

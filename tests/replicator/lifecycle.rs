@@ -327,7 +327,11 @@ async fn a_users_unfinished_jobs_are_counted_without_reading_every_job() {
         let listed = node.jobs().rows_listed();
         assert_eq!(node.unfinished_jobs_of("u").await.unwrap(), 2);
         assert_eq!(node.unfinished_jobs_of("v").await.unwrap(), 0);
-        assert_eq!(node.jobs().rows_listed(), listed, "a user's count read every job");
+        assert_eq!(
+            node.jobs().rows_listed(),
+            listed,
+            "a user's count read every job"
+        );
         node.cancel(&mine[0].job_id).await.unwrap();
         assert_eq!(node.unfinished_jobs_of("u").await.unwrap(), 1);
     })

@@ -271,7 +271,10 @@ pub fn overlaps(
     let mut per_job: BTreeMap<String, Vec<(Instant, u32, bool)>> = BTreeMap::new();
     for s in seen {
         if let (Some(job), Some(pid)) = (job_of(s.db()), s.pid) {
-            per_job.entry(job).or_default().push((s.at, pid, opens_run(s)));
+            per_job
+                .entry(job)
+                .or_default()
+                .push((s.at, pid, opens_run(s)));
         }
     }
     let mut out: Vec<Overlap> = Vec::new();

@@ -252,8 +252,11 @@ impl Server for Clustering {
             ClusterMsg::Heartbeat if state.left => {}
             ClusterMsg::Leave(reply) => {
                 state.left = true;
-                if let Err(e) = self.membership.leave().await {
-                    tracing::warn!(error = %e, "could not leave the membership");
+                match self.membership.leave().await {
+                    // Out of the membership, no neighbour removes this node: its jobs keep
+                    // their locks until they hand them back, without heartbeats.
+                    Ok(()) => self.ctx.node_lease().hold(),
+                    Err(e) => tracing::warn!(error = %e, "could not leave the membership"),
                 }
                 let _ = reply.send(());
             }

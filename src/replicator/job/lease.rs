@@ -21,6 +21,8 @@ use tokio::time::Instant;
 const MARGIN_DIVISOR: u32 = 5;
 /// The margin at least (clock rates, scheduling delays of the watchdog and the abort).
 const MIN_MARGIN: Duration = Duration::from_millis(500);
+/// How long [`Lease::hold`] vouches for: longer than any stop.
+const HELD: Duration = Duration::from_secs(86_400);
 
 /// When the job's lock was last known held, and how long that vouches for.
 #[derive(Debug)]
@@ -50,6 +52,17 @@ impl Lease {
         if began > *renewed {
             *renewed = began;
         }
+        drop(renewed);
+        self.renewals.notify_waiters();
+    }
+
+    /// Nothing can take the lock away any more: a node that left the membership is no
+    /// neighbour's to remove, so its node lease stops running out (its jobs finish their
+    /// final checkpoints however long the stop takes; they were aborted once the heartbeats
+    /// had stopped for a lease, and left to the activity monitor for a minute).
+    pub(crate) fn hold(&self) {
+        let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        *renewed = Instant::now() + HELD;
         drop(renewed);
         self.renewals.notify_waiters();
     }

@@ -116,7 +116,7 @@ impl Default for ReplicatorSettings {
             max_history: 10,
             stats_update_interval: Duration::from_secs(10),
             job_timeout: Duration::from_secs(61),
-            node_timeout: Duration::from_secs(10),
+            node_timeout: Duration::from_secs(8),
             cluster_timing: TimingPolicy::Adopt,
             cluster_quiet_period: Duration::from_secs(60),
             cluster_start_period: Duration::from_secs(5),

@@ -10,8 +10,9 @@
 //! each member `total / members` jobs, the
 //! remainder going to the members that run the most already (so a balanced cluster moves
 //! nothing), never more than `max_jobs`. The job server keeps acceptors only up to that
-//! limit and hands jobs over it back to the queue at once, where a node under its limit
-//! takes them. The picture is read at every tick and, on a node held below `max_jobs` by
+//! limit and hands jobs over it back to the queue once two reads a second apart agree it is
+//! over (one racy read made nodes hand back jobs nobody had room for), where a node under
+//! its limit takes them. Each node rewrites its load row whenever it starts or ends a job. The picture is read at every tick and, on a node held below `max_jobs` by
 //! it, when a job is enqueued; views taken at slightly different times may disagree for a
 //! tick, after which they agree again. With one replication member, or more jobs than all
 //! members' `max_jobs`, the limit is `max_jobs` and nothing changes (the rotation then

@@ -29,7 +29,9 @@
 //! node is held below `max_jobs` (`Rebalance`, from a task watching the queue), the node
 //! reads its part of the cluster's jobs. It keeps acceptors only up to that part (a
 //! surplus acceptor retires after its current wait), hands the jobs over it back to the
-//! queue at once, and starts no extra rotation acceptors unless every member is full.
+//! queue once a second read confirms it ([`HAND_BACK_AFTER`]), reports its load row at
+//! every job start and end, and starts no extra rotation acceptors unless every member is
+//! full.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
@@ -177,7 +179,18 @@ pub struct JobServerState {
     share: FairShare<JobId>,
     /// When finished transient jobs were last looked for.
     last_cleanup: Option<Instant>,
+    /// Since when the balance has seen this node over its part (see [`HAND_BACK_AFTER`]).
+    over_since: Option<Instant>,
+    /// This server, for the balance's own re-check.
+    me: ActorRef<JobServerMsg>,
 }
+
+/// How long a node must be seen over its part, at two balance reads, before it hands jobs
+/// back. The picture is racy while jobs move: a job handed back is counted both as pending
+/// and in its old node's load row until that row is rewritten, a job just taken in neither.
+/// Acting on one read, nodes handed back jobs that no node then had room for, and took them
+/// back a tick later: a target waited 5-7 s in a rolling restart of 30 jobs.
+const HAND_BACK_AFTER: Duration = Duration::from_secs(1);
 
 impl Drop for JobServerState {
     fn drop(&mut self) {
@@ -410,8 +423,24 @@ impl JobServer {
             }
         }
         st.retired.retain(|t| !t.is_finished());
-        if st.limit < s.max_jobs {
-            st.churn += st.rot.hand_back(st.limit, s.min_run_time.min(s.interval));
+        if st.limit >= s.max_jobs || st.rot.live() <= st.limit {
+            st.over_since = None;
+            return;
+        }
+        match st.over_since {
+            None => {
+                st.over_since = Some(Instant::now());
+                let me = st.me.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(HAND_BACK_AFTER).await;
+                    let _ = me.send_message(JobServerMsg::Rebalance);
+                });
+            }
+            Some(since) if since.elapsed() >= HAND_BACK_AFTER => {
+                st.over_since = None;
+                st.churn += st.rot.hand_back(st.limit, s.min_run_time.min(s.interval));
+            }
+            Some(_) => {}
         }
     }
 
@@ -502,6 +531,8 @@ impl Server for JobServer {
             timer: None,
             share: FairShare::new(self.ctx.settings().share_params()),
             last_cleanup: None,
+            over_since: None,
+            me: myself.clone(),
         };
         self.balance(&mut st).await;
         self.refill(&myself, &mut st);
