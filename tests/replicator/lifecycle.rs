@@ -334,6 +334,7 @@ async fn a_users_unfinished_jobs_are_counted_without_reading_every_job() {
         );
         node.cancel(&mine[0].job_id).await.unwrap();
         assert_eq!(node.unfinished_jobs_of("u").await.unwrap(), 1);
+        node.shutdown().await;
     })
     .await;
 }

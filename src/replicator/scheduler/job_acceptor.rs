@@ -72,7 +72,24 @@ pub(super) async fn acceptor(
                 let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
                 return;
             }
-            Ok((job, data)) => {
+            Ok((job, mut data)) => {
+                // The node is stamped at once: were this node to die before the job actor
+                // claims the replication (endpoint requests come first), the neighbour that
+                // removes it re-enqueues this job too. Before, it stayed locked until its
+                // activity timeout (the failover drill saw it pending for over 90 s). Not in
+                // the accept's own transaction: the row it writes is versionstamped, so it
+                // cannot be read back before that commits.
+                data.insert("node".into(), ctx.node().as_str().into());
+                let job = match ctx.jobs().update(&job, Some(data.clone())).await {
+                    Ok(stamped) => stamped,
+                    // Lost already (a neighbour re-enqueued it): nothing to run.
+                    Err(JobsError::Halt | JobsError::NotFound) => continue,
+                    // The store failed: the job actor's claim stamps it, or fails the same way.
+                    Err(e) => {
+                        tracing::warn!(job = %job.id, error = %e, "could not stamp an accepted job");
+                        job
+                    }
+                };
                 let record = match RepJobRecord::from_data(&data) {
                     Ok(r) => r,
                     Err(e) => {
