@@ -16,6 +16,7 @@ use crate::jobs::{Background, Jobs, JobsError, JobsOptions, Subscribed};
 use crate::store::Db;
 
 use super::cluster::actor::{CLUSTERING, ClusterMsg};
+use super::cluster::membership::Membership;
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::job::{collision, owners};
 use super::job::id::{JobId, JobRef};
@@ -432,6 +433,21 @@ impl Replicator {
                 .await;
         }
         self.tree.stop().await;
+        // A job killed for outliving its stop (a slow final checkpoint) wrote nothing: its
+        // job would stay locked by this node for the activity timeout (over a minute in the
+        // failover drill under load). Every job actor of this node is gone now, so what the
+        // store still shows running here is handed back, as a neighbour does for a dead node.
+        let own = Membership::new(
+            self.ctx.jobs().clone(),
+            self.ctx.prefix(),
+            self.ctx.node(),
+            self.ctx.settings().node_timeout(),
+        );
+        match own.requeue_rest_of(self.ctx.node()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "jobs stopped without their checkpoint handed back"),
+            Err(e) => tracing::warn!(error = %e, "cannot hand back the jobs left running here"),
+        }
         match self.release_server_jobs().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(server_jobs = n, "server jobs handed back"),
