@@ -47,7 +47,6 @@ mod job_cycles;
 #[path = "cluster/serve.rs"]
 mod part2;
 #[path = "shared/relay.rs"]
-#[allow(dead_code)]
 mod relay;
 #[path = "../tests/support/run_log.rs"]
 mod run_log;

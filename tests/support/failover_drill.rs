@@ -44,6 +44,9 @@ pub struct Drill {
     pub ini: String,
 }
 
+/// One request as evidence: (ms from the moment in question, pid, method, path).
+pub type Request = (i64, Option<u32>, String, String);
+
 /// What the drill measured.
 #[derive(Debug)]
 pub struct DrillReport {
@@ -53,12 +56,12 @@ pub struct DrillReport {
     pub rolling_pause: Duration,
     /// That job's requests from 1 s before its pause to 1 s after: (ms from the pause's
     /// start, pid, method, path).
-    pub pause_evidence: Vec<(i64, Option<u32>, String, String)>,
+    pub pause_evidence: Vec<Request>,
     /// A job's requests sent by two processes at once (see [`overlaps`]).
     pub double_runs: Vec<Overlap>,
     /// For each double run, the job's requests within [`WINDOW`] of the intruding one:
     /// (ms from it, pid, method, path).
-    pub evidence: Vec<Vec<(i64, Option<u32>, String, String)>>,
+    pub evidence: Vec<Vec<Request>>,
     /// Each phase and how long it took.
     pub phases: Vec<(&'static str, Duration)>,
 }
@@ -281,7 +284,7 @@ impl Drill {
         &self,
         cluster: &mut ServeCluster,
         log: &RunLog,
-    ) -> Result<(Duration, Duration, Vec<(i64, Option<u32>, String, String)>), String> {
+    ) -> Result<(Duration, Duration, Vec<Request>), String> {
         let began = Instant::now();
         for i in [2, 0, 1] {
             cluster.stop(i).await;
@@ -444,7 +447,7 @@ impl Drill {
 }
 
 /// The job's requests within [`WINDOW`] of an overlap's intruding request.
-fn evidence(seen: &[Seen], o: &Overlap) -> Vec<(i64, Option<u32>, String, String)> {
+fn evidence(seen: &[Seen], o: &Overlap) -> Vec<Request> {
     seen.iter()
         .filter(|s| job_of(s.db()).as_ref() == Some(&o.job))
         .filter(|s| s.at + WINDOW >= o.at && s.at <= o.at + WINDOW)
