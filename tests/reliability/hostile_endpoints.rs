@@ -6,14 +6,13 @@
 //! replication completes with every document, and a `_bulk_get` answer past the caps costs
 //! only that request (the revision is fetched alone and written).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::support::couch::{Couch, numbered_docs};
 use crate::support::hostile::{Hostile, Kind, Stage, db_name};
-use crate::support::serve::{ServeProcess, spawn_serve};
+use crate::support::serve::{ServeProcess, spawn_serve_with};
 use crate::support::server::PouchServer;
 use crate::support::{deadline, wait_for};
 
@@ -36,30 +35,17 @@ struct Rig {
 
 impl Rig {
     async fn start() -> Rig {
-        let dir = tempfile::tempdir().unwrap();
         let pouch = PouchServer::start().await;
         let couch = Couch::new(&pouch.root());
         couch.create_db(REPDB).await;
-        let cfg = dir.path().join("node.ini");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[admins]\n{} = {}\n[replicator]\ninterval_sec = 1\nstartup_jitter = 0\n\
-                 connection_timeout = 3000\nretries_per_request = 2\ncompress_loopback = true\n\
-                 [replicator_dbs]\njobs_replicator = {}\n",
-                ADMIN.0,
-                ADMIN.1,
-                pouch.db_url(REPDB)
-            ),
-        )
-        .unwrap();
-        let node = spawn_serve(
-            &dir.path().join("data"),
-            &cfg,
-            &[],
-            "warn",
-            Stdio::inherit(),
-        )
+        let (dir, node) = spawn_serve_with(&format!(
+            "[admins]\n{} = {}\n[replicator]\ninterval_sec = 1\nstartup_jitter = 0\n\
+             connection_timeout = 3000\nretries_per_request = 2\ncompress_loopback = true\n\
+             [replicator_dbs]\njobs_replicator = {}\n",
+            ADMIN.0,
+            ADMIN.1,
+            pouch.db_url(REPDB)
+        ))
         .await;
         Rig {
             node,

@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::jobs::Jobs;
 use crate::replicator::node::settings::{ReplicatorSettings, TimingPolicy};
-use crate::replicator::node::context::NODES;
-use crate::store::{RangeOptions, StoreError, Tx, tuple};
+use crate::replicator::cluster::membership::{member_rows_tx, runs_replications};
+use crate::store::{StoreError, Tx, tuple};
 
 /// The format of the replicator's keys this build reads and writes.
 pub const STORE_FORMAT: u32 = 1;
@@ -189,30 +189,14 @@ pub async fn settle(
 
 /// The replication nodes whose membership rows changed within `wait` (read twice).
 async fn beating(jobs: &Jobs, prefix: &[u8], wait: Duration) -> Result<Vec<String>, StoreError> {
-    let mut begin = prefix.to_vec();
-    tuple::pack_into(&(NODES, "member"), &mut begin);
-    let mut end = begin.clone();
-    end.push(0xFF);
-    let read = || {
-        let (begin, end) = (begin.clone(), end.clone());
-        jobs.db().run(move |tx: Tx| {
-            let (begin, end) = (begin.clone(), end.clone());
-            async move { tx.get_range(&begin, &end, RangeOptions::all()).await }
-        })
-    };
+    let read = || jobs.db().run(|tx: Tx| async move { member_rows_tx(&tx, prefix).await });
     let first = read().await?;
     tokio::time::sleep(wait).await;
     let second = read().await?;
     Ok(second
         .into_iter()
-        .filter(|kv| kv.value.get(8).is_none_or(|flag| *flag != 0))
-        .filter(|kv| !first.iter().any(|f| f.key == kv.key && f.value == kv.value))
-        .map(|kv| {
-            let name = kv.key.strip_prefix(begin.as_slice()).unwrap_or(&kv.key);
-            tuple::unpack::<(tuple::Bytes,)>(name).map_or_else(
-                |_| String::from_utf8_lossy(name).into_owned(),
-                |(n,)| String::from_utf8_lossy(&n).into_owned(),
-            )
-        })
+        .filter(|(_, row)| runs_replications(row))
+        .filter(|(node, row)| !first.iter().any(|(n, r)| n == node && r == row))
+        .map(|(node, _)| node.as_str().to_owned())
         .collect())
 }

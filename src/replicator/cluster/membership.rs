@@ -24,7 +24,7 @@ use std::time::Duration;
 use crate::jobs::job_data::decode_activity;
 use crate::jobs::{Jobs, JobsError};
 use crate::store::tuple::{self, Bytes};
-use crate::store::{RangeOptions, Tx};
+use crate::store::{RangeOptions, StoreError, Tx};
 
 use crate::replicator::job::view::{self, REP_JOBS};
 use crate::replicator::node::context::NODES;
@@ -46,6 +46,28 @@ pub struct Beat {
 /// compare, and etcd refuses a `Txn` of more than 128 operations (FoundationDB's limits are
 /// far larger, but one huge transaction would also be slow to retry there).
 pub const REQUEUE_PER_TRANSACTION: usize = 25;
+
+/// Whether the node of a membership row runs replications (rows without the flag do).
+pub(crate) fn runs_replications(row: &[u8]) -> bool {
+    row.get(8).is_none_or(|flag| *flag != 0)
+}
+
+/// Every member's row under the layer `prefix`, by name, at snapshot isolation (no node's
+/// view needed: the agreement reads them before the node joins).
+pub(crate) async fn member_rows_tx(
+    tx: &Tx,
+    prefix: &[u8],
+) -> Result<Vec<(NodeName, Vec<u8>)>, StoreError> {
+    let mut b = prefix.to_vec();
+    tuple::pack_into(&(NODES, "member"), &mut b);
+    let mut e = b.clone();
+    e.push(0xFF);
+    let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|kv| Some((Membership::node_of(&b, &kv.key)?, kv.value)))
+        .collect())
+}
 
 /// One node's view of the membership rows.
 #[derive(Debug, Clone)]
@@ -103,7 +125,7 @@ impl Membership {
         let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
         let mut out = Vec::with_capacity(rows.len());
         for kv in rows {
-            let runs_jobs = kv.value.get(8).is_none_or(|flag| *flag != 0);
+            let runs_jobs = runs_replications(&kv.value);
             let Some(node) = Self::node_of(&b, &kv.key) else {
                 continue;
             };
@@ -192,12 +214,7 @@ impl Membership {
     /// The members and their rows at snapshot isolation: reading them never conflicts
     /// with heartbeats.
     async fn member_rows_tx(&self, tx: &Tx) -> Result<Vec<(NodeName, Vec<u8>)>, JobsError> {
-        let (b, e) = self.members_range();
-        let rows = tx.get_range(&b, &e, RangeOptions::all().snapshot()).await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|kv| Some((Self::node_of(&b, &kv.key)?, kv.value)))
-            .collect())
+        Ok(member_rows_tx(tx, &self.prefix).await?)
     }
 
     /// The members and the time each last wrote in its row (its own clock: shown, never

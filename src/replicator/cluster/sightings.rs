@@ -186,13 +186,19 @@ mod tests {
         r
     }
 
-    #[test]
-    fn the_jobs_clock_moves_to_the_members_median() {
+    /// Sightings of node `me` correcting a manual clock at 1,000,000 ms.
+    fn corrected() -> (Arc<crate::jobs::ManualClock>, Arc<CorrectedClock>, Sightings, NodeName) {
         let base = Arc::new(crate::jobs::ManualClock::new(1_000_000));
         let clock = Arc::new(CorrectedClock::new(base.clone()));
-        let (me, ahead, behind): (NodeName, NodeName, NodeName) =
-            ("me".into(), "ahead".into(), "behind".into());
+        let me: NodeName = "me".into();
         let s = Sightings::with_clock(clock.clone(), me.clone());
+        (base, clock, s, me)
+    }
+
+    #[test]
+    fn the_jobs_clock_moves_to_the_members_median() {
+        let (base, clock, s, me) = corrected();
+        let (ahead, behind): (NodeName, NodeName) = ("ahead".into(), "behind".into());
         // Rows are sampled when they change: first sightings set nothing.
         s.silent_for(&ahead, &row(1_090_000, 0));
         s.silent_for(&me, &row(1_000_000, 0));
@@ -218,11 +224,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_member_gone_for_long_stops_counting_and_small_offsets_are_ignored() {
-        let base = Arc::new(crate::jobs::ManualClock::new(1_000_000));
-        let clock = Arc::new(CorrectedClock::new(base.clone()));
-        let (me, ahead, near): (NodeName, NodeName, NodeName) =
-            ("me".into(), "ahead".into(), "near".into());
-        let s = Sightings::with_clock(clock.clone(), me.clone());
+        let (_base, clock, s, me) = corrected();
+        let (ahead, near): (NodeName, NodeName) = ("ahead".into(), "near".into());
         s.silent_for(&ahead, &row(1_090_000, 0));
         s.silent_for(&ahead, &row(1_090_000, 1));
         assert_eq!(clock.offset_ms(), 45_000);
