@@ -3,13 +3,14 @@
 //! thousand jobs whose endpoints all answer near the cap cannot add up.
 //!
 //! The first [`UNBUDGETED_BYTES`] of each body are free (most answers are smaller, and take
-//! no lock). Past them a body reserves budget as it grows, doubling its reservation; a body
-//! that cannot grow stops reading (its bytes stay within the budget) and waits, first come
-//! first served. Bodies that hold budget and wait for more could wait on one another for
+//! no lock). Past them a body reserves what its buffer will occupy before the buffer grows
+//! (`super::body` doubles it); a body that cannot grow stops reading (its bytes stay within
+//! the budget) and waits, first come first served. Bodies that hold budget and wait for more could wait on one another for
 //! ever: so a body waits at most `connection_timeout`, then fails its request as a transport
 //! failure (retried like one) and gives its share to the others.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -20,12 +21,12 @@ use crate::telemetry::NodeMetrics;
 /// Bytes of each body read without budget.
 pub const UNBUDGETED_BYTES: u64 = 256 << 10;
 
-/// The first reservation past the free bytes.
-const FIRST_STEP: u64 = 1 << 20;
-
 /// [`ResponseBudget`]'s size by default: 24 MiB, one and a half responses at the default
 /// `max_response_bytes`, and several hundred `_bulk_get` answers of small documents.
 pub const DEFAULT_RESPONSE_BUDGET_BYTES: u64 = 24 << 20;
+
+/// How often a body waiting for budget checks whether it must give way.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// Permits are KiB: a `u32` count then covers 4 TiB.
 const UNIT: u64 = 1024;
@@ -35,6 +36,8 @@ const UNIT: u64 = 1024;
 pub struct ResponseBudget {
     permits: Arc<Semaphore>,
     total_units: u32,
+    /// Units held by bodies that are waiting for more.
+    held_by_waiters: AtomicU32,
     metrics: Arc<NodeMetrics>,
 }
 
@@ -45,6 +48,7 @@ impl ResponseBudget {
         Self {
             permits: Arc::new(Semaphore::new(units as usize)),
             total_units: units,
+            held_by_waiters: AtomicU32::new(0),
             metrics,
         }
     }
@@ -61,6 +65,17 @@ impl ResponseBudget {
             held: None,
             units: 0,
         }
+    }
+
+    /// Whether a body holding `holding` units and waiting for `more` can only be served by
+    /// other waiting bodies giving theirs back.
+    fn stuck(&self, holding: u32, more: u32) -> bool {
+        let available = self.permits.available_permits() as u32;
+        let busy = self.total_units.saturating_sub(available);
+        // `held_by_waiters` counts this body's own units too.
+        let waiting = self.held_by_waiters.load(Relaxed).max(holding);
+        let others_done = busy.saturating_sub(waiting);
+        available.saturating_add(others_done) < more
     }
 
     fn units_for(&self, bytes: u64) -> u32 {
@@ -85,19 +100,13 @@ pub(crate) struct BudgetSpent {
 }
 
 impl Share {
-    /// Makes room for a body of `len` bytes (so far), waiting up to `patience`.
+    /// Makes room for a body occupying `len` bytes, waiting up to `patience`; never more
+    /// than the whole budget.
     pub(crate) async fn cover(&mut self, len: u64, patience: Duration) -> Result<(), BudgetSpent> {
         let Some(over) = len.checked_sub(UNBUDGETED_BYTES).filter(|o| *o > 0) else {
             return Ok(());
         };
-        let have = u64::from(self.units) * UNIT;
-        if over <= have {
-            return Ok(());
-        }
-        let want = self
-            .budget
-            .units_for((have * 2).max(FIRST_STEP).max(over));
-        let more = want.saturating_sub(self.units);
+        let more = self.budget.units_for(over).saturating_sub(self.units);
         if more == 0 {
             // The whole budget is this body's already.
             return Ok(());
@@ -111,12 +120,40 @@ impl Share {
             .response_budget_waits
             .fetch_add(1, Relaxed);
         let started = tokio::time::Instant::now();
-        match tokio::time::timeout(patience, self.budget.permits.clone().acquire_many_owned(more)).await {
-            Ok(Ok(p)) => {
+        let b = self.budget.clone();
+        // Holding while waiting is safe only while bodies that are not waiting hold enough to
+        // let this one through when they finish. When they do not (every body growing at
+        // once: sixteen documents of 7.9 MB fetched together waited 30 s, the patience), it
+        // gives way: gives back its share and waits for all it needs. Its bytes then stay
+        // outside the budget until it is served, but no more arrive. Checked again every
+        // [`RECHECK`], as others start waiting.
+        let deadline = started + patience;
+        let mut more = more;
+        let mut holding = self.units;
+        b.held_by_waiters.fetch_add(holding, Relaxed);
+        let mut acquire = Box::pin(b.permits.clone().acquire_many_owned(more));
+        let got = loop {
+            let until = deadline.min(tokio::time::Instant::now() + RECHECK);
+            match tokio::time::timeout_at(until, &mut acquire).await {
+                Ok(got) => break got.ok(),
+                Err(_) if tokio::time::Instant::now() >= deadline => break None,
+                Err(_) if holding > 0 && b.stuck(holding, more) => {
+                    b.held_by_waiters.fetch_sub(holding, Relaxed);
+                    more += holding;
+                    self.release();
+                    holding = 0;
+                    acquire = Box::pin(b.permits.clone().acquire_many_owned(more));
+                }
+                Err(_) => {}
+            }
+        };
+        b.held_by_waiters.fetch_sub(holding, Relaxed);
+        match got {
+            Some(p) => {
                 self.add(p, more);
                 Ok(())
             }
-            _ => {
+            None => {
                 self.release();
                 Err(BudgetSpent {
                     waited: started.elapsed(),
@@ -130,7 +167,8 @@ impl Share {
         self.units > 0
     }
 
-    /// Gives back what a body of `len` bytes does not need (its reservation grew by doubling).
+    /// Gives back what a body now occupying `len` bytes no longer needs (the buffer it grew
+    /// out of).
     pub(crate) fn fit(&mut self, len: u64) {
         let need = self
             .budget
@@ -193,11 +231,34 @@ mod tests {
         assert_eq!(held(), 0);
         let mut big = budget.share();
         big.cover(UNBUDGETED_BYTES + 10, patience).await.unwrap();
-        assert_eq!(held(), 1 << 20);
-        // Doubling, or what the body needs when that is more.
+        assert_eq!(held(), 1024, "whole KiB");
         big.cover(UNBUDGETED_BYTES + (3 << 20), patience).await.unwrap();
-        assert_eq!(held(), 3 << 20);
+        assert_eq!(held(), 3 << 20, "exactly what is asked");
+        big.fit(UNBUDGETED_BYTES + (1 << 20));
+        assert_eq!(held(), 1 << 20);
         drop(big);
+        assert_eq!(held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bodies_growing_together_do_not_wait_on_each_other() {
+        let metrics = Arc::new(NodeMetrics::default());
+        let budget = Arc::new(ResponseBudget::new(4 << 20, metrics.clone()));
+        let patience = Duration::from_secs(30);
+        let held = || metrics.response_bytes_held.load(Relaxed);
+        let mib = |n: u64| UNBUDGETED_BYTES + (n << 20);
+        let started = tokio::time::Instant::now();
+        // Two bodies hold 2 MiB each of 4 and both need 3: held while waiting, neither would
+        // ever come through. One gives way; each is read in turn.
+        let grow = |mut share: Share| async move {
+            share.cover(mib(2), patience).await.unwrap();
+            tokio::task::yield_now().await;
+            share.cover(mib(3), patience).await.unwrap();
+            assert!(held() <= 4 << 20);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        tokio::join!(grow(budget.share()), grow(budget.share()));
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
         assert_eq!(held(), 0);
     }
 
@@ -213,7 +274,7 @@ mod tests {
         let mut b = budget.share();
         b.cover(mib(1), patience).await.unwrap();
         assert_eq!(held(), 4 << 20);
-        // b cannot double: it keeps its 1 MiB and waits for one more until a is done.
+        // b cannot grow: it keeps its 1 MiB and waits for one more until a is done.
         let grow = b.cover(mib(2), patience);
         let release = async {
             tokio::time::sleep(Duration::from_secs(1)).await;

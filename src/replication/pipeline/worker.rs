@@ -454,6 +454,7 @@ async fn fetch_one_by_one(
                     };
                     got = open_revs(&src, &again, None, enc).await?;
                 }
+                let got = write_budget_holders(&tgt, &w.id, got).await?;
                 Ok::<_, ReplicationError>((w.id, got))
             }
         })
@@ -470,12 +471,10 @@ async fn fetch_one_by_one(
                 Fetched::Json(b) => {
                     // Written as soon as they fill a `_bulk_docs` body: a batch of large
                     // documents fetched one by one is not held whole (100 of 7.9 MB took
-                    // the node to +824 MiB). One that holds budget goes at once: held while
-                    // the next fetch waits for budget, it could starve that fetch.
-                    let holds_budget = b.len() as u64 > UNBUDGETED_BYTES;
+                    // the node to +824 MiB).
                     held += b.len();
                     docs.push(b);
-                    if held >= BULK_DOCS_BUFFER || holds_budget {
+                    if held >= BULK_DOCS_BUFFER {
                         result += write_docs(&sh.tgt, docs).await?;
                         docs.clear();
                         held = 0;
@@ -489,6 +488,35 @@ async fn fetch_one_by_one(
         }
     }
     Ok(result)
+}
+
+/// Writes the documents of `got` that hold the node's response budget (larger than the bytes
+/// every body reads free) at once, in the fetch that read them. Returned in order instead,
+/// one could wait behind an earlier fetch that waits for the very budget it holds: with
+/// documents of 7.9 MB the same fetch waited 30 s three times over and the job failed
+/// (`big_data` bench, 2026-11-29).
+async fn write_budget_holders(
+    tgt: &HttpClient,
+    id: &str,
+    got: Vec<Fetched>,
+) -> Result<Vec<Fetched>> {
+    let mut out = Vec::with_capacity(got.len());
+    for doc in got {
+        out.push(match doc {
+            Fetched::Json(b) if b.len() as u64 > UNBUDGETED_BYTES => {
+                Fetched::Written(if id.starts_with("_design/") {
+                    put_json(tgt, id, &b).await?
+                } else {
+                    write_docs(tgt, std::slice::from_ref(&b)).await?
+                })
+            }
+            Fetched::Multipart { id, json, parts } => {
+                Fetched::Written(put_multipart(tgt, &id, &json, &parts).await?)
+            }
+            other => other,
+        });
+    }
+    Ok(out)
 }
 
 /// Streamed tries of one document at most, when each moved for a while before failing.
