@@ -9,7 +9,8 @@
 //! "Layers and the one-way rule"; every file is listed in its "Map of `src/`"):
 //!
 //! - `store`: the transactional ordered key-value contract (FoundationDB's semantics) and
-//!   its engines: embedded on `redb` (the default), in-memory, FoundationDB (feature `fdb`).
+//!   its engines: embedded on `redb` (the default), in-memory, etcd v3 (several processes or
+//!   machines sharing one store), FoundationDB (feature `fdb`).
 //! - `jobs`: couch_jobs, the background-jobs framework on the store.
 //! - `replication`: the CouchDB replication protocol engine (one replication, no actors, no
 //!   scheduling), and `verify`.
@@ -47,7 +48,7 @@
 //!
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> Result<(), couch_replicator::ReplicatorError> {
-//! // The store: in memory here; `store::embedded::EmbeddedStore` on disk, or FoundationDB.
+//! // The store: in memory here; `EmbeddedStore` on disk, `EtcdStore`, or FoundationDB.
 //! let mut config = ReplicatorConfig::new(Db::new(Arc::new(MemoryStore::new())));
 //! config.settings.node_types = vec![NodeType::ApiFrontend];
 //! let node = Replicator::start(config).await?;

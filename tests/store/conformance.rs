@@ -3,7 +3,7 @@
 //! engine the cases that never hold two transactions open in one task; FoundationDB all of
 //! them when built with `--features fdb` and `FDB_CLUSTER_FILE` is set; the fault-injecting
 //! wrapper (faults off) over the embedded engine all of them too. The fault cases themselves
-//! are in `store_faults.rs`.
+//! are in `faults.rs`.
 
 use crate::support::deadline;
 use std::collections::HashSet;

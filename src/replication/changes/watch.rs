@@ -5,7 +5,7 @@
 //! long as it runs, so a node running 500 jobs on one source holds 500 sockets that carry
 //! nothing but heartbeats. Instead, a job reads the feed in normal requests and, once caught
 //! up, waits on the database's [`Watch`]: the first job to watch a database starts a task
-//! that follows its continuous feed (see `watch_feed.rs`); each change it sees bumps a
+//! that follows its continuous feed (see `watch_follower.rs`); each change it sees bumps a
 //! [`Tick`], and the waiting jobs read again from their own sequence with their own filter.
 //! A watch is shared only between equal endpoints (URL, credentials and headers), so no job
 //! learns of changes through credentials it was not given. The task ends (closing its

@@ -6,7 +6,7 @@
 //! rescheduled `crashing`; pending/running and persistent → this job `failed`; the other
 //! owner in any other state (or gone) → usurp the mapping. One divergence, asked for by the
 //! issue: a *transient* job whose id is owned by a persistent one goes `crashing` too (the
-//! archived code fails it), see `job.rs`.
+//! archived code fails it), see `job/actor.rs`.
 
 use crate::jobs::{JobsError, JobsResult};
 use crate::replication::RepId;

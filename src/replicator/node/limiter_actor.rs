@@ -8,7 +8,7 @@
 //! with the current intervals, and runs the periodic cleanup of
 //! entries idle for longer than the maximum interval. A restarted limiter starts with an
 //! empty table, as a restarted ETS owner does. Reaching the 25 s maximum makes the engine
-//! fail the request with `max_backoff`, which crashes the job (see `job.rs`).
+//! fail the request with `max_backoff`, which crashes the job (see `job/actor.rs`).
 //!
 //! Time is tokio's clock (milliseconds since the table was created), so tests step it with
 //! paused time.

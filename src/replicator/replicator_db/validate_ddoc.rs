@@ -6,7 +6,7 @@
 //!
 //! The function checks the structure CouchDB checks (endpoints, option types, the state
 //! field, `cancel`), and that only the document's `owner` or an admin edits it; the full
-//! rules (URL parsing, filter combinations) stay in `rep_doc.rs`.
+//! rules (URL parsing, filter combinations) stay in `replicator_db/request.rs`.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

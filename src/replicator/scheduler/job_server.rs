@@ -10,7 +10,7 @@
 //! Each extra job accepted trims one back out at once (CouchDB 4.x trims at the next
 //! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
 //! exceeded only while the new jobs start, not for a whole interval.
-//! The running jobs and when each rotates out and comes back are `rotation.rs`'s:
+//! The running jobs and when each rotates out and comes back are `running_jobs.rs`'s:
 //! a trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
 //! waiting jobs, less a margin; see `super::rotation_policy::eligible_after`) and acceptors take
 //! the earliest scheduled first, so jobs rotate in order and none starves (CouchDB 4.x

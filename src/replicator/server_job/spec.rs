@@ -2,7 +2,7 @@
 //! specification (source and target servers, include/exclude patterns for database names,
 //! the per-database options), its record in couch_jobs job data, its job id, and the
 //! [`Replicator`] methods that add, read and cancel one. The worker that runs a server job is
-//! in `server_worker.rs`.
+//! in `server_job/worker.rs`.
 //!
 //! A server job owns one replication job per matching database, added through the normal
 //! `rep_jobs` path as a persistent-like job of the pseudo `_replicator` database
