@@ -29,6 +29,7 @@ use super::node::context::NodeCtx;
 use super::node::event_bus::{EVENT_BUS, EventReceiver, subscribe};
 use super::node::name::NodeName;
 use super::node::settings::ReplicatorSettings;
+use super::scheduler::job_server::{JOB_SERVER, JobServerMsg};
 use super::scheduler::job_sup::JobSupRef;
 use crate::replication::RepId;
 use crate::telemetry::Series;
@@ -420,6 +421,17 @@ impl Replicator {
     /// them up), as do the whole-server jobs this node ran; then couch_jobs' background
     /// processes stop.
     pub async fn shutdown(mut self) {
+        // No more jobs taken here: the jobs stopped below go back to the queue, and this
+        // node's own acceptors, still waiting, would take them and die with the node.
+        if let Some(job_server) = self
+            .ctx
+            .children()
+            .get::<JobServerMsg>(JOB_SERVER.name())
+        {
+            let _ = job_server
+                .call(JobServerMsg::StopAccepting, Some(LEAVE_WAIT))
+                .await;
+        }
         // Out of the membership first: the other nodes make room for this node's jobs while
         // they are still being checkpointed, and take them the moment they are handed back
         // (a rolling restart's jobs waited for this node's row to go, at the end, before).

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::nodes::{Nodes, until_job};
 use crate::support::replicator::*;
+use couch_replicator::jobs::JobState;
 use couch_replicator::replicator::job::REP_JOBS;
 use couch_replicator::replicator::job::actor::JobMsg;
 use couch_replicator::replicator::{HistoryKind, JobError};
@@ -290,6 +291,10 @@ async fn graceful_shutdown_checkpoints_and_another_node_takes_over() {
             pouch.wait_count("t", 30, Duration::from_secs(20)).await;
             let jobs = n1.jobs().clone();
             n1.shutdown().await;
+            // Queued, not taken back by the stopping node's own acceptors (they held it until
+            // the activity timeout when they took it as job_sup stopped).
+            let state = jobs.get_job_state(REP_JOBS, id.as_str()).await.unwrap();
+            assert_eq!(state, JobState::Pending);
             let data = jobs.get_job_data(REP_JOBS, id.as_str()).await.unwrap();
             let v = JobView::from_data(&id, &data).unwrap();
             assert_eq!(v.state, RepState::Pending);

@@ -103,6 +103,11 @@ pub enum JobServerMsg {
     /// This node was removed from the cluster as dead: stop every running job now (a
     /// neighbour has re-enqueued them; each stop is fenced by its job lock).
     StopAll,
+    /// The node is shutting down: take no more jobs. Every acceptor retires (one that takes
+    /// a job meanwhile hands it straight back) and none is started again, so the jobs that
+    /// job_sup's stop hands back go to other nodes, not to this node's own acceptors (which
+    /// then died with it, holding them for the activity timeout: 85 s in the drill).
+    StopAccepting(RpcReplyPort<()>),
 }
 
 /// What [`JobServerMsg::Observe`] answers.
@@ -183,6 +188,8 @@ pub struct JobServerState {
     over_since: Option<Instant>,
     /// This server, for the balance's own re-check.
     me: ActorRef<JobServerMsg>,
+    /// Told to take no more jobs ([`JobServerMsg::StopAccepting`]).
+    stopping: bool,
 }
 
 /// How long a node must be seen over its part, at two balance reads, before it hands jobs
@@ -207,6 +214,9 @@ impl Drop for JobServerState {
 
 impl JobServer {
     fn spawn_acceptors(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState, n: usize) {
+        if st.stopping {
+            return;
+        }
         for _ in 0..n {
             let id = st.next_acceptor;
             st.next_acceptor += 1;
@@ -533,6 +543,7 @@ impl Server for JobServer {
             last_cleanup: None,
             over_since: None,
             me: myself.clone(),
+            stopping: false,
         };
         self.balance(&mut st).await;
         self.refill(&myself, &mut st);
@@ -616,6 +627,14 @@ impl Server for JobServer {
                 for w in st.rot.workers.values() {
                     let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
                 }
+            }
+            JobServerMsg::StopAccepting(reply) => {
+                st.stopping = true;
+                for (_, a) in st.acceptors.drain() {
+                    a.retire.store(true, Ordering::Relaxed);
+                    st.retired.push(a.task);
+                }
+                let _ = reply.send(());
             }
             JobServerMsg::Observe(reply) => {
                 let _ = reply.send(self.observation(st));
