@@ -308,7 +308,7 @@ impl Server for Clustering {
         if reason != ExitReason::Normal && !matches!(reason, ExitReason::Shutdown) {
             return;
         }
-        if let Err(e) = self.membership.leave().await {
+        if let Err(e) = self.membership.forget().await {
             tracing::warn!(error = %e, "could not deregister the node");
         }
     }

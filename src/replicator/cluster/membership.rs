@@ -355,8 +355,25 @@ impl Membership {
         Ok(requeued)
     }
 
-    /// Deregisters this node (graceful stop).
+    /// Takes this node out of the membership at the start of a graceful stop. Its load row
+    /// stays: the other nodes count the jobs it still runs in the cluster's total, so they
+    /// make room for them before they are handed back, not after (a rolling restart's jobs
+    /// waited for the stopped node to come back, 2.6 s, when nobody had room).
     pub async fn leave(&self) -> Result<(), JobsError> {
+        self.jobs
+            .db()
+            .run(|tx| async move {
+                tx.clear(&self.member_key(&self.node));
+                self.bump_version(&tx);
+                Ok::<_, JobsError>(())
+            })
+            .await
+    }
+
+    /// Deregisters this node for good once its jobs are handed back: membership and load
+    /// rows. (A node stopped between [`Self::leave`] and this keeps its load row until it
+    /// starts again.)
+    pub async fn forget(&self) -> Result<(), JobsError> {
         self.jobs
             .db()
             .run(|tx| async move {
@@ -406,7 +423,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn each_node_reports_its_load_in_one_row_that_leaving_clears() {
+    async fn each_node_reports_its_load_in_one_row_that_forgetting_clears() {
         let (_jobs, nodes) = members(&["a", "b"], Duration::from_secs(30));
         for m in &nodes {
             m.beat(true).await.unwrap();
@@ -417,6 +434,12 @@ mod tests {
         let seen = loads(&nodes[0]).await;
         assert_eq!(seen, [("a".into(), 7), ("b".into(), 4)].into());
         nodes[1].leave().await.unwrap();
+        assert_eq!(
+            loads(&nodes[0]).await,
+            [("a".into(), 7), ("b".into(), 4)].into(),
+            "counted while its jobs are handed back"
+        );
+        nodes[1].forget().await.unwrap();
         assert_eq!(loads(&nodes[0]).await, [("a".into(), 7)].into());
     }
 

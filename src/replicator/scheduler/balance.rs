@@ -35,7 +35,8 @@ const PENDING_LIMIT: usize = 100_000;
 pub struct ClusterLoad {
     /// Live replication members and the jobs each runs, by name.
     pub running: BTreeMap<NodeName, usize>,
-    /// Every job that is pending or running (on any node, or not yet stamped with one).
+    /// Every job that is pending or running (on any node, or not yet stamped with one),
+    /// those of a node that left and is still handing them back included.
     pub total: usize,
 }
 
@@ -73,7 +74,17 @@ pub(crate) async fn read_load(
                     loads.get(node).copied().unwrap_or(0)
                 };
             }
-            load.total = pending + load.running.values().sum::<usize>();
+            // A node that left but still hands its jobs back keeps its load row: those jobs
+            // are about to be pending, and counting them now gives the members room for
+            // them before they arrive. The larger of the two, not their sum: a job handed
+            // back is pending before its node's row drops, and counted twice the members
+            // took more than their part and handed jobs back again (18 against 12).
+            let leaving: usize = loads
+                .iter()
+                .filter(|(node, _)| !load.running.contains_key(*node))
+                .map(|(_, n)| n)
+                .sum();
+            load.total = pending.max(leaving) + load.running.values().sum::<usize>();
             Ok(load)
         })
         .await
