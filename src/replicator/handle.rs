@@ -40,6 +40,9 @@ const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
 /// How long a stopping node waits for its membership row to be removed before it stops its
 /// jobs anyway (a store that does not answer: the neighbours will remove the row).
 const LEAVE_WAIT: Duration = Duration::from_secs(5);
+/// How long a stopping node's retired acceptors may take to end once its jobs are handed
+/// back (one that took a job hands it back in a transaction or two).
+const ACCEPTORS_WAIT: Duration = Duration::from_secs(2);
 
 /// How to start a node.
 #[derive(Debug, Clone)]
@@ -423,14 +426,16 @@ impl Replicator {
     pub async fn shutdown(mut self) {
         // No more jobs taken here: the jobs stopped below go back to the queue, and this
         // node's own acceptors, still waiting, would take them and die with the node.
+        let mut acceptors = Vec::new();
         if let Some(job_server) = self
             .ctx
             .children()
             .get::<JobServerMsg>(JOB_SERVER.name())
-        {
-            let _ = job_server
+            && let Ok(ractor::rpc::CallResult::Success(tasks)) = job_server
                 .call(JobServerMsg::StopAccepting, Some(LEAVE_WAIT))
-                .await;
+                .await
+        {
+            acceptors = tasks;
         }
         // Out of the membership first: the other nodes make room for this node's jobs while
         // they are still being checkpointed, and take them the moment they are handed back
@@ -445,6 +450,12 @@ impl Replicator {
                 .await;
         }
         self.tree.stop().await;
+        // A retired acceptor that took one of the jobs just handed back gives it back and
+        // ends; one still waiting for a job is stopped after a moment.
+        let ending = futures::future::join_all(acceptors.iter_mut());
+        if tokio::time::timeout(ACCEPTORS_WAIT, ending).await.is_err() {
+            acceptors.iter().for_each(|a| a.abort());
+        }
         // A job killed for outliving its stop (a slow final checkpoint) wrote nothing: its
         // job would stay locked by this node for the activity timeout (over a minute in the
         // failover drill under load). Every job actor of this node is gone now, so what the

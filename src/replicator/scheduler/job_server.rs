@@ -106,8 +106,10 @@ pub enum JobServerMsg {
     /// The node is shutting down: take no more jobs. Every acceptor retires (one that takes
     /// a job meanwhile hands it straight back) and none is started again, so the jobs that
     /// job_sup's stop hands back go to other nodes, not to this node's own acceptors (which
-    /// then died with it, holding them for the activity timeout: 85 s in the drill).
-    StopAccepting(RpcReplyPort<()>),
+    /// then died with it, holding them for the activity timeout: 85 s in the drill). The
+    /// acceptor tasks are handed to the caller, to be awaited once job_sup has stopped:
+    /// aborted with this server, one could die between taking a job and handing it back.
+    StopAccepting(RpcReplyPort<Vec<JoinHandle<()>>>),
 }
 
 /// What [`JobServerMsg::Observe`] answers.
@@ -630,11 +632,12 @@ impl Server for JobServer {
             }
             JobServerMsg::StopAccepting(reply) => {
                 st.stopping = true;
+                let mut tasks = std::mem::take(&mut st.retired);
                 for (_, a) in st.acceptors.drain() {
                     a.retire.store(true, Ordering::Relaxed);
-                    st.retired.push(a.task);
+                    tasks.push(a.task);
                 }
-                let _ = reply.send(());
+                let _ = reply.send(tasks);
             }
             JobServerMsg::Observe(reply) => {
                 let _ = reply.send(self.observation(st));
