@@ -98,6 +98,16 @@ fn a_request_between_another_process_requests_is_a_double_run() {
         seen(t, 1_300, 1, "/s1/_changes"),
     ];
     assert!(overlaps(&back, job, window).is_empty());
+    // The same, the new run's checkpoint read reaching the relay before its roots.
+    let back_local_first = [
+        seen(t, 0, 1, "/s1/_changes"),
+        seen(t, 500, 2, "/s1"),
+        seen(t, 585, 2, "/t1/_local/abc"),
+        seen(t, 790, 1, "/s1/_local/abc"),
+        seen(t, 791, 1, "/s1"),
+        seen(t, 1_300, 1, "/s1/_changes"),
+    ];
+    assert!(overlaps(&back_local_first, job, window).is_empty());
     let mut stale = clean[..4].to_vec();
     stale.push(seen(t, 2_500, 1, "/s1/_changes"));
     stale.push(seen(t, 3_000, 2, "/s1/_changes"));

@@ -251,9 +251,13 @@ pub struct Overlap {
 }
 
 /// Whether a request opens a run of its job: a replication starts by reading its databases'
-/// roots (`GET /source`, `GET`/`PUT /target`), which a running one does not send again.
+/// roots (`GET /source`, `GET`/`PUT /target`) and its checkpoints (`GET .../_local/...`),
+/// which a running one does not send again (it only writes checkpoints). Sent at once, they
+/// reach the relay in any order: a run that began with a checkpoint read was taken for the
+/// old run going on (a false double run, 2026-11-29).
 fn opens_run(s: &Seen) -> bool {
     s.path.trim_matches('/').split('/').count() == 1
+        || (s.method == "GET" && s.path.contains("/_local/"))
 }
 
 /// The double runs in `seen`: a request by one process for a job while another process
