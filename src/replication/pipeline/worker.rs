@@ -422,8 +422,8 @@ async fn write_related(
 }
 
 /// Fetches the remaining revisions individually (`open_revs`, attachments streamed to the
-/// target where possible), a few at a time. Plain JSON documents join `docs` for one
-/// `_bulk_docs`; design documents and documents with attachments are written here. Every
+/// target where possible), a few at a time. Small plain JSON documents join `docs` for one
+/// `_bulk_docs`; the others are written by their fetch ([`write_unbatched`]). Every
 /// document fetched counts in `read`.
 async fn fetch_one_by_one(
     sh: &Shared,
@@ -454,69 +454,70 @@ async fn fetch_one_by_one(
                     };
                     got = open_revs(&src, &again, None, enc).await?;
                 }
-                let got = write_budget_holders(&tgt, &w.id, got).await?;
-                Ok::<_, ReplicationError>((w.id, got))
+                write_unbatched(&tgt, &w.id, got).await
             }
         })
         .buffered(INDIVIDUAL_FETCHES);
     let mut held: usize = docs.iter().map(Bytes::len).sum();
     while let Some(f) = fetched.next().await {
-        let (id, got) = f?;
-        for doc in got {
-            *read += 1;
-            match doc {
-                Fetched::Json(b) if id.starts_with("_design/") => {
-                    result += put_json(&sh.tgt, &id, &b).await?
-                }
-                Fetched::Json(b) => {
-                    // Written as soon as they fill a `_bulk_docs` body: a batch of large
-                    // documents fetched one by one is not held whole (100 of 7.9 MB took
-                    // the node to +824 MiB).
-                    held += b.len();
-                    docs.push(b);
-                    if held >= BULK_DOCS_BUFFER {
-                        result += write_docs(&sh.tgt, docs).await?;
-                        docs.clear();
-                        held = 0;
-                    }
-                }
-                Fetched::Multipart { id, json, parts } => {
-                    result += put_multipart(&sh.tgt, &id, &json, &parts).await?
-                }
-                Fetched::Written(r) => result += r,
+        let sorted = f?;
+        *read += sorted.read;
+        result += sorted.written;
+        for b in sorted.batch {
+            // Written as soon as they fill a `_bulk_docs` body: a batch of large documents
+            // fetched one by one is not held whole (100 of 7.9 MB took the node to +824 MiB).
+            held += b.len();
+            docs.push(b);
+            if held >= BULK_DOCS_BUFFER {
+                result += write_docs(&sh.tgt, docs).await?;
+                docs.clear();
+                held = 0;
             }
         }
     }
     Ok(result)
 }
 
-/// Writes the documents of `got` that hold the node's response budget (larger than the bytes
-/// every body reads free) at once, in the fetch that read them. Returned in order instead,
-/// one could wait behind an earlier fetch that waits for the very budget it holds: with
-/// documents of 7.9 MB the same fetch waited 30 s three times over and the job failed
-/// (`big_data` bench, 2026-11-29).
-async fn write_budget_holders(
-    tgt: &HttpClient,
-    id: &str,
-    got: Vec<Fetched>,
-) -> Result<Vec<Fetched>> {
-    let mut out = Vec::with_capacity(got.len());
+/// One fetch's documents once [`write_unbatched`] has written what it writes.
+struct Sorted {
+    /// Documents fetched.
+    read: u64,
+    /// What was written already.
+    written: WriteResult,
+    /// Small plain JSON documents, left to gather into a `_bulk_docs`.
+    batch: Vec<Bytes>,
+}
+
+/// Writes the documents of `got` that are not gathered into a `_bulk_docs`: design
+/// documents, documents with attachments, and those that hold the node's response budget
+/// (larger than the bytes every body reads free), in the fetch that read them. Returned in
+/// order instead, one could wait behind an earlier fetch that waits for the very budget it
+/// holds: with documents of 7.9 MB the same fetch waited 30 s three times over and the job
+/// failed (`big_data` bench, 2026-11-29).
+async fn write_unbatched(tgt: &HttpClient, id: &str, got: Vec<Fetched>) -> Result<Sorted> {
+    let mut sorted = Sorted {
+        read: got.len() as u64,
+        written: WriteResult::default(),
+        batch: Vec::new(),
+    };
+    let design = id.starts_with("_design/");
     for doc in got {
-        out.push(match doc {
+        sorted.written += match doc {
+            Fetched::Json(b) if design => put_json(tgt, id, &b).await?,
             Fetched::Json(b) if b.len() as u64 > UNBUDGETED_BYTES => {
-                Fetched::Written(if id.starts_with("_design/") {
-                    put_json(tgt, id, &b).await?
-                } else {
-                    write_docs(tgt, std::slice::from_ref(&b)).await?
-                })
+                write_docs(tgt, std::slice::from_ref(&b)).await?
+            }
+            Fetched::Json(b) => {
+                sorted.batch.push(b);
+                continue;
             }
             Fetched::Multipart { id, json, parts } => {
-                Fetched::Written(put_multipart(tgt, &id, &json, &parts).await?)
+                put_multipart(tgt, &id, &json, &parts).await?
             }
-            other => other,
-        });
+            Fetched::Written(r) => r,
+        };
     }
-    Ok(out)
+    Ok(sorted)
 }
 
 /// Streamed tries of one document at most, when each moved for a while before failing.
