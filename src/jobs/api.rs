@@ -1,11 +1,13 @@
 //! The public job API on [`Jobs`]: each call as its own retried transaction, and a `*_tx`
 //! form that runs inside the caller's transaction (CouchDB's couch_jobs.erl API).
 
+use serde::de::DeserializeOwned;
+
 use crate::store::{RangeOptions, Tx, Watch};
 
 use super::accept::{AcceptOpts, try_accept, try_accept_claimed, wait_timeout};
 use super::error::{JobsError, JobsResult};
-use super::fold::{FOLD_PAGE_SIZE, JobInfo, list_jobs_page};
+use super::fold::{FOLD_PAGE_SIZE, JobInfo, list_jobs_page, list_jobs_page_as};
 use super::job_data::{JobData, JobState};
 use super::{Job, Jobs, lifecycle as lc};
 
@@ -151,27 +153,55 @@ impl Jobs {
         &self,
         ty: &str,
         page_size: usize,
-        mut acc: A,
-        mut f: F,
+        acc: A,
+        f: F,
     ) -> JobsResult<A>
     where
         F: FnMut(A, JobInfo) -> A,
     {
+        self.fold_pages(page_size, acc, f, |tx, after| async move {
+            list_jobs_page(self.keys(), &tx, ty, after.as_deref(), page_size).await
+        })
+        .await
+    }
+
+    /// [`Jobs::fold_jobs`] with each job's data decoded as `D` (`None` when it does not
+    /// decode): a reader of a few fields of every job skips building the rest.
+    pub async fn fold_jobs_as<D, A, F>(&self, ty: &str, acc: A, f: F) -> JobsResult<A>
+    where
+        D: DeserializeOwned,
+        F: FnMut(A, JobInfo<Option<D>>) -> A,
+    {
+        self.fold_pages(FOLD_PAGE_SIZE, acc, f, |tx, after| async move {
+            list_jobs_page_as(self.keys(), &tx, ty, after.as_deref(), FOLD_PAGE_SIZE).await
+        })
+        .await
+    }
+
+    /// One transaction per page of `page_size` (read by `page`, given the last id seen),
+    /// each page's jobs folded into `acc` in key order.
+    async fn fold_pages<D, A, F, P, Fut>(
+        &self,
+        page_size: usize,
+        mut acc: A,
+        mut f: F,
+        page: P,
+    ) -> JobsResult<A>
+    where
+        F: FnMut(A, JobInfo<D>) -> A,
+        P: Fn(Tx, Option<String>) -> Fut,
+        Fut: Future<Output = JobsResult<Vec<JobInfo<D>>>>,
+    {
         let mut after: Option<String> = None;
         loop {
-            let page = self
+            let rows = self
                 .db()
-                .run(|tx| {
-                    let after = after.clone();
-                    async move {
-                        list_jobs_page(self.keys(), &tx, ty, after.as_deref(), page_size).await
-                    }
-                })
+                .run(|tx| page(tx, after.clone()))
                 .await?;
-            let full = page.len() >= page_size.max(1);
-            self.count_listed(page.len());
-            after = page.last().map(|j| j.id.clone());
-            for job in page {
+            let full = rows.len() >= page_size.max(1);
+            self.count_listed(rows.len());
+            after = rows.last().map(|j| j.id.clone());
+            for job in rows {
                 acc = f(acc, job);
             }
             if !full {

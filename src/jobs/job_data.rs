@@ -111,6 +111,18 @@ impl JobRow {
     /// Decodes a DATA row value; [`JobsError::Encoding`] for anything not written by
     /// [`JobRow::encode`].
     pub fn decode(bytes: &[u8]) -> JobsResult<Self> {
+        let (mut row, data) = Self::decode_with(bytes, decode_data)?;
+        row.data = data;
+        Ok(row)
+    }
+
+    /// Decodes a DATA row, its data with `data` (given the stored JSON bytes) instead of into
+    /// a [`JobData`] map: a reader that needs a few fields of many rows (a census) decodes
+    /// only those. The returned row's own `data` is then empty.
+    pub fn decode_with<D>(
+        bytes: &[u8],
+        data: impl FnOnce(&[u8]) -> JobsResult<D>,
+    ) -> JobsResult<(Self, D)> {
         let (seq, jlock, stime, resubmit, json): (Element, Option<Bytes>, i64, bool, Bytes) =
             tuple::unpack(bytes).map_err(|e| JobsError::Encoding(format!("bad job row: {e}")))?;
         let seq = match seq {
@@ -128,13 +140,15 @@ impl JobRow {
             ),
             None => None,
         };
-        Ok(Self {
+        let decoded = data(&json)?;
+        let row = Self {
             seq,
             jlock,
             stime,
             resubmit,
-            data: decode_data(&json)?,
-        })
+            data: JobData::new(),
+        };
+        Ok((row, decoded))
     }
 }
 

@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::jobs::{Jobs, JobsResult};
 use crate::replicator::job::id::JobId;
-use crate::replicator::job::view::{JobView, REP_JOBS, RepState};
+use crate::replicator::job::view::{REP_JOBS, RepState};
 use crate::replicator::node::name::NodeName;
 use crate::telemetry::job_gauges::JobSample;
 
@@ -114,19 +115,41 @@ pub fn spawn(board: Arc<CensusBoard>, jobs: Jobs, node: NodeName, period: Durati
     })
 }
 
+/// The fields of a job's record a census reads; the rest of the record (the replication
+/// document, its history, checkpoint history) is skipped while decoding, not built. With
+/// 3,000 jobs, decoding whole records was a third of a cluster node's CPU under rotation.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CensusRow {
+    state: RepState,
+    node: Option<NodeName>,
+    rep_stats: Option<CensusStats>,
+}
+
+/// The stats a sample shows (named as in [`ReplicationStats`](crate::ReplicationStats)).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CensusStats {
+    changes_pending: Option<u64>,
+    through_seq: Value,
+    checkpointed_source_seq: Value,
+    docs_written: u64,
+}
+
 /// Counts the cluster's jobs and samples this node's running ones (reads every job).
 pub async fn take(jobs: &Jobs, node: &NodeName) -> JobsResult<Census> {
     let mut c = jobs
-        .fold_jobs(REP_JOBS, Census::default(), |mut c, j| {
-            let Ok(v) = JobView::from_data(&JobId::from(&j.id), &j.data) else {
+        .fold_jobs_as::<CensusRow, _, _>(REP_JOBS, Census::default(), |mut c, j| {
+            let Some(row) = j.data else {
                 return c;
             };
             c.total += 1;
-            if let Some(i) = STATES.iter().position(|s| *s == v.state) {
+            if let Some(i) = STATES.iter().position(|s| *s == row.state) {
                 c.by_state[i] += 1;
             }
-            if v.state == RepState::Running && v.node.as_ref() == Some(node) {
-                c.mine.push(sample(&v));
+            if row.state == RepState::Running && row.node.as_ref() == Some(node) {
+                let stats = row.rep_stats.unwrap_or_default();
+                c.mine.push(sample(JobId::from(&j.id), stats));
             }
             c
         })
@@ -166,8 +189,7 @@ fn seq_number(v: &Value) -> Option<u64> {
     }
 }
 
-fn sample(j: &JobView) -> JobSample<JobId> {
-    let n = j.stats.clone().unwrap_or_default();
+fn sample(job_id: JobId, n: CensusStats) -> JobSample<JobId> {
     let lag = match (
         seq_number(&n.through_seq),
         seq_number(&n.checkpointed_source_seq),
@@ -176,7 +198,7 @@ fn sample(j: &JobView) -> JobSample<JobId> {
         _ => None,
     };
     JobSample {
-        job_id: j.job_id.clone(),
+        job_id,
         changes_pending: n.changes_pending,
         checkpoint_lag: lag,
         docs_written: n.docs_written,
@@ -187,6 +209,38 @@ fn sample(j: &JobView) -> JobSample<JobId> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_census_row_reads_what_a_record_wrote() {
+        use crate::replicator::job::record::RepJobRecord;
+        let record = RepJobRecord {
+            state: RepState::Running,
+            node: Some(NodeName::from("n1@127.0.0.1")),
+            rep_stats: Some(crate::ReplicationStats {
+                through_seq: json!("12-g1AAAA"),
+                checkpointed_source_seq: json!(9),
+                docs_written: 7,
+                changes_pending: Some(3),
+                ..Default::default()
+            }),
+            job_history: vec![],
+            checkpoint_history: json!([{"session_id": "s"}]),
+            ..Default::default()
+        };
+        let bytes = serde_json::to_vec(&record.to_data()).unwrap();
+        let row: CensusRow = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(row.state, RepState::Running);
+        assert_eq!(row.node, record.node);
+        let s = sample(JobId::from("j"), row.rep_stats.unwrap());
+        assert_eq!(
+            (s.changes_pending, s.checkpoint_lag, s.docs_written),
+            (Some(3), Some(3), 7)
+        );
+        // A pending record that never ran: no node, no stats.
+        let bytes = serde_json::to_vec(&RepJobRecord::default().to_data()).unwrap();
+        let row: CensusRow = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!((row.state, row.node, row.rep_stats.is_none()), (RepState::default(), None, true));
+    }
 
     #[test]
     fn sequences_are_numbers_or_couchdb_strings() {
