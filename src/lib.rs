@@ -96,14 +96,14 @@ macro_rules! internal_pub {
 // benches and examples, through a dev-dependency on itself) makes the layers public so those
 // can reach actor messages and internals by path; it is not part of the supported API.
 
-/// Declares the layers: public with `internals`, private (and quiet about what only tests,
-/// benches and examples use) without.
+/// Declares the layers: public with `internals`, private without. What only this crate's
+/// tests, benches and examples use is compiled for them alone (`#[cfg(any(test, feature =
+/// "internals"))]` where it is declared), so the compiler still reports dead code.
 macro_rules! layers {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(feature = "internals")]
         pub mod $name;
         #[cfg(not(feature = "internals"))]
-        #[allow(dead_code, unused_imports)]
         mod $name;
     )*};
 }

@@ -26,7 +26,9 @@ use super::cookie::{self, SessionSettings, SessionUsers};
 use super::couchdb_auth::{CouchDbAuth, Credential, Verdict};
 use super::error::HttpError;
 use super::lockout::{Lockout, LockoutSettings};
-use super::password::{Prf, StoredPassword, same_bytes};
+use super::password::{Prf, StoredPassword};
+#[cfg(any(test, feature = "internals"))]
+use super::password::same_bytes;
 use super::peer::Peer;
 
 mod login;
@@ -166,6 +168,8 @@ impl Users {
     /// Server admins and plain users, `(name, password or CouchDB hash)` each, with CouchDB's
     /// hashing defaults. Entries that are malformed hashes are left out (and logged); use
     /// [`Users::configure`] to refuse them instead.
+    // Users without configuration checks, for the crate's tests.
+    #[cfg(any(test, feature = "internals"))]
     pub fn new(
         admins: impl IntoIterator<Item = (String, String)>,
         users: impl IntoIterator<Item = (String, String)>,
@@ -288,6 +292,7 @@ impl Users {
         }
     }
 
+    #[cfg(any(test, feature = "internals"))]
     fn check(&self, acct: &Account, name: &str, password: &str) -> bool {
         let id = cache_id(acct.admin, name);
         let d = self.digest(password);
@@ -309,6 +314,7 @@ impl Users {
 
     /// The caller a name and password identify (admins first), or `None`; hashes on the
     /// calling thread and counts no failure (tests and tools; requests use `login_from`).
+    #[cfg(any(test, feature = "internals"))]
     pub fn login(&self, name: &str, password: &str) -> Option<UserCtx> {
         for acct in [self.inner.admins.get(name), self.inner.users.get(name)]
             .into_iter()
@@ -347,6 +353,7 @@ impl Users {
     }
 
     /// Checks an `Authorization` header value against the configured users only.
+    #[cfg(any(test, feature = "internals"))]
     pub fn authenticate(&self, header: Option<&str>) -> Result<Caller, HttpError> {
         let Some(h) = header else {
             return Ok(Caller::Anonymous);
@@ -471,6 +478,7 @@ fn ctx_of(name: &str, acct: &Account) -> UserCtx {
 }
 
 /// Compares two secrets in time independent of where they differ.
+#[cfg(any(test, feature = "internals"))]
 pub(crate) fn same(a: &str, b: &str) -> bool {
     same_bytes(a.as_bytes(), b.as_bytes())
 }

@@ -67,6 +67,7 @@ impl ConnectionLimit {
     }
 
     /// Connections refused so far.
+    #[cfg(test)]
     pub fn refused(&self) -> u64 {
         self.refused.load(Relaxed)
     }

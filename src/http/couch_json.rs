@@ -349,7 +349,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::replicator::RepJobRecord;
+    use crate::replicator::job::record::RepJobRecord;
 
     fn view(state: RepState, stats: Option<ReplicationStats>) -> JobView {
         let mut r = RepJobRecord {

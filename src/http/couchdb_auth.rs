@@ -191,6 +191,7 @@ impl Cache {
         m.insert(k, (now, ctx));
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.lock().map_or(0, |m| m.len())
     }
@@ -271,11 +272,6 @@ impl CouchDbAuth {
     /// The CouchDB's address as shown in logs and errors.
     pub fn url(&self) -> &str {
         &self.shown
-    }
-
-    /// How many successes are remembered now.
-    pub fn cached(&self) -> usize {
-        self.cache.len()
     }
 
     /// Who `cred` identifies, from the cache or the CouchDB's `GET /_session`, with the

@@ -51,8 +51,6 @@ pub struct HttpConfig {
     pub users: Users,
     /// Larger request bodies are refused with 413.
     pub max_body_bytes: usize,
-    /// How long `POST /_replicate` waits for a continuous job to be running.
-    pub start_timeout: Duration,
     /// How long `POST /_replicate` waits for a one-shot job to complete.
     pub completion_timeout: Duration,
     /// The `_replicator` databases the doc processor follows (names as `_scheduler/docs`
@@ -67,7 +65,6 @@ impl Default for HttpConfig {
         Self {
             users: Users::default(),
             max_body_bytes: 1 << 20,
-            start_timeout: Duration::from_secs(60),
             completion_timeout: Duration::from_secs(3600),
             replicator_dbs: Vec::new(),
             user_limits: user_limits::UserLimits::default(),
@@ -131,6 +128,7 @@ impl HasUsers for AppState {
 }
 
 /// The API's routes.
+#[cfg(any(test, feature = "internals"))]
 pub fn router(state: AppState) -> Router {
     router_with_steps(state, None)
 }
@@ -237,6 +235,7 @@ pub async fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<tokio:
 
 /// Serves `router` on `listener` until `shutdown` resolves, each client address holding at
 /// most [`connection_limit::DEFAULT_PER_CLIENT`] connections.
+#[cfg(any(test, feature = "internals"))]
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -245,7 +244,8 @@ pub async fn serve_router(
     serve_router_within(listener, router, Arc::default(), shutdown).await
 }
 
-/// [`serve_router`], each client address holding at most what `limit` allows.
+/// Serves `router` on `listener` until `shutdown` resolves, each client address holding at
+/// most what `limit` allows.
 pub async fn serve_router_within(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -260,6 +260,7 @@ pub async fn serve_router_within(
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.
+#[cfg(any(test, feature = "internals"))]
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,

@@ -4,7 +4,8 @@
 //!
 //! Every route needs a server admin (steps run commands on the nodes). Who is an admin is not
 //! decided here: the caller passes an [`AdminCheck`], so the node's HTTP layer plugs in its
-//! own authentication; [`basic_admin`] is a minimal one for a single Basic-auth admin.
+//! own authentication; `basic_admin`, the crate's tests' check, accepts a single Basic-auth
+//! admin.
 //! Failures are CouchDB-style `{"error", "reason"}` bodies; reasons come from typed errors
 //! and never contain credentials.
 
@@ -14,7 +15,6 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -23,7 +23,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::peer::Peer;
-use super::auth::{decode_basic, same};
 use super::error::HttpError;
 use crate::steps::{JobSpec, ListOptions, Steps, StepsError, StepsState};
 
@@ -57,6 +56,7 @@ pub type AdminCheck = Arc<dyn Fn(HeaderMap, Peer) -> AdminVerdict + Send + Sync>
 
 /// An [`AdminCheck`] accepting HTTP Basic credentials of one admin. The password is
 /// compared in time independent of where it differs.
+#[cfg(any(test, feature = "internals"))]
 pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> AdminCheck {
     let (name, password) = (name.into(), password.into());
     Arc::new(move |headers: HeaderMap, _: Peer| {
@@ -65,7 +65,11 @@ pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> Admi
     })
 }
 
+#[cfg(any(test, feature = "internals"))]
 fn check_basic(headers: &HeaderMap, name: &str, password: &str) -> Result<(), HttpError> {
+    use super::auth::{decode_basic, same};
+    use axum::http::header::AUTHORIZATION;
+
     let Some(value) = headers.get(AUTHORIZATION) else {
         return Err(HttpError::unauthorized(
             "authentication required: send Basic credentials",
@@ -196,6 +200,7 @@ fn json_rejection(e: JsonRejection) -> HttpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::header::AUTHORIZATION;
     use base64::Engine as _;
 
     fn headers(auth: Option<&str>) -> HeaderMap {

@@ -88,6 +88,7 @@ impl AcceptOpts {
     }
 
     /// Uses the random-probe dequeue; the type's jobs must all be scheduled at time 0.
+    #[cfg(any(test, feature = "internals"))]
     pub fn no_schedule(mut self) -> Self {
         self.no_schedule = true;
         self

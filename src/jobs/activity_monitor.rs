@@ -80,6 +80,7 @@ impl ActivityMonitor {
     }
 
     /// The current AIMD batch size.
+    #[cfg(any(test, feature = "internals"))]
     pub fn batch_size(&self) -> usize {
         self.aimd.size
     }

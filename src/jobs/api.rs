@@ -17,6 +17,7 @@ pub const PENDING_COUNT_LIMIT: usize = 1024;
 impl Jobs {
     /// Adds a job (pending at `stime`), or resubmits an existing one with the new data and
     /// `stime`. Needs the type's timeout to be set ([`JobsError::NoTypeTimeout`]).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn add(&self, ty: &str, id: &str, data: JobData, stime: i64) -> JobsResult<()> {
         self.db()
             .run(|tx| {
@@ -52,6 +53,7 @@ impl Jobs {
 
     /// Resubmits a job: see [`lc::resubmit`] for the per-state rules. `stime = None` keeps the
     /// current scheduled time; `data = None` keeps the data.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn resubmit(
         &self,
         ty: &str,
@@ -97,6 +99,7 @@ impl Jobs {
     }
 
     /// Whether the job is pending, running or finished ([`JobsError::NotFound`] if missing).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn get_job_state(&self, ty: &str, id: &str) -> JobsResult<JobState> {
         self.db()
             .run(|tx| async move { self.get_job_state_tx(&tx, ty, id).await })
@@ -121,6 +124,7 @@ impl Jobs {
     }
 
     /// Ids of the running jobs of a type.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn get_active_jobs_ids(&self, ty: &str) -> JobsResult<Vec<String>> {
         self.db()
             .run(|tx| async move { self.get_active_jobs_ids_tx(&tx, ty).await })
@@ -128,6 +132,7 @@ impl Jobs {
     }
 
     /// [`Jobs::get_active_jobs_ids`] inside the caller's transaction.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn get_active_jobs_ids_tx(&self, tx: &Tx, ty: &str) -> JobsResult<Vec<String>> {
         let jobs = lc::get_active_jobs(self.keys(), tx, ty).await?;
         Ok(jobs.into_iter().map(|(id, _)| id).collect())
@@ -211,6 +216,7 @@ impl Jobs {
     }
 
     /// One page of jobs inside the caller's transaction (ids after `after`).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn list_jobs_tx(
         &self,
         tx: &Tx,
@@ -400,6 +406,7 @@ impl Jobs {
 
     /// Removes the type's activity timeout and makes the type server stop its monitors now.
     /// Existing jobs stay; [`Jobs::add`] then fails with [`JobsError::NoTypeTimeout`].
+    #[cfg(any(test, feature = "internals"))]
     pub async fn clear_type_timeout(&self, ty: &str) -> JobsResult<()> {
         self.db()
             .run(|tx| async move {

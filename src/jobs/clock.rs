@@ -1,9 +1,10 @@
 //! Wall-clock time for couch_jobs, injectable so tests can move time.
 //!
 //! Scheduled times (`STime`) and type timeouts are UNIX seconds, as in CouchDB. [`SystemClock`]
-//! reads the OS clock; [`TokioClock`] advances with tokio's clock (so paused-time tests see
-//! `sleep`/`advance` move the wall clock too); [`ManualClock`] only moves when told to;
-//! [`CorrectedClock`] is another clock moved by an offset (a cluster's consensus).
+//! reads the OS clock; [`CorrectedClock`] is another clock moved by an offset (a cluster's
+//! consensus). Two more exist only for the crate's tests (`test` or feature `internals`):
+//! `TokioClock` advances with tokio's clock (so paused-time tests see `sleep`/`advance` move
+//! the wall clock too), and `ManualClock` only moves when told to.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -42,12 +43,14 @@ impl Clock for SystemClock {
 
 /// UNIX time that starts at the system time of creation and then follows tokio's clock, so
 /// `tokio::time::pause`/`advance` move it.
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Clone)]
 pub struct TokioClock {
     base_ms: i64,
     start: tokio::time::Instant,
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl TokioClock {
     /// Must be called inside a tokio runtime when time is paused, so the start instant is
     /// taken from the paused clock.
@@ -59,12 +62,14 @@ impl TokioClock {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl Default for TokioClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl Clock for TokioClock {
     fn now_ms(&self) -> i64 {
         self.base_ms + self.start.elapsed().as_millis() as i64
@@ -72,11 +77,13 @@ impl Clock for TokioClock {
 }
 
 /// A clock that only moves when [`ManualClock::advance_ms`] or [`ManualClock::set_ms`] is called.
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Default)]
 pub struct ManualClock {
     ms: AtomicI64,
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl ManualClock {
     /// A clock stopped at `start_ms` (milliseconds since the UNIX epoch).
     pub fn new(start_ms: i64) -> Self {
@@ -96,6 +103,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.ms.load(Ordering::SeqCst)

@@ -27,16 +27,6 @@ pub enum JobState {
     Finished,
 }
 
-impl JobState {
-    /// The lowercase name couch_jobs uses (`"pending"`, `"running"`, `"finished"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Running => "running",
-            JobState::Finished => "finished",
-        }
-    }
-}
 
 /// The `Seq` field: `0` pending, `null` finished, a versionstamp while running.
 #[derive(Debug, Clone, PartialEq, Eq)]

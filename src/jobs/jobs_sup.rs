@@ -5,22 +5,27 @@
 //! linked children of the type server (it starts and stops them as types come and go), so a
 //! restart of the type server restarts every pair started after it: the same effect. The
 //! supervisor itself is a [`supervisors::Supervisor`]; past 3 restarts in 10 s it fails.
-//! It takes no messages of its own; [`Background`] is its handle, and hands out the type
-//! server, monitors and notifiers so they can be observed (`supervisors::observe`).
+//! It takes no messages of its own; [`Background`] is its handle, and hands the crate's tests
+//! the type server, monitors and notifiers so they can be observed (`supervisors::observe`).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ractor::{Actor, ActorRef};
+use ractor::Actor;
 use supervisors::SupervisorRef;
-use supervisors::{ChildContext, ChildSpec, Shutdown, Strategy, Supervisor, SupervisorMsg};
+use supervisors::{ChildContext, ChildSpec, Shutdown, Strategy, Supervisor};
 
 use super::Jobs;
-use super::activity_monitor::MonitorMsg;
 use super::error::{JobsError, JobsResult};
-use super::notifier::NotifierMsg;
-use super::type_server::{Registry, TypeServer, TypeServerMsg};
+use super::type_server::TypeServer;
+// What the tests' handles into the tree name.
+#[cfg(any(test, feature = "internals"))]
+use {
+    super::activity_monitor::MonitorMsg,
+    super::notifier::NotifierMsg,
+    super::type_server::{Registry, TypeServerMsg},
+    ractor::ActorRef,
+    std::sync::Arc,
+};
 
 /// Restart intensity: at most this many restarts ...
 pub const MAX_RESTARTS: u32 = 3;
@@ -30,7 +35,8 @@ pub const MAX_SECONDS: Duration = Duration::from_secs(10);
 /// A running `jobs_sup`.
 pub struct Background {
     sup: SupervisorRef,
-    starts: Arc<AtomicUsize>,
+    /// The type server's registry, for the tests that reach its actors.
+    #[cfg(any(test, feature = "internals"))]
     registry: Arc<Registry>,
 }
 
@@ -43,14 +49,11 @@ impl std::fmt::Debug for Background {
 }
 
 pub(crate) async fn start(jobs: Jobs) -> JobsResult<Background> {
-    let starts = Arc::new(AtomicUsize::new(0));
+    #[cfg(any(test, feature = "internals"))]
     let registry = jobs.registry().clone();
-    let counter = starts.clone();
     let type_server = ChildSpec::new("type_server", move |ctx: ChildContext| {
         let jobs = jobs.clone();
-        let counter = counter.clone();
         async move {
-            counter.fetch_add(1, Ordering::Relaxed);
             let (server, _) = Actor::spawn_linked(None, TypeServer, jobs, ctx.supervisor).await?;
             Ok(server.get_cell())
         }
@@ -65,7 +68,7 @@ pub(crate) async fn start(jobs: Jobs) -> JobsResult<Background> {
         .map_err(|e| JobsError::Unavailable(e.to_string()))?;
     Ok(Background {
         sup,
-        starts,
+        #[cfg(any(test, feature = "internals"))]
         registry,
     })
 }
@@ -81,17 +84,11 @@ impl Background {
         self.sup.actor().kill();
         self.sup.wait().await;
     }
+}
 
-    /// Whether `jobs_sup` is still running.
-    pub fn is_running(&self) -> bool {
-        self.sup.actor().get_status() < ractor::ActorStatus::Stopping
-    }
-
-    /// How many times the type server was restarted.
-    pub async fn restarts(&self) -> JobsResult<usize> {
-        Ok(self.starts.load(Ordering::Relaxed).saturating_sub(1))
-    }
-
+/// Handles into the tree, for the crate's tests.
+#[cfg(any(test, feature = "internals"))]
+impl Background {
     /// The running type server (`None` while it restarts).
     pub fn type_server(&self) -> Option<ActorRef<TypeServerMsg>> {
         self.registry.server()
@@ -105,10 +102,5 @@ impl Background {
     /// The running activity monitor of `ty`.
     pub fn monitor(&self, ty: &str) -> Option<ActorRef<MonitorMsg>> {
         self.registry.monitor(ty)
-    }
-
-    /// The `jobs_sup` actor (for tests and hosts that link it into their own tree).
-    pub fn actor(&self) -> &ActorRef<SupervisorMsg> {
-        self.sup.actor()
     }
 }

@@ -88,6 +88,7 @@ pub fn set_type_timeout(keys: &Keys, tx: &Tx, ty: &str, secs: i64) {
 }
 
 /// Removes the type's activity timeout, so the type server stops its monitors.
+#[cfg(any(test, feature = "internals"))]
 pub fn clear_type_timeout(keys: &Keys, tx: &Tx, ty: &str) {
     tx.clear(&keys.activity_timeout(ty));
 }

@@ -35,15 +35,17 @@ use std::sync::Arc;
 use crate::store::{Db, tuple};
 
 pub use accept::AcceptOpts;
-pub use clock::{Clock, CorrectedClock, ManualClock, SharedClock, SystemClock, TokioClock};
+pub use clock::{Clock, CorrectedClock, SharedClock, SystemClock};
+#[cfg(any(test, feature = "internals"))]
+pub use clock::{ManualClock, TokioClock};
 pub use config::JobsConfig;
 pub use error::{JobsError, JobsResult};
-pub use event::{EventState, JobEvent};
-pub use fold::JobInfo;
+#[cfg(any(test, feature = "internals"))]
+pub use event::EventState;
 pub use job_data::{JobData, JobState};
 pub use jobs_sup::Background;
 pub use keys::Keys;
-pub use subscription::{Subscribed, Subscription};
+pub use subscription::Subscribed;
 
 /// A job held by a worker after `accept`: the lock fences every later `update`/`finish`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,7 @@ pub struct Job {
 
 impl Job {
     /// Whether the job was resubmitted while running: `finish` will put it back to pending.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_resubmitted(&self) -> bool {
         self.resubmit
     }

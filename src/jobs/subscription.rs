@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use futures::FutureExt;
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 
@@ -16,7 +15,7 @@ use crate::store::tuple::Versionstamp;
 
 use super::Jobs;
 use super::error::{JobsError, JobsResult};
-use super::event::{EventState, JobEvent};
+use super::event::JobEvent;
 use super::job_data::{JobData, JobRow, JobState};
 use super::lifecycle::get_row;
 use super::notifier::NotifierMsg;
@@ -28,7 +27,8 @@ pub enum Subscribed {
     Active {
         /// Receives the job's later state changes.
         sub: Subscription,
-        /// The job's state when the subscription was made.
+        /// The job's state when the subscription was made (only the crate's tests ask).
+        #[cfg(any(test, feature = "internals"))]
         state: JobState,
         /// The job's data when the subscription was made.
         data: JobData,
@@ -40,24 +40,12 @@ pub enum Subscribed {
 /// A live subscription. Dropping it unsubscribes.
 #[derive(Debug)]
 pub struct Subscription {
-    job_type: String,
-    id: String,
     sub_id: u64,
     events: mpsc::UnboundedReceiver<JobEvent>,
     notifier: ActorRef<NotifierMsg>,
 }
 
 impl Subscription {
-    /// The subscribed job's type.
-    pub fn job_type(&self) -> &str {
-        &self.job_type
-    }
-
-    /// The subscribed job's id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
     /// The next event, or `None` on timeout or when the subscription has ended (after
     /// `finished`/`not_found`, or its notifier stopped).
     pub async fn wait(&mut self, timeout: Duration) -> Option<JobEvent> {
@@ -66,23 +54,6 @@ impl Subscription {
             .ok()
             .flatten()
     }
-
-    /// The next event in `state`, dropping events in other states; `None` on timeout or end.
-    pub async fn wait_for(&mut self, state: EventState, timeout: Duration) -> Option<JobEvent> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let ev = tokio::time::timeout_at(deadline, self.events.recv())
-                .await
-                .ok()
-                .flatten()?;
-            if ev.state == state {
-                return Some(ev);
-            }
-        }
-    }
-
-    /// Stops the subscription (same as dropping it).
-    pub fn unsubscribe(self) {}
 }
 
 impl Drop for Subscription {
@@ -94,7 +65,9 @@ impl Drop for Subscription {
 
 /// The first event from any of `subs`, with the index of its subscription; `None` on
 /// timeout or when all have ended.
+#[cfg(any(test, feature = "internals"))]
 pub async fn wait_any(subs: &mut [Subscription], timeout: Duration) -> Option<(usize, JobEvent)> {
+    use futures::FutureExt;
     let deadline = tokio::time::Instant::now() + timeout;
     let mut open: Vec<usize> = (0..subs.len()).collect();
     loop {
@@ -147,12 +120,11 @@ impl Jobs {
         .map_err(|e| JobsError::Unavailable(e.to_string()))?;
         Ok(Subscribed::Active {
             sub: Subscription {
-                job_type: ty.to_string(),
-                id: id.to_string(),
                 sub_id,
                 events,
                 notifier,
             },
+            #[cfg(any(test, feature = "internals"))]
             state,
             data: row.data,
         })

@@ -53,12 +53,14 @@ impl Registry {
     }
 
     /// The running notifier of `ty`, if any (not started on demand).
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn running_notifier(&self, ty: &str) -> Option<ActorRef<NotifierMsg>> {
         let map = self.notifiers.read().unwrap_or_else(|p| p.into_inner());
         map.get(ty).cloned().filter(alive)
     }
 
     /// The running activity monitor of `ty`, if any.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn monitor(&self, ty: &str) -> Option<ActorRef<MonitorMsg>> {
         let map = self.monitors.read().unwrap_or_else(|p| p.into_inner());
         map.get(ty).cloned().filter(alive)

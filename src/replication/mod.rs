@@ -26,11 +26,14 @@ pub mod verify;
 
 pub use endpoint::database::Endpoint;
 pub use error::{ErrorClass, ReasonTag, ReplicationError};
+#[cfg(any(test, feature = "internals"))]
 pub use http::transport::Transports;
 pub use id::rep_id::RepId;
 pub use options::spec::{Filter, ReplicationOptions, ReplicationSpec};
-pub use pipeline::run::{
-    Context, DEFAULT_IN_FLIGHT_BYTES, ReplicationHandle, compute_id, replicate, start,
-};
+pub use pipeline::run::{Context, ReplicationHandle, compute_id, start};
+#[cfg(any(test, feature = "internals"))]
+pub use pipeline::run::replicate;
 pub use pipeline::stats::ReplicationStats;
-pub use rate_limit::{Aimd, RateInterval, RateKey, RateLimiter, WindowLimits, WindowStats};
+pub use rate_limit::{Aimd, RateLimiter};
+#[cfg(any(test, feature = "internals"))]
+pub use rate_limit::{RateInterval, RateKey, WindowStats};

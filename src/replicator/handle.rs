@@ -186,7 +186,8 @@ impl Replicator {
     }
 
     internal_pub! {
-        /// The supervision tree (`replicator_sup`), for tests and hosts linking it.
+        /// The supervision tree (`replicator_sup`), for the crate's tests.
+        #[cfg(any(test, feature = "internals"))]
         fn tree(&self) -> &SupervisorRef {
             &self.tree
         }

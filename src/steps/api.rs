@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+#[cfg(any(test, feature = "internals"))]
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -341,6 +342,7 @@ impl Steps {
 
     /// Waits until the job succeeds or fails (`None` on timeout), woken by changes of its
     /// document.
+    #[cfg(any(test, feature = "internals"))]
     pub async fn wait_done(&self, id: &str, timeout: Duration) -> StepsResult<Option<JobView>> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {

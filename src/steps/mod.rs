@@ -32,14 +32,18 @@ pub(crate) mod txn;
 pub mod worker;
 pub mod worker_actor;
 
-pub use action::{Action, ActionContext, ActionError, ActionOutcome, DisabledAction};
-pub use api::{JobList, JobSummary, JobView, ListOptions, Steps, StepsState};
+pub use action::{Action, DisabledAction};
+pub use api::{ListOptions, Steps, StepsState};
 pub use config::StepsConfig;
-pub use error::{SpecError, StepsError, StepsResult};
-pub use model::{
-    Executor, JobDoc, JobOutcome, JobSpec, RetryStrategy, StepDoc, StepSpec, StepStatus, Target,
+pub use error::StepsError;
+pub use model::JobSpec;
+// What the crate's tests and benches name.
+#[cfg(any(test, feature = "internals"))]
+pub use {
+    action::{ActionContext, ActionError, ActionOutcome},
+    model::{JobDoc, JobOutcome, RetryStrategy, StepSpec, StepStatus, Target},
+    stats::WriteStats,
 };
 pub use node::StepsNode;
 pub use shell::ShellAction;
 pub use sleep_action::SleepAction;
-pub use stats::{WriteCounts, WriteStats};

@@ -75,6 +75,7 @@ impl Target {
     }
 
     /// Whether a worker on `node` may run a step for this target.
+    #[cfg(any(test, feature = "internals"))]
     pub fn admits(&self, node: &str) -> bool {
         match self {
             Target::Any => true,
@@ -177,6 +178,8 @@ pub struct StepSpec {
     pub retry: RetryStrategy,
 }
 
+// Builders for the crate's tests; the API reads steps from JSON.
+#[cfg(any(test, feature = "internals"))]
 impl StepSpec {
     /// A step with no retries and no alternative command.
     pub fn new(target: impl Into<String>, command: impl Into<String>) -> Self {
@@ -211,6 +214,7 @@ pub struct JobSpec {
 
 impl JobSpec {
     /// A job of these steps; [`JobSpec::validate`] checks it.
+    #[cfg(any(test, feature = "internals"))]
     pub fn new(steps: Vec<StepSpec>) -> Self {
         Self { steps }
     }

@@ -7,6 +7,7 @@
 //! drops everything at once, like a crashed node: its running steps are re-enqueued by the
 //! couch_jobs activity monitor and run elsewhere.
 
+#[cfg(any(test, feature = "internals"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +35,8 @@ pub struct StepsNode {
     alive: watch::Receiver<usize>,
     shared: PoolShared,
     sup: SupervisorRef,
+    /// Worker restarts so far, for the crate's tests.
+    #[cfg(any(test, feature = "internals"))]
     restarts: Arc<AtomicU64>,
 }
 
@@ -55,6 +58,7 @@ impl StepsNode {
         let workers = workers.max(1);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (alive_tx, alive) = watch::channel(0usize);
+        #[cfg(any(test, feature = "internals"))]
         let restarts = Arc::new(AtomicU64::new(0));
         let name = steps.node().to_string();
         let shared = PoolShared {
@@ -72,12 +76,18 @@ impl StepsNode {
                 shared: shared.clone(),
                 index,
             };
-            let (restarts, started) = (restarts.clone(), Arc::new(AtomicU64::new(0)));
-            let args = move |_: &supervisors::ChildContext| {
-                if started.fetch_add(1, Ordering::Relaxed) > 0 {
-                    restarts.fetch_add(1, Ordering::Relaxed);
+            // Every start after the first is a restart (counted for the crate's tests).
+            #[cfg(any(test, feature = "internals"))]
+            let args = {
+                let (restarts, started) = (restarts.clone(), Arc::new(AtomicU64::new(0)));
+                move |_: &supervisors::ChildContext| {
+                    if started.fetch_add(1, Ordering::Relaxed) > 0 {
+                        restarts.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             };
+            #[cfg(not(any(test, feature = "internals")))]
+            let args = |_: &supervisors::ChildContext| {};
             // Stopping waits for running steps itself (see `stop`), so the supervisor's own
             // shutdown of a worker is quick.
             let spec = ChildSpec::server(format!("worker/{index}"), worker, args)
@@ -96,26 +106,25 @@ impl StepsNode {
             alive,
             shared,
             sup,
+            #[cfg(any(test, feature = "internals"))]
             restarts,
         })
     }
 
-    /// The node's name (the queue its workers serve besides `any`).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The running actor of worker `index` (`None` while it restarts), to observe it.
+    #[cfg(any(test, feature = "internals"))]
     pub fn worker(&self, index: usize) -> Option<ractor::ActorRef<super::worker_actor::WorkerMsg>> {
         self.sup.which_child(&format!("worker/{index}"))
     }
 
     /// Worker restarts so far.
+    #[cfg(any(test, feature = "internals"))]
     pub fn restarts(&self) -> u64 {
         self.restarts.load(Ordering::Relaxed)
     }
 
     /// False once the pool gave up (restart intensity exceeded) or was stopped.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_running(&self) -> bool {
         self.sup.actor().get_status() == ractor::ActorStatus::Running
     }
@@ -135,6 +144,7 @@ impl StepsNode {
     }
 
     /// Drops every worker at once, mid-step, with no clean-up (a crashed node).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn kill(self) {
         // The shutdown flag keeps the supervisor from restarting the killed loops.
         let _ = self.shutdown.send(true);

@@ -17,6 +17,7 @@ pub struct WriteStats {
 }
 
 /// A copy of the counters at one moment.
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteCounts {
     /// Jobs created (one write each).
@@ -35,6 +36,7 @@ pub struct WriteCounts {
     pub halts: u64,
 }
 
+#[cfg(any(test, feature = "internals"))]
 impl WriteCounts {
     /// Every committed write transaction.
     pub fn total_writes(&self) -> u64 {
@@ -80,6 +82,7 @@ impl WriteStats {
     }
 
     /// The counters as they are now (each read on its own, so not one consistent instant).
+    #[cfg(any(test, feature = "internals"))]
     pub fn snapshot(&self) -> WriteCounts {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         WriteCounts {

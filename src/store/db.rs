@@ -108,11 +108,6 @@ impl Db {
         self
     }
 
-    /// The retry policy [`Db::run`] uses.
-    pub fn retry_policy(&self) -> RetryPolicy {
-        self.retry
-    }
-
     /// The engine's short name, for logs (see [`Store::engine_name`]).
     pub fn engine_name(&self) -> &'static str {
         self.store.engine_name()

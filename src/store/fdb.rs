@@ -146,12 +146,6 @@ impl FdbStore {
             options: FdbTxOptions::default(),
         })
     }
-
-    /// Other transaction options than CouchDB's defaults.
-    pub fn with_tx_options(mut self, options: FdbTxOptions) -> Self {
-        self.options = options;
-        self
-    }
 }
 
 impl Store for FdbStore {

@@ -18,14 +18,19 @@
 mod db;
 pub mod embedded;
 pub mod etcd;
+// Fault injection for the crate's tests; production code never wraps a store in it.
+#[cfg(any(test, feature = "internals"))]
 pub mod faulty;
 #[cfg(feature = "fdb")]
 pub mod fdb;
+// The FDB adapter's error mapping, which the fault injector shares.
+#[cfg(any(feature = "fdb", test, feature = "internals"))]
 pub(crate) mod fdb_errors;
 mod idempotent;
 pub mod memory;
 
 pub use db::{Db, RetryPolicy};
+#[cfg(any(test, feature = "internals"))]
 pub use idempotent::TX_IDS;
 
 use std::sync::Arc;

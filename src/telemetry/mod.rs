@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub use couch_series::{CouchStats, Series};
 pub use exposition::Exposition;
-pub use histogram::Histogram;
 pub use store_stats::StoreStats;
 
 /// One node's metrics. Shared as `Arc<NodeMetrics>` by everything the node runs.

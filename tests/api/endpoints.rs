@@ -15,7 +15,6 @@ fn cfg() -> HttpConfig {
     HttpConfig {
         max_body_bytes: 4096,
         replicator_dbs: vec!["_replicator".into()],
-        start_timeout: Duration::from_millis(300),
         ..HttpConfig::default()
     }
 }
@@ -424,7 +423,6 @@ async fn random_bodies_get_client_errors() {
 
     deadline(60, "random bodies get client errors", async {
         let node = Node::frontend(HttpConfig {
-            start_timeout: Duration::from_millis(20),
             completion_timeout: Duration::from_millis(20),
             ..cfg()
         })

@@ -16,11 +16,7 @@ async fn a_duplicate_replication_is_a_conflict() {
     deadline(90, "a duplicate replication is a conflict", async {
         let pouch = Pouch::start().await;
         pouch.put("src", json!({})).await;
-        let node = Node::start(HttpConfig {
-            start_timeout: Duration::from_secs(30),
-            ..HttpConfig::default()
-        })
-        .await;
+        let node = Node::start(HttpConfig::default()).await;
         let rep = node.replicator.clone();
         let spec = json!({"source": pouch.db("src"), "target": pouch.db("dst"),
             "create_target": true, "continuous": true});

@@ -171,6 +171,7 @@ impl Watches {
     }
 
     /// Databases watched now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.table.lock().map_or(0, |t| {
             t.by_url
@@ -182,6 +183,7 @@ impl Watches {
     }
 
     /// Whether no database is watched.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

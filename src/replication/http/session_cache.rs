@@ -82,11 +82,13 @@ impl SessionCache {
     }
 
     /// Users with a slot.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().len()
     }
 
     /// True when no user has a slot.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

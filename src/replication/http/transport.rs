@@ -130,11 +130,6 @@ impl Transports {
         &self.sessions
     }
 
-    /// Idle time after which sockets and unused clients close.
-    pub fn idle_close(&self) -> Duration {
-        self.idle_close
-    }
-
     /// The client (and its gate) for `key`, built by `build` (given the table's pool
     /// settings) the first time.
     pub fn client<E>(
@@ -193,13 +188,8 @@ impl Transports {
     }
 
     /// Clients in the table.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.lock().len()
-    }
-
-    /// True when the table holds no client.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Every client and how many HTTP clients hold it, sorted.

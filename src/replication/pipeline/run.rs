@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::checkpoint::{Checkpointer, instance_start_of};
 pub(crate) use super::context::clients;
-pub use super::context::{Context, DEFAULT_IN_FLIGHT_BYTES};
+pub use super::context::Context;
 use super::fetch::BulkGetGate;
 use super::revs_diff::DiffSkipper;
 pub use super::start_up::compute_id;
@@ -38,6 +38,8 @@ const STATS_PERIOD: Duration = Duration::from_millis(250);
 /// A replication started with [`start`].
 pub struct ReplicationHandle {
     stop: watch::Sender<bool>,
+    // The window probe of the crate's tests and benches (`Self::window`).
+    #[cfg(any(test, feature = "internals"))]
     window: Arc<Mutex<WindowStats>>,
     stats: watch::Receiver<ReplicationStats>,
     task: Option<tokio::task::JoinHandle<Result<ReplicationStats>>>,
@@ -45,6 +47,7 @@ pub struct ReplicationHandle {
 
 impl ReplicationHandle {
     /// The latest stats snapshot (at most 250 ms, `STATS_PERIOD`, old).
+    #[cfg(any(test, feature = "internals"))]
     pub fn stats(&self) -> ReplicationStats {
         self.stats.borrow().clone()
     }
@@ -56,6 +59,7 @@ impl ReplicationHandle {
 
     /// The pipeline window's statistics, as of the last batch done; the probe stays readable
     /// after [`Self::wait`].
+    #[cfg(any(test, feature = "internals"))]
     pub fn window(&self) -> Arc<Mutex<WindowStats>> {
         self.window.clone()
     }
@@ -93,6 +97,7 @@ pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
     let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx, window.clone()).in_current_span());
     ReplicationHandle {
         stop: stop_tx,
+        #[cfg(any(test, feature = "internals"))]
         window,
         stats: stats_rx,
         task: Some(task),
@@ -100,6 +105,7 @@ pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
 }
 
 /// Runs a replication to its end (for a continuous one: until it fails).
+#[cfg(any(test, feature = "internals"))]
 pub async fn replicate(spec: ReplicationSpec, ctx: Context) -> Result<ReplicationStats> {
     start(spec, ctx).wait().await
 }

@@ -111,15 +111,6 @@ impl ReplicationStats {
             _ => None,
         };
     }
-
-    /// The `_active_tasks` JSON object.
-    pub fn to_active_task(&self) -> Value {
-        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
-        if let Some(m) = v.as_object_mut() {
-            m.insert("type".into(), Value::from("replication"));
-        }
-        v
-    }
 }
 
 /// A sequence as CouchDB shows it in stats: a string as it is, anything else (a PouchDB's

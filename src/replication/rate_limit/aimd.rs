@@ -56,6 +56,7 @@ pub struct AimdTable {
 
 impl AimdTable {
     /// The current wait before a request to `key`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn interval(&self, key: &RateKey) -> u64 {
         self.entries.get(key).map_or(0, |e| e.interval_ms)
     }
@@ -125,6 +126,7 @@ impl AimdTable {
     }
 
     /// How many keys have a non-zero interval.
+    #[cfg(any(test, feature = "internals"))]
     pub fn len(&self) -> usize {
         self.entries.len()
     }

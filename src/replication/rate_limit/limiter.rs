@@ -77,6 +77,7 @@ impl Aimd {
     }
 
     /// The current interval of `(endpoint, method)` in ms.
+    #[cfg(any(test, feature = "internals"))]
     pub fn interval_ms(&self, endpoint: &str, method: &str) -> u64 {
         self.with(|t, _| t.interval(&RateKey::new(endpoint, method)))
     }
@@ -87,11 +88,13 @@ impl Aimd {
     }
 
     /// How many keys have an interval.
+    #[cfg(any(test, feature = "internals"))]
     pub fn len(&self) -> usize {
         self.with(|t, _| t.len())
     }
 
     /// No key has an interval.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -6,5 +6,9 @@ pub(crate) mod aimd;
 pub(crate) mod limiter;
 pub(crate) mod window;
 
-pub use limiter::{Aimd, RateInterval, RateKey, RateLimiter};
-pub use window::{WindowLimits, WindowStats};
+pub use limiter::{Aimd, RateLimiter};
+#[cfg(any(test, feature = "internals"))]
+pub use {
+    limiter::{RateInterval, RateKey},
+    window::WindowStats,
+};

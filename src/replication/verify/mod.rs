@@ -14,4 +14,4 @@ mod report;
 pub(crate) mod request;
 
 pub use check::{VerifyOptions, verify};
-pub use report::{DifferentLeaf, FIRST_IDS, MissingDoc, Progress, VerifyReport};
+pub use report::{Progress, VerifyReport};

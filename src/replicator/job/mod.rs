@@ -21,4 +21,6 @@ pub(crate) mod record;
 pub(crate) mod runner;
 pub(crate) mod view;
 
-pub use view::{REP_JOBS, persistent_job_id};
+pub use view::REP_JOBS;
+#[cfg(any(test, feature = "internals"))]
+pub use view::persistent_job_id;

@@ -89,9 +89,12 @@ impl Default for DocProcessorConfig {
     }
 }
 
-/// The running processor; [`DocProcessor::stop`] ends its tasks.
+/// The running processor; dropping it aborts its tasks (a write in flight may be lost and
+/// is redone by the next processor's rescan).
 pub struct DocProcessor {
-    tasks: JoinSet<()>,
+    /// Held to be dropped (dropping a `JoinSet` aborts its tasks); only the crate's tests
+    /// stop it explicitly.
+    _tasks: JoinSet<()>,
 }
 
 impl DocProcessor {
@@ -119,14 +122,14 @@ impl DocProcessor {
             written: HashSet::new(),
         };
         tasks.spawn(w.run());
-        Ok(Self { tasks })
+        Ok(Self { _tasks: tasks })
     }
 
-    /// Stops every task (at its next await point; a write in flight may be lost and is
-    /// redone by the next processor's rescan).
+    /// Aborts every task and waits until they are gone (dropping it does not wait).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn stop(mut self) {
-        self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
+        self._tasks.abort_all();
+        while self._tasks.join_next().await.is_some() {}
     }
 }
 

@@ -17,4 +17,5 @@ pub(crate) mod running_jobs;
 pub(crate) mod share;
 pub(crate) mod share_plan;
 
+#[cfg(any(test, feature = "internals"))]
 pub use share::{ShareKey, ShareParams, share_error};

@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+#[cfg(any(test, feature = "internals"))]
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -331,6 +332,7 @@ pub fn stop_rank(factor: f64) -> u64 {
 /// Running-time fraction per group vs the fraction its shares ask for: half the sum of the
 /// absolute differences (0 = exact, 1 = all time to the wrong group). Groups are weighted
 /// by their shares alone, as when every group has more jobs than it can run.
+#[cfg(any(test, feature = "internals"))]
 pub fn share_error(params: &ShareParams, ran: &BTreeMap<ShareKey, Duration>) -> f64 {
     let total: f64 = ran.values().map(Duration::as_secs_f64).sum();
     let weights: f64 = ran.keys().map(|k| f64::from(params.shares(k))).sum();

@@ -45,7 +45,9 @@ mod tls_channel;
 mod transaction;
 mod watches;
 
-pub use config::{DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE, EtcdConfig};
+pub use config::EtcdConfig;
+#[cfg(any(test, feature = "internals"))]
+pub use config::{DEFAULT_PIPELINE, DEFAULT_READ_PIPELINE};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
