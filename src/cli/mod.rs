@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::telemetry::logging::LogFormat;
 
 mod auth_couchdb;
+mod chttpd_auth_section;
 mod config_file;
 mod limits_section;
 mod lockout_section;
@@ -17,6 +18,7 @@ mod prometheus_section;
 mod replicate;
 mod replicator_section;
 mod serve;
+mod serve_http;
 mod serve_steps;
 mod serve_store;
 mod ssl_section;

@@ -7,34 +7,35 @@
 //! Ctrl-C or SIGTERM (running jobs checkpoint and go back to pending).
 //!
 //! The HTTP API (with `/_steps`) and the `_replicator` doc processor are the last children of
-//! the node's tree, run only by `api_frontend` nodes; `[steps] workers` starts steps workers
-//! ([`super::serve_steps`]). The server uuid (part of every replication id) is kept in the
-//! data directory; nodes sharing one etcd or FoundationDB cluster must set the same `[couchdb] uuid`
-//! (checked at start against the uuid recorded in the store).
+//! the node's tree, run only by `api_frontend` nodes (the HTTP child, its listeners and their
+//! ports kept across restarts, is [`super::serve_http`]); `[steps] workers` starts steps
+//! workers ([`super::serve_steps`]). Each config section is read by its own module
+//! (`[chttpd_auth]` by [`super::chttpd_auth_section`], ...). The server uuid (part of every
+//! replication id) is kept in the data directory; nodes sharing one etcd or FoundationDB
+//! cluster must set the same `[couchdb] uuid` (checked at start against the uuid recorded in
+//! the store).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::{self, AppState, HttpConfig, auth::Users};
+use crate::http::{HttpConfig, auth::Users};
 use crate::replicator::replicator_db::doc_processor::{DocProcessorConfig, ReplicatorDb};
-use crate::replicator::{
-    Frontend, NodeType, Replicator, ReplicatorConfig, ServiceError, ServiceFn,
-};
+use crate::replicator::{Frontend, NodeType, Replicator, ReplicatorConfig};
 use crate::store::Db;
 
-use crate::http::auth::AuthSettings;
-use crate::http::connection_limit::{ConnectionLimit, DEFAULT_PER_CLIENT};
+use crate::http::connection_limit::DEFAULT_PER_CLIENT;
 use crate::http::couchdb_auth::CouchDbAuth;
-use crate::http::password::{MAX_ITERATIONS, Prf};
 use crate::replication::http::tls::TlsOptions;
 
 use super::auth_couchdb;
+use super::chttpd_auth_section;
 use super::config_file::ConfigFile;
 use super::lockout_section;
 use super::prometheus_section;
 use super::replicator_section;
+use super::serve_http::{Bound, Listeners, http_service};
 use super::serve_steps::{STEPS_KEYS, StepsSetup};
 use super::serve_store::{self, EtcdArgs};
 use super::ssl_section::{self, Https};
@@ -175,31 +176,12 @@ pub fn setup(
         .parse()
         .map_err(|_| format!("[chttpd] bind_address `{bind}` is not an IP address"))?;
     let https = ssl_section::read(cfg, addr.ip())?;
-    let mut dbs = Vec::new();
-    for (name, url) in cfg.section("replicator_dbs") {
-        dbs.push(ReplicatorDb {
-            name: name.clone(),
-            url: url.clone(),
-        });
-    }
-    for url in &args.replicator_dbs {
-        dbs.push(ReplicatorDb::from_url(url).map_err(|e| e.to_string())?);
-    }
-    for d in &dbs {
-        if !d.name.ends_with("_replicator") {
-            return Err(format!(
-                "replicator database `{}`: the name must end with `_replicator`",
-                d.name
-            ));
-        }
-        if dbs.iter().filter(|o| o.name == d.name).count() > 1 {
-            return Err(format!(
-                "two replicator databases are named `{}`: name them in [replicator_dbs] (name = URL)",
-                d.name
-            ));
-        }
-    }
-    let mut users = Users::configure(admins, pairs(cfg.section("users")), &auth_settings(cfg)?)?;
+    let dbs = replicator_dbs(args, cfg)?;
+    let mut users = Users::configure(
+        admins,
+        pairs(cfg.section("users")),
+        &chttpd_auth_section::read(cfg)?,
+    )?;
     if let Some(s) = auth_couchdb::read(cfg)? {
         users = users.with_couchdb(Arc::new(CouchDbAuth::new(s)?));
     }
@@ -227,6 +209,37 @@ pub fn setup(
     })
 }
 
+/// The `_replicator` databases to follow: `[replicator_dbs]` (name = URL), then each
+/// `--replicator-db` URL (named after its path). Each name must end with `_replicator` and be
+/// unique.
+fn replicator_dbs(args: &ServeArgs, cfg: &ConfigFile) -> Result<Vec<ReplicatorDb>, String> {
+    let mut dbs = Vec::new();
+    for (name, url) in cfg.section("replicator_dbs") {
+        dbs.push(ReplicatorDb {
+            name: name.clone(),
+            url: url.clone(),
+        });
+    }
+    for url in &args.replicator_dbs {
+        dbs.push(ReplicatorDb::from_url(url).map_err(|e| e.to_string())?);
+    }
+    for d in &dbs {
+        if !d.name.ends_with("_replicator") {
+            return Err(format!(
+                "replicator database `{}`: the name must end with `_replicator`",
+                d.name
+            ));
+        }
+        if dbs.iter().filter(|o| o.name == d.name).count() > 1 {
+            return Err(format!(
+                "two replicator databases are named `{}`: name them in [replicator_dbs] (name = URL)",
+                d.name
+            ));
+        }
+    }
+    Ok(dbs)
+}
+
 /// `[chttpd] max_connections_per_client` (ours): connections one client address may hold.
 fn per_client(cfg: &ConfigFile) -> Result<usize, String> {
     match cfg.get("chttpd", "max_connections_per_client") {
@@ -235,55 +248,6 @@ fn per_client(cfg: &ConfigFile) -> Result<usize, String> {
             format!("[chttpd] max_connections_per_client must be a whole number of at least 1, not `{v}`")
         }),
     }
-}
-
-/// `[chttpd_auth]` (or CouchDB's older `[couch_httpd_auth]`): how plain passwords are hashed
-/// and sessions signed.
-fn auth_settings(cfg: &ConfigFile) -> Result<AuthSettings, String> {
-    let get = |k: &str| {
-        cfg.get("chttpd_auth", k)
-            .or_else(|| cfg.get("couch_httpd_auth", k))
-    };
-    let mut s = AuthSettings::default();
-    if let Some(v) = get("iterations") {
-        s.iterations = v
-            .trim()
-            .parse()
-            .ok()
-            .filter(|n| (1..=MAX_ITERATIONS).contains(n))
-            .ok_or_else(|| {
-                format!("[chttpd_auth] iterations must be from 1 to {MAX_ITERATIONS}")
-            })?;
-    }
-    if let Some(v) = get("pbkdf2_prf") {
-        s.prf = Prf::parse(v.trim()).ok_or_else(|| {
-            "[chttpd_auth] pbkdf2_prf must be sha, sha224, sha256, sha384 or sha512".to_string()
-        })?;
-    }
-    if let Some(v) = get("secret").filter(|v| !v.is_empty()) {
-        s.session.secret = v.to_owned();
-    }
-    if let Some(v) = get("timeout") {
-        s.session.timeout_secs = v
-            .trim()
-            .parse()
-            .ok()
-            .filter(|n| (1..=31_536_000).contains(n))
-            .ok_or_else(|| "[chttpd_auth] timeout must be 1 to 31536000 seconds".to_string())?;
-    }
-    if let Some(v) = get("same_site") {
-        s.session.same_site = match v.trim().to_ascii_lowercase().as_str() {
-            "" => None,
-            "strict" => Some("Strict".to_owned()),
-            "lax" => Some("Lax".to_owned()),
-            "none" => Some("None".to_owned()),
-            _ => {
-                return Err("[chttpd_auth] same_site must be strict, lax, none or empty".into());
-            }
-        };
-    }
-    s.lockout = lockout_section::read(cfg)?;
-    Ok(s)
 }
 
 /// Whether this node reads `[section] key` (an empty key asks about the whole section).
@@ -300,12 +264,7 @@ fn is_used(section: &str, key: &str) -> bool {
         "couchdb" => matches!(key, "uuid" | "node_name"),
         "ssl" => ssl_section::SSL_KEYS.contains(&key),
         "daemons" => key == "httpsd",
-        "chttpd_auth" | "couch_httpd_auth" => {
-            matches!(
-                key,
-                "iterations" | "pbkdf2_prf" | "secret" | "timeout" | "same_site"
-            )
-        }
+        s if chttpd_auth_section::SECTIONS.contains(&s) => chttpd_auth_section::KEYS.contains(&key),
         "steps" => STEPS_KEYS.contains(&key),
         serve_store::SECTION => serve_store::KEYS.contains(&key),
         auth_couchdb::SECTION => auth_couchdb::KEYS.contains(&key),
@@ -417,120 +376,6 @@ async fn announce(
         // The signal came before the API was up.
         None => Ok(false),
     }
-}
-
-/// Where the API listens: plain HTTP always, HTTPS too when `[ssl]` turns it on.
-#[derive(Debug, Clone)]
-struct Listeners {
-    http: SocketAddr,
-    https: Option<Https>,
-    /// The metrics on their own (`[prometheus]`).
-    prometheus: Option<SocketAddr>,
-    /// Connections one client address may hold on them all together.
-    per_client: usize,
-}
-
-/// The addresses the API's listeners are bound to.
-#[derive(Debug, Clone, Copy)]
-struct Bound {
-    http: SocketAddr,
-    https: Option<SocketAddr>,
-}
-
-type BoundTx = Arc<tokio::sync::watch::Sender<Option<Result<Bound, String>>>>;
-
-/// The HTTP child: binds its listeners (the ports first bound are kept across restarts, so
-/// a restarted API comes back where clients expect it) and serves the API with `/_steps`
-/// on each. Reports the bound addresses, or why binding failed, on `bound`; ends when
-/// either server fails.
-fn http_service(at: Listeners, config: HttpConfig, steps: StepsSetup, bound: BoundTx) -> ServiceFn {
-    Arc::new(move |rep: Arc<Replicator>| {
-        let config = config.clone();
-        let steps = steps.clone();
-        let bound = bound.clone();
-        let at = at.clone();
-        Box::pin(async move {
-            let limit = Arc::new(ConnectionLimit::new(at.per_client));
-            let (listener, https) = match bind_all(&at, &bound, &limit).await {
-                Ok(l) => l,
-                Err(msg) => {
-                    bound.send_replace(Some(Err(msg.clone())));
-                    return Err(ServiceError::host(msg));
-                }
-            };
-            let local = listener.local_addr()?;
-            let steps = steps
-                .steps(rep.jobs().clone())
-                .map_err(ServiceError::host)?;
-            let metrics = match at.prometheus {
-                None => None,
-                Some(a) => Some(http::bind_listener(a).await.map_err(|e| {
-                    ServiceError::host(format!("cannot listen on {a} ([prometheus]): {e}"))
-                })?),
-            };
-            let state = AppState::new(rep, config);
-            let state_for_metrics = state.clone();
-            let limit_for_metrics = limit.clone();
-            let metrics = async move {
-                match metrics {
-                    Some(l) => {
-                        let router = http::metrics_router(state_for_metrics);
-                        let never = std::future::pending();
-                        http::serve_router_within(l, router, limit_for_metrics, never).await
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            let router = http::router_with_steps(state, Some(steps));
-            bound.send_replace(Some(Ok(Bound {
-                http: local,
-                https: https.as_ref().map(|l| l.local_addr()),
-            })));
-            let plain =
-                http::serve_router_within(listener, router.clone(), limit, std::future::pending());
-            let tls = async move {
-                match https {
-                    Some(tls) => {
-                        let secure = axum::middleware::from_fn(http::cookie::secure_over_tls);
-                        tls.serve(router.layer(secure)).await
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                r = plain => r.map_err(ServiceError::from),
-                r = metrics => r.map_err(ServiceError::from),
-                r = tls => r.map_err(|e| ServiceError::host(format!("HTTPS server: {e}"))),
-            }
-        })
-    })
-}
-
-/// Binds the listeners, at the addresses bound before if the API is restarting.
-async fn bind_all(
-    at: &Listeners,
-    bound: &BoundTx,
-    limit: &Arc<ConnectionLimit>,
-) -> Result<(tokio::net::TcpListener, Option<ssl_section::HttpsListener>), String> {
-    let before = match bound.borrow().as_ref() {
-        Some(Ok(b)) => Some(*b),
-        _ => None,
-    };
-    let http_at = before.map_or(at.http, |b| b.http);
-    let listener = http::bind_listener(http_at)
-        .await
-        .map_err(|e| format!("cannot listen on {http_at}: {e}"))?;
-    let https = match &at.https {
-        None => None,
-        Some(h) => Some(
-            h.bind(
-                before.and_then(|b| b.https).unwrap_or(h.addr),
-                limit.clone(),
-            )
-            .await?,
-        ),
-    };
-    Ok((listener, https))
 }
 
 async fn shutdown_signal() {

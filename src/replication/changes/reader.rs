@@ -7,30 +7,32 @@
 //! private client they stream `feed=continuous` line by line and reconnect from the last
 //! sequence seen.
 //! Filters: `doc_ids` via `POST filter=_doc_ids`, `selector` via `POST filter=_selector`,
-//! named filters with `query_params` as query arguments.
+//! named filters with `query_params` as query arguments (the request is built in
+//! `reader/request.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
 
-use super::feed_line::{FeedLines, refused, seq_arg};
+use super::feed_line::{FeedLines, refused};
 pub use super::feed_line::{Row, parse_feed_line};
-use crate::replication::endpoint::database::encode_query;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::{HttpClient, Req, describe};
 use crate::replication::pipeline::checkpoint::instance_start_of;
 
 mod paged;
+mod request;
 mod watched;
 use super::normal_feed::NormalFeed;
-use crate::replication::options::spec::{Filter, ReplicationOptions};
+use crate::replication::options::spec::ReplicationOptions;
 use crate::replication::pipeline::stats::Counters;
+pub(crate) use request::feed_request;
+use request::heartbeat;
 
 /// One changed document: its id, sequence and the leaf revisions to replicate.
 #[derive(Debug, Clone, PartialEq)]
@@ -500,70 +502,3 @@ fn reconnect_backoff() -> Backoff {
 fn gone(client: &HttpClient) -> ReplicationError {
     ReplicationError::DbNotFound(format!("{} (its _changes answered 404)", client.endpoint()))
 }
-
-/// The request for the source's `feed` (`normal` or `continuous`) from `since`, at most `limit`
-/// rows, with the replication's filter: what the reader sends, and what a start-up that knows
-/// the first `since` early may send ahead of it (see [`ChangesReader::with_first_response`]).
-pub(crate) fn feed_request(
-    opts: &ReplicationOptions,
-    feed: &str,
-    since: &Value,
-    limit: Option<usize>,
-) -> Req {
-        let style = if opts.winning_revs_only {
-            "main_only"
-        } else {
-            "all_docs"
-        };
-        let mut q = format!(
-            "_changes?feed={feed}&style={style}&since={}",
-            seq_arg(since)
-        );
-        if let Some(l) = limit {
-            q.push_str(&format!("&limit={l}"));
-        }
-        if feed == "continuous" {
-            // CouchDB ends the response after `timeout`; pouchdb-server never does, so ask
-            // for heartbeats too, keeping the read timeout from firing on an idle feed.
-            let t = heartbeat(opts).as_millis();
-            q.push_str(&format!("&timeout={t}&heartbeat={t}"));
-        }
-        let mut req = filtered(opts, q);
-        if feed == "continuous" {
-            // A compressing server (pouchdb-server's express) buffers a gzip stream until it
-            // ends, so a live feed would never arrive: ask for it uncompressed.
-            req.headers.push(("accept-encoding", "identity".to_owned()));
-        }
-        req
-    }
-
-/// A third of the inactivity timeout, at least a second: what a live feed asks for.
-fn heartbeat(opts: &ReplicationOptions) -> Duration {
-    (opts.connection_timeout / 3).max(Duration::from_secs(1))
-}
-
-fn filtered(opts: &ReplicationOptions, mut q: String) -> Req {
-        match &opts.filter {
-            Filter::None => Req::get(q),
-            Filter::DocIds(ids) => {
-                q.push_str("&filter=_doc_ids");
-                Req::json(Method::POST, q, json!({ "doc_ids": ids }).to_string())
-            }
-            Filter::Selector(sel) => {
-                q.push_str("&filter=_selector");
-                Req::json(Method::POST, q, json!({ "selector": sel }).to_string())
-            }
-            Filter::Named { name, query_params } => {
-                q.push_str(&format!("&filter={}", encode_query(name)));
-                for (k, v) in query_params {
-                    let v = match v {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    q.push_str(&format!("&{}={}", encode_query(k), encode_query(&v)));
-                }
-                Req::get(q)
-            }
-        }
-    }
-

@@ -2,19 +2,18 @@
 //! inactivity timeout of `connection_timeout`, at most `http_connections` requests in flight,
 //! retries with doubling sleeps (250 ms, 500 ms, ...) for connection errors, timeouts, 408 and
 //! 5xx up to `retries_per_request` (bounded by 60 s since the first failure), and 429 handled
-//! through the [`RateLimiter`] hook without consuming retries.
+//! through the [`RateLimiter`] hook without consuming retries (that loop is
+//! `client/retry.rs`). Bodies are read whole within the endpoint's limits and the node's
+//! budget; a streamed upload is sent once, unretried.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::StatusCode;
 use tokio::sync::Semaphore;
-
-use crate::backoff::Backoff;
 
 use super::auth::{Auth, AuthPolicy};
 use super::body::{BodyError, Bounds, collect};
@@ -34,10 +33,8 @@ use crate::replication::error::{ReplicationError, Result};
 use crate::replication::rate_limit::limiter::{RateKey, RateLimiter};
 use crate::telemetry::{NodeMetrics, Series};
 
-/// First retry sleep.
-const FIRST_WAIT: Duration = Duration::from_millis(250);
-/// Give up retrying once the first failure is older than this (`health_threshold / 2`).
-const RETRY_WINDOW: Duration = Duration::from_secs(60);
+mod retry;
+use retry::Outcome;
 
 /// Client settings taken from the replication options.
 #[derive(Debug, Clone)]
@@ -138,7 +135,7 @@ impl HttpClient {
         limiter: Arc<dyn RateLimiter>,
     ) -> Self {
         // As many connections as a replication's window starts with (half the cap, see
-        // `pipeline::worker::window_limits`) are opened while the first login runs.
+        // `pipeline::shared::window_limits`) are opened while the first login runs.
         let auth = Auth::with_policy(&ep, cfg.auth).warming(cfg.http_connections.div_ceil(2));
         let slots = Semaphore::new(cfg.http_connections.max(1));
         cfg.metrics.inc(Series::ConnectionCreates);
@@ -222,89 +219,6 @@ impl HttpClient {
             Outcome::Full(_) => Err(ReplicationError::BadResponse(
                 "unexpected buffered response".into(),
             )),
-        }
-    }
-
-    async fn run(&self, req: &Req, buffer: bool) -> Result<Outcome> {
-        let key = RateKey::new(self.ep.url(), req.method.as_str());
-        let mut attempt: u32 = 0;
-        let mut wait = Backoff::new(FIRST_WAIT, Duration::from_secs(300));
-        let mut first_failure: Option<Instant> = None;
-        let mut reauthed = false;
-        // The credentials' generation the last attempt was sent with.
-        let mut credentials = 0;
-        let what = format!("{} {}/{}", req.method, self.ep, strip_query(&req.path));
-        loop {
-            let pause = self.limiter.interval(&key);
-            if pause >= self.limiter.max_interval() {
-                return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
-            }
-            if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
-            }
-            let result = {
-                let _slot = self
-                    .slots
-                    .acquire()
-                    .await
-                    .map_err(|_| ReplicationError::WorkerDied("client closed".into()))?;
-                // A streamed response (a continuous feed) may stay open for hours: only
-                // buffered requests pass the endpoint's gate.
-                let _gate = if buffer {
-                    self.pass_gate().await?
-                } else {
-                    None
-                };
-                self.cfg.metrics.inc(Series::Requests);
-                let sent = Instant::now();
-                let out = self.attempt(req, buffer, &mut credentials, &what).await;
-                // Round trips decide a replication over a long link: this is where to see them.
-                tracing::trace!(%what, status = ?out.as_ref().map(Outcome::status).ok(),
-                    ms = sent.elapsed().as_secs_f64() * 1e3, "request");
-                out
-            };
-            self.count_response(result.as_ref().map(Outcome::status).ok(), buffer);
-            let retry_reason = match result {
-                Ok(out) => {
-                    let status = out.status();
-                    if status == StatusCode::TOO_MANY_REQUESTS {
-                        self.congestion.fetch_add(1, Ordering::Relaxed);
-                        let next = self.limiter.failure(&key);
-                        if next >= self.limiter.max_interval() {
-                            return Err(ReplicationError::MaxBackoff(self.ep.to_string()));
-                        }
-                        tracing::debug!(%what, interval_ms = next.as_millis() as u64, "429, backing off");
-                        continue;
-                    }
-                    self.limiter.success(&key);
-                    if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
-                        && !reauthed
-                    {
-                        reauthed = true;
-                        if self.auth.on_rejected(&self.http, credentials).await {
-                            continue;
-                        }
-                    }
-                    if status == StatusCode::REQUEST_TIMEOUT || status.is_server_error() {
-                        format!("HTTP {status}")
-                    } else {
-                        return Ok(out);
-                    }
-                }
-                Err(Attempt::Retry(e)) => e,
-                Err(Attempt::Fatal(e)) => return Err(e),
-            };
-            self.congestion.fetch_add(1, Ordering::Relaxed);
-            let first = *first_failure.get_or_insert_with(Instant::now);
-            if attempt >= self.cfg.retries_per_request || first.elapsed() > RETRY_WINDOW {
-                return Err(ReplicationError::HttpRequestFailed(format!(
-                    "{what}: {retry_reason}"
-                )));
-            }
-            attempt += 1;
-            NodeMetrics::add(&self.cfg.metrics.request_retries, 1);
-            tracing::debug!(%what, attempt, reason = %retry_reason, "retrying request");
-            wait.wait().await;
         }
     }
 
@@ -451,55 +365,6 @@ impl HttpClient {
         rb
     }
 
-    async fn attempt(
-        &self,
-        req: &Req,
-        buffer: bool,
-        credentials: &mut u64,
-        what: &str,
-    ) -> Result<Outcome, Attempt> {
-        let mut rb = self.builder(req, credentials).await.map_err(Attempt::Fatal)?;
-        if let Some(body) = &req.body {
-            rb = rb.header("content-type", req.content_type.as_ref());
-            rb = match body {
-                ReqBody::Whole(b) => rb.body(b.clone()),
-                ReqBody::Parts(parts) => {
-                    let len: usize = parts.iter().map(Bytes::len).sum();
-                    let parts: Vec<Bytes> = parts.to_vec();
-                    let stream = futures::stream::iter(parts.into_iter().map(Ok::<_, std::io::Error>));
-                    rb.header("content-length", len)
-                        .body(reqwest::Body::wrap_stream(stream))
-                }
-            };
-        }
-        let resp = rb.send().await.map_err(|e| {
-            if e.is_redirect() {
-                // A redirect loop answers the same again: not worth a retry.
-                Attempt::Fatal(ReplicationError::HttpRequestFailed(format!(
-                    "{what}: more than {} redirects",
-                    self.cfg.limits.max_redirects
-                )))
-            } else {
-                Attempt::Retry(describe(&e))
-            }
-        })?;
-        if !buffer {
-            return Ok(Outcome::Stream(resp));
-        }
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        let body = self.read_body(resp, what).await.map_err(|e| match e {
-            ReplicationError::HttpRequestFailed(m) => Attempt::Retry(m),
-            other => Attempt::Fatal(other),
-        })?;
-        Ok(Outcome::Full(Resp {
-            status,
-            headers,
-            body,
-            request: what.to_owned(),
-        }))
-    }
-
     /// The inactivity timeout of a request.
     pub(crate) fn connection_timeout(&self) -> Duration {
         self.cfg.connection_timeout
@@ -572,28 +437,6 @@ pub(crate) enum Hold {
     /// Until its last copy is dropped (documents held until written): a worker that holds
     /// such a body must not wait for budget before giving it up.
     UntilDropped,
-}
-
-/// Why one try failed: worth another, or not.
-enum Attempt {
-    /// A transport failure (retried with backoff).
-    Retry(String),
-    /// Retrying cannot help (a cap tripped, a redirect loop).
-    Fatal(ReplicationError),
-}
-
-enum Outcome {
-    Full(Resp),
-    Stream(reqwest::Response),
-}
-
-impl Outcome {
-    fn status(&self) -> StatusCode {
-        match self {
-            Self::Full(r) => r.status,
-            Self::Stream(r) => r.status(),
-        }
-    }
 }
 
 fn strip_query(p: &str) -> &str {

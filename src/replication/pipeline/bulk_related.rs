@@ -12,10 +12,9 @@ use std::collections::{HashMap, HashSet};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::fetch::{
-    BulkGetOutcome, BulkPass, Fetched, Wanted, bulk_get_outcome, parse_related, request_bulk_get,
-};
+use super::fetch::{BulkGetOutcome, BulkPass, Fetched, Wanted, bulk_get_outcome, request_bulk_get};
 use super::multipart::{boundary_of, part_type};
+use super::open_revs::parse_related;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::HttpClient;
 

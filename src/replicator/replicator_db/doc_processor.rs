@@ -7,36 +7,37 @@
 //! updates the job `db|doc_id` through the [`Replicator`] handle, removes it when the
 //! document is deleted, or writes `failed` with the reason when the document is invalid. When
 //! the database disappears (404) every job of that database is removed; when it comes back,
-//! it is read again from the start. A writer task watches the handle's events (and rescans
-//! jobs periodically, because a job may finish on another node) and writes `completed` (with
-//! stats) or `failed` (with the reason) to the document, retrying on conflicts; no other
-//! state is ever written (`update_docs = false`). A completed document that asks for
-//! `"verify"` is verified first, apart, and written with the report.
+//! it is read again from the start. A writer task (`doc_processor/writer.rs`) watches the
+//! handle's events (and rescans jobs periodically, because a job may finish on another node)
+//! and writes `completed` (with stats) or `failed` (with the reason) to the document, retrying
+//! on conflicts; no other state is ever written (`update_docs = false`). A completed document
+//! that asks for `"verify"` is verified first, apart, and written with the report.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 use crate::replication::endpoint::database::encode_query;
 use crate::replication::http::budget::{DEFAULT_RESPONSE_BUDGET_BYTES, ResponseBudget};
 use crate::replication::http::client::{ClientConfig, HttpClient, Req};
-use crate::replication::{Aimd, Endpoint, ReplicationError, ReplicationSpec, verify};
+use crate::replication::{Aimd, Endpoint, ReplicationError};
 
 use super::request::{self, DocAction};
 use super::validate_ddoc;
-pub use super::writeback::{DocStats, Terminal, write_state};
-use super::writeback::{write_server_state, write_state_if};
-use crate::replicator::job::record::RepJobRecord;
-use crate::replicator::job::view::{REP_JOBS, persistent_job_id, rep_fields};
+// `DocStats` is named here for the crate's tests (the writer task uses it from `writeback`).
+#[cfg(any(test, feature = "internals"))]
+pub use super::writeback::DocStats;
+pub use super::writeback::{Terminal, write_state};
+use crate::replicator::job::view::persistent_job_id;
 use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerJobId, ServerSpec};
-use crate::replicator::{
-    JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError, ReplicatorEvent,
-};
+use crate::replicator::{JobKind, NewJob, Replicator, ReplicatorError};
 use crate::telemetry::Series;
+
+mod writer;
+use writer::Writer;
 
 /// One `_replicator` database to follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,13 +116,7 @@ impl DocProcessor {
             };
             tasks.spawn(f.run());
         }
-        let w = Writer {
-            rep,
-            dbs,
-            cfg,
-            written: HashSet::new(),
-        };
-        tasks.spawn(w.run());
+        tasks.spawn(Writer::new(rep, dbs, cfg.rescan_interval).run());
         Ok(Self { _tasks: tasks })
     }
 
@@ -400,178 +395,6 @@ impl Follower {
         }
         all
     }
-}
-
-/// Writes terminal job states back to documents.
-struct Writer {
-    rep: Arc<Replicator>,
-    dbs: Vec<(String, Arc<HttpClient>)>,
-    cfg: DocProcessorConfig,
-    /// `(job id, last_updated)` already written, so a rescan does not re-read documents.
-    written: HashSet<(String, i64)>,
-}
-
-impl Writer {
-    async fn run(mut self) {
-        let mut events = self.rep.subscribe();
-        let mut tick = tokio::time::interval(self.cfg.rescan_interval);
-        loop {
-            let wake = async {
-                match events.as_mut() {
-                    Some(rx) => rx.recv().await.map(|e| match e {
-                        ReplicatorEvent::Finished { job_id, .. }
-                        | ReplicatorEvent::Failed { job_id, .. } => Some(job_id),
-                        _ => None,
-                    }),
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                ev = wake => match ev {
-                    // A job of this node ended: write just that one.
-                    Some(Some(job_id)) => {
-                        if let Ok(j) = self.rep.get(&job_id).await {
-                            self.write_if_ours(j).await;
-                        }
-                    }
-                    Some(None) => {}
-                    // The bus restarted: subscribe again at the next tick.
-                    None => events = None,
-                },
-                // Jobs may end on other nodes: rescan everything now and then.
-                _ = tick.tick() => {
-                    if events.is_none() {
-                        events = self.rep.subscribe();
-                    }
-                    self.scan().await;
-                }
-            }
-        }
-    }
-
-    async fn scan(&mut self) {
-        if let Ok(jobs) = self.rep.list().await {
-            for j in jobs {
-                self.write_if_ours(j).await;
-            }
-        }
-        let Ok(servers) = self.rep.server_jobs().await else {
-            return;
-        };
-        for v in servers.iter().filter(|v| v.state.is_terminal()) {
-            let key = (v.id.to_string(), v.last_updated);
-            let doc = self.dbs.iter().find_map(|(db, client)| {
-                let doc_id = v.id.as_str().strip_prefix(db.as_str())?.strip_prefix('|')?;
-                Some((client.clone(), doc_id.to_owned()))
-            });
-            let Some((client, doc_id)) = doc else {
-                continue;
-            };
-            if self.written.contains(&key) {
-                continue;
-            }
-            match write_server_state(&client, &doc_id, v).await {
-                Ok(_) => {
-                    self.written.insert(key);
-                }
-                Err(e) => {
-                    tracing::warn!(job = %v.id, error = %e, "writing the server job's state failed")
-                }
-            }
-        }
-    }
-
-    /// Writes a terminal job of one of our databases, once per (job, update).
-    async fn write_if_ours(&mut self, j: JobView) {
-        if !j.state.is_terminal() {
-            return;
-        }
-        let Some((_, client)) = self
-            .dbs
-            .iter()
-            .find(|(n, _)| j.database.as_deref() == Some(n.as_str()))
-        else {
-            return;
-        };
-        // Keyed by text: a server job and a replication job of one document share its
-        // `db|doc_id`.
-        let key = (j.job_id.to_string(), j.last_updated);
-        if self.written.contains(&key) {
-            return;
-        }
-        let client = client.clone();
-        if self.write_job(&client, &j).await {
-            self.written.insert(key);
-        }
-    }
-
-    /// Writes one finished job's state; true when done (written or nothing to write).
-    async fn write_job(&self, client: &Arc<HttpClient>, j: &JobView) -> bool {
-        let Some(doc_id) = &j.doc_id else {
-            return true;
-        };
-        let state = match j.state {
-            RepState::Completed => Terminal::Completed(DocStats::new(
-                &j.stats.clone().unwrap_or_default(),
-                j.start_time,
-            )),
-            RepState::Failed => Terminal::Failed(crate::replicator::handle::failure(j).to_string()),
-            _ => return true,
-        };
-        // Only if the document still asks for the replication this job ran.
-        let rep = self
-            .rep
-            .jobs()
-            .get_job_data(REP_JOBS, j.job_id.as_str())
-            .await
-            .ok()
-            .and_then(|d| RepJobRecord::from_data(&d).ok())
-            .map(|r| r.rep);
-        if let (Terminal::Completed(stats), Some(rep)) = (&state, &rep)
-            && let Some((spec, opts)) = verify_request(rep)
-        {
-            // A verification reads both databases whole: it runs apart, and writes the
-            // state itself when done, so the other documents are not kept waiting.
-            let (client, doc_id, rep, mut stats) =
-                (client.clone(), doc_id.clone(), rep.clone(), stats.clone());
-            let (metrics, job_id) = (self.rep.metrics().clone(), j.job_id.clone());
-            tokio::spawn(async move {
-                stats.verify = Some(verify::request::report_json(&spec, &opts).await);
-                let same = |doc: &Map<String, Value>| rep == rep_fields(doc);
-                match write_state_if(&client, &doc_id, Terminal::Completed(stats), same).await {
-                    Ok(true) => metrics.inc(Series::DocsCompletedStateUpdates),
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(job = %job_id, error = %e, "writing the verified state failed")
-                    }
-                }
-            });
-            return true;
-        }
-        let same = |doc: &Map<String, Value>| rep.as_ref() == Some(&rep_fields(doc));
-        let written = match state {
-            Terminal::Completed(_) => Series::DocsCompletedStateUpdates,
-            Terminal::Failed(_) => Series::DocsFailedStateUpdates,
-        };
-        match write_state_if(client, doc_id, state, same).await {
-            Ok(true) => {
-                self.rep.metrics().inc(written);
-                true
-            }
-            Ok(false) => true,
-            Err(e) => {
-                tracing::warn!(job = %j.job_id, error = %e, "writing the terminal state failed");
-                false
-            }
-        }
-    }
-}
-
-/// The verification a completed document asks for (`"verify"`), with its replication.
-fn verify_request(rep: &Map<String, Value>) -> Option<(ReplicationSpec, verify::VerifyOptions)> {
-    let opts = verify::request::requested(rep).ok()??;
-    let spec = ReplicationSpec::from_json(&Value::Object(rep.clone())).ok()?;
-    Some((spec, opts))
 }
 
 #[cfg(test)]
