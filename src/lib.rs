@@ -96,28 +96,44 @@ macro_rules! internal_pub {
 // benches and examples, through a dev-dependency on itself) makes the layers public so those
 // can reach actor messages and internals by path; it is not part of the supported API.
 
-/// Declares the layers: public with `internals`, private without. What only this crate's
-/// tests, benches and examples use is compiled for them alone (`#[cfg(any(test, feature =
-/// "internals"))]` where it is declared), so the compiler still reports dead code.
-macro_rules! layers {
-    ($($name:ident),* $(,)?) => {$(
-        #[cfg(feature = "internals")]
-        pub mod $name;
-        #[cfg(not(feature = "internals"))]
-        mod $name;
-    )*};
-}
-layers!(
-    backoff,
-    http,
-    jobs,
-    replication,
-    replicator,
-    steps,
-    store,
-    telemetry
-);
+// Each layer is declared twice, public with `internals` and private without, written out
+// rather than by a macro: rustfmt does not format the files of modules declared inside a
+// macro, so `cargo fmt --check` skipped nearly the whole crate. What only this crate's tests,
+// benches and examples use is compiled for them alone (`#[cfg(any(test, feature =
+// "internals"))]` where it is declared), so the compiler still reports dead code.
+#[cfg(feature = "internals")]
+pub mod backoff;
+#[cfg(not(feature = "internals"))]
+mod backoff;
 pub mod cli;
+#[cfg(feature = "internals")]
+pub mod http;
+#[cfg(not(feature = "internals"))]
+mod http;
+#[cfg(feature = "internals")]
+pub mod jobs;
+#[cfg(not(feature = "internals"))]
+mod jobs;
+#[cfg(feature = "internals")]
+pub mod replication;
+#[cfg(not(feature = "internals"))]
+mod replication;
+#[cfg(feature = "internals")]
+pub mod replicator;
+#[cfg(not(feature = "internals"))]
+mod replicator;
+#[cfg(feature = "internals")]
+pub mod steps;
+#[cfg(not(feature = "internals"))]
+mod steps;
+#[cfg(feature = "internals")]
+pub mod store;
+#[cfg(not(feature = "internals"))]
+mod store;
+#[cfg(feature = "internals")]
+pub mod telemetry;
+#[cfg(not(feature = "internals"))]
+mod telemetry;
 
 // The embedding API: the replicator and its handle, job specs and views, events, settings and
 // node types, errors, and the store contract with its engines.
