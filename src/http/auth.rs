@@ -390,7 +390,10 @@ mod tests {
             [("bob".to_owned(), "a".to_owned())],
             [("bob".to_owned(), "b".to_owned())],
         );
-        assert!(lenient.login("bob", "b").is_none(), "the user entry is dropped");
+        assert!(
+            lenient.login("bob", "b").is_none(),
+            "the user entry is dropped"
+        );
     }
 
     #[test]

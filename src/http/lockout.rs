@@ -131,7 +131,10 @@ impl Lockout {
             let lifetime = self.settings.max_lifetime;
             table.retain(|_, e| now.duration_since(e.first) < lifetime);
             if table.len() >= self.settings.max_objects.max(1)
-                && let Some(oldest) = table.iter().min_by_key(|(_, e)| e.last).map(|(k, _)| k.clone())
+                && let Some(oldest) = table
+                    .iter()
+                    .min_by_key(|(_, e)| e.last)
+                    .map(|(k, _)| k.clone())
             {
                 table.remove(&oldest);
             }
@@ -168,9 +171,15 @@ mod tests {
         assert!(l.check(ip(1), "alice").is_ok(), "another name");
         tokio::time::advance(Duration::from_secs(299)).await;
         l.failed(ip(1), "bob");
-        assert!(l.check(ip(1), "bob").is_err(), "later failures do not extend it");
+        assert!(
+            l.check(ip(1), "bob").is_err(),
+            "later failures do not extend it"
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(l.check(ip(1), "bob").is_ok(), "the lifetime runs from the first failure");
+        assert!(
+            l.check(ip(1), "bob").is_ok(),
+            "the lifetime runs from the first failure"
+        );
     }
 
     #[tokio::test(start_paused = true)]

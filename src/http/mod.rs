@@ -19,18 +19,18 @@ pub mod error;
 pub(crate) mod health;
 pub mod lockout;
 pub(crate) mod mask;
-pub(crate) mod rejection;
 pub(crate) mod node_stats;
 pub mod password;
 pub mod peer;
+pub(crate) mod rejection;
 pub(crate) mod replicate;
 pub(crate) mod scheduler;
 pub(crate) mod session;
 pub(crate) mod status_page;
 pub mod steps;
-pub mod user_limits;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod user_limits;
 pub(crate) mod verify;
 
 use std::sync::Arc;
@@ -203,13 +203,15 @@ pub fn metrics_router(state: AppState) -> Router {
 /// The steps routes' admin check on this node's users (and its authentication CouchDB's):
 /// 401 anonymous or wrong, 403 non-admin.
 pub(crate) fn admin_check(users: Users) -> self::steps::AdminCheck {
-    Arc::new(move |headers: axum::http::HeaderMap, peer: self::peer::Peer| {
-        let users = users.clone();
-        Box::pin(async move {
-            let (caller, _) = users.authenticate_headers(&headers, None, peer).await?;
-            caller.require_admin().map(|_| ())
-        })
-    })
+    Arc::new(
+        move |headers: axum::http::HeaderMap, peer: self::peer::Peer| {
+            let users = users.clone();
+            Box::pin(async move {
+                let (caller, _) = users.authenticate_headers(&headers, None, peer).await?;
+                caller.require_admin().map(|_| ())
+            })
+        },
+    )
 }
 
 /// How long [`bind_listener`] waits for an address still held by a previous listener.

@@ -38,7 +38,8 @@ fn refresh(st: &AppState) -> Arc<Census> {
         rep.job_sup().which_children().len() as u64,
     );
     m.couch.set(Series::JobsPending, c.count(RepState::Pending));
-    m.couch.set(Series::JobsCrashed, c.count(RepState::Crashing));
+    m.couch
+        .set(Series::JobsCrashed, c.count(RepState::Crashing));
     m.couch.set(Series::JobsTotal, c.total);
     c
 }

@@ -118,9 +118,12 @@ pub async fn post_replicate(
                 _ => None,
             };
             let job = rep
-                .add(NewJob::from_body(JobKind::Transient {
+                .add(NewJob::from_body(
+                    JobKind::Transient {
                         user: user.name.clone(),
-                    }, body))
+                    },
+                    body,
+                ))
                 .await?;
             drop(limited);
             // In the request's span: its request id leads from the caller to the job.

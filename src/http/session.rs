@@ -13,11 +13,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::peer::Peer;
 use super::AppState;
 use super::auth::{AuthMethod, Caller, HasUsers, RenewedCookie, Users};
 use super::cookie::{cookie_value, mint, now_secs, set_cookie, verify_issued};
 use super::error::HttpError;
+use super::peer::Peer;
 
 /// A fresh cookie for a request authenticated by a cookie older than a tenth of its
 /// lifetime, as CouchDB sends one, so active sessions do not expire.

@@ -22,8 +22,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::peer::Peer;
 use super::error::HttpError;
+use super::peer::Peer;
 use crate::steps::{JobSpec, ListOptions, Steps, StepsError, StepsState};
 
 /// Most jobs one `GET /_steps` returns.

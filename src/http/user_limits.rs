@@ -41,9 +41,21 @@ impl UserLimits {
     /// 400 `bad_request` naming the first option above its ceiling.
     pub fn check_options(&self, o: &ReplicationOptions) -> HttpResult<()> {
         let asked = [
-            ("worker_processes", o.worker_processes, self.worker_processes),
-            ("worker_batch_size", o.worker_batch_size, self.worker_batch_size),
-            ("http_connections", o.http_connections, self.http_connections),
+            (
+                "worker_processes",
+                o.worker_processes,
+                self.worker_processes,
+            ),
+            (
+                "worker_batch_size",
+                o.worker_batch_size,
+                self.worker_batch_size,
+            ),
+            (
+                "http_connections",
+                o.http_connections,
+                self.http_connections,
+            ),
         ];
         for (name, value, most) in asked {
             if value > most {
@@ -90,6 +102,10 @@ mod tests {
         let e = l.check_options(&greedy).unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.reason.contains("http_connections 1000"), "{}", e.reason);
-        assert!(e.reason.contains("user_max_http_connections"), "{}", e.reason);
+        assert!(
+            e.reason.contains("user_max_http_connections"),
+            "{}",
+            e.reason
+        );
     }
 }

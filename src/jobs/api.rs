@@ -199,10 +199,7 @@ impl Jobs {
     {
         let mut after: Option<String> = None;
         loop {
-            let rows = self
-                .db()
-                .run(|tx| page(tx, after.clone()))
-                .await?;
+            let rows = self.db().run(|tx| page(tx, after.clone())).await?;
             let full = rows.len() >= page_size.max(1);
             self.count_listed(rows.len());
             after = rows.last().map(|j| j.id.clone());

@@ -27,7 +27,6 @@ pub enum JobState {
     Finished,
 }
 
-
 /// The `Seq` field: `0` pending, `null` finished, a versionstamp while running.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seq {

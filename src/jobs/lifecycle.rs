@@ -106,10 +106,8 @@ pub async fn add(
     // Snapshot: a concurrent timeout change must not make every add conflict. Both reads at
     // once: an engine may serve them in one request (etcd's first reads are batched).
     let timeout_key = keys.activity_timeout(ty);
-    let (timeout, row) = futures::join!(
-        tx.get(&timeout_key, true),
-        get_row(keys, tx, ty, id, false)
-    );
+    let (timeout, row) =
+        futures::join!(tx.get(&timeout_key, true), get_row(keys, tx, ty, id, false));
     if timeout?.is_none() {
         return Err(JobsError::NoTypeTimeout);
     }
@@ -278,12 +276,7 @@ pub async fn pending_count(
 /// The job's row if `job` still holds its lock; its data is decoded only when the caller
 /// keeps it (`data` is `None`): a running job's every update replaces its data, and decoding
 /// what is about to be replaced was most of an update's CPU.
-async fn locked_row(
-    keys: &Keys,
-    tx: &Tx,
-    job: &Job,
-    data: Option<JobData>,
-) -> JobsResult<JobRow> {
+async fn locked_row(keys: &Keys, tx: &Tx, job: &Job, data: Option<JobData>) -> JobsResult<JobRow> {
     let bytes = tx.get(&keys.data(&job.job_type, &job.id), false).await?;
     let row = match (bytes, data) {
         (None, _) => return Err(JobsError::Halt),

@@ -174,7 +174,9 @@ impl Jobs {
 
     /// Job rows read by [`Jobs::fold_jobs`] so far, over every job type.
     pub fn rows_listed(&self) -> u64 {
-        self.inner.rows_listed.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner
+            .rows_listed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn count_listed(&self, n: usize) {

@@ -30,9 +30,9 @@ pub use error::{ErrorClass, ReasonTag, ReplicationError};
 pub use http::transport::Transports;
 pub use id::rep_id::RepId;
 pub use options::spec::{Filter, ReplicationOptions, ReplicationSpec};
-pub use pipeline::run::{Context, ReplicationHandle, compute_id, start};
 #[cfg(any(test, feature = "internals"))]
 pub use pipeline::run::replicate;
+pub use pipeline::run::{Context, ReplicationHandle, compute_id, start};
 pub use pipeline::stats::ReplicationStats;
 pub use rate_limit::{Aimd, RateLimiter};
 #[cfg(any(test, feature = "internals"))]

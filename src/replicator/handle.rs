@@ -18,13 +18,13 @@ use crate::store::Db;
 use super::cluster::actor::{CLUSTERING, ClusterMsg};
 use super::cluster::membership::Membership;
 use super::error::{ReplicatorError, ReplicatorResult};
-use super::job::{collision, owners};
 use super::job::id::{JobId, JobRef};
 use super::job::record::{JobError, RepJobRecord};
 use super::job::view::{
     JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep, persistent_job_id,
     transient_job_id,
 };
+use super::job::{collision, owners};
 use super::node::context::NodeCtx;
 use super::node::event_bus::{EVENT_BUS, EventReceiver, subscribe};
 use super::node::name::NodeName;
@@ -428,10 +428,7 @@ impl Replicator {
         // No more jobs taken here: the jobs stopped below go back to the queue, and this
         // node's own acceptors, still waiting, would take them and die with the node.
         let mut acceptors = Vec::new();
-        if let Some(job_server) = self
-            .ctx
-            .children()
-            .get::<JobServerMsg>(JOB_SERVER.name())
+        if let Some(job_server) = self.ctx.children().get::<JobServerMsg>(JOB_SERVER.name())
             && let Ok(ractor::rpc::CallResult::Success(tasks)) = job_server
                 .call(JobServerMsg::StopAccepting, Some(LEAVE_WAIT))
                 .await
@@ -441,14 +438,8 @@ impl Replicator {
         // Out of the membership first: the other nodes make room for this node's jobs while
         // they are still being checkpointed, and take them the moment they are handed back
         // (a rolling restart's jobs waited for this node's row to go, at the end, before).
-        if let Some(clustering) = self
-            .ctx
-            .children()
-            .get::<ClusterMsg>(CLUSTERING.name())
-        {
-            let _ = clustering
-                .call(ClusterMsg::Leave, Some(LEAVE_WAIT))
-                .await;
+        if let Some(clustering) = self.ctx.children().get::<ClusterMsg>(CLUSTERING.name()) {
+            let _ = clustering.call(ClusterMsg::Leave, Some(LEAVE_WAIT)).await;
         }
         self.tree.stop().await;
         // A retired acceptor that took one of the jobs just handed back gives it back and
@@ -469,7 +460,10 @@ impl Replicator {
         );
         match own.requeue_rest_of(self.ctx.node()).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(jobs = n, "jobs stopped without their checkpoint handed back"),
+            Ok(n) => tracing::info!(
+                jobs = n,
+                "jobs stopped without their checkpoint handed back"
+            ),
             Err(e) => tracing::warn!(error = %e, "cannot hand back the jobs left running here"),
         }
         match self.release_server_jobs().await {

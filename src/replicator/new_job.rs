@@ -61,7 +61,10 @@ impl NewJob {
     /// A transient replication (as from `POST /_replicate`) of `source` into `target`,
     /// owned by no user.
     pub fn transient(source: Endpoint, target: Endpoint) -> Self {
-        Self::from_body(JobKind::Transient { user: None }, endpoints(&source, &target))
+        Self::from_body(
+            JobKind::Transient { user: None },
+            endpoints(&source, &target),
+        )
     }
 
     /// A persistent replication, as if from document `doc_id` of `_replicator` database
@@ -229,7 +232,10 @@ mod tests {
         let source = ep(json!("http://bob:s3cret@127.0.0.1:5984/a"));
         let target = ep(json!("http://127.0.0.1:5984/b"));
         let shown = format!("{:?}", NewJob::transient(source, target).user("ann"));
-        assert!(!shown.contains("s3cret") && !shown.contains("bob"), "{shown}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("bob"),
+            "{shown}"
+        );
         assert!(shown.contains("source") && shown.contains("ann"), "{shown}");
     }
 }

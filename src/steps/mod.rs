@@ -38,12 +38,12 @@ pub use config::StepsConfig;
 pub use error::StepsError;
 pub use model::JobSpec;
 // What the crate's tests and benches name.
+pub use node::StepsNode;
+pub use shell::ShellAction;
+pub use sleep_action::SleepAction;
 #[cfg(any(test, feature = "internals"))]
 pub use {
     action::{ActionContext, ActionError, ActionOutcome},
     model::{JobDoc, JobOutcome, RetryStrategy, StepSpec, StepStatus, Target},
     stats::WriteStats,
 };
-pub use node::StepsNode;
-pub use shell::ShellAction;
-pub use sleep_action::SleepAction;

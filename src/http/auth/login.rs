@@ -18,7 +18,12 @@ impl Users {
     async fn check_off_runtime(&self, acct: &Account, name: &str, password: &str) -> bool {
         let id = cache_id(acct.admin, name);
         let d = self.digest(password);
-        let known = self.inner.verified.lock().ok().and_then(|m| m.get(&id).copied());
+        let known = self
+            .inner
+            .verified
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).copied());
         if known.is_some_and(|k| same_bytes(&k, &d)) {
             return true;
         }
@@ -72,5 +77,4 @@ impl Users {
         self.inner.lockout.failed(peer, name);
         Ok(None)
     }
-
 }

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::http::AppState;
 use crate::http::error::{HttpError, HttpResult};
 use crate::replication::RepId;
-use crate::replicator::{JobId, JobView, NodeName, RepState};
 use crate::replicator::scheduler::census;
+use crate::replicator::{JobId, JobView, NodeName, RepState};
 
 /// Rows per page unless asked otherwise, and the most a page may hold.
 pub const DEFAULT_LIMIT: usize = 50;

@@ -232,7 +232,10 @@ mod tests {
         }
         let (at, e) = refused.expect("the row was never refused");
         assert!(at < 11, "refused after {at} pushes");
-        assert!(matches!(e, ReplicationError::EndpointResponseTooLarge(_)), "{e}");
+        assert!(
+            matches!(e, ReplicationError::EndpointResponseTooLarge(_)),
+            "{e}"
+        );
         // Nor can a head without "results" grow past it.
         let mut f = NormalFeed::new(1000);
         assert!((0..20).any(|_| f.push::<Value>(&[b' '; 100]).is_err()));

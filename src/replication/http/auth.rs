@@ -192,7 +192,9 @@ impl Auth {
                         let Ok(mut r) = get.send().await else { return };
                         let mut room: usize = 64 << 10;
                         while let Ok(Some(c)) = r.chunk().await {
-                            let Some(left) = room.checked_sub(c.len()) else { return };
+                            let Some(left) = room.checked_sub(c.len()) else {
+                                return;
+                            };
                             room = left;
                         }
                     };

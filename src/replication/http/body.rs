@@ -64,7 +64,11 @@ impl AsRef<[u8]> for Kept {
 
 /// Reads `stream` whole, holding at most `cap` bytes; `declared` is the `Content-Length`.
 /// The pace starts at the first byte.
-pub(crate) async fn collect<S>(stream: S, declared: Option<u64>, b: Bounds<'_>) -> Result<Bytes, BodyError>
+pub(crate) async fn collect<S>(
+    stream: S,
+    declared: Option<u64>,
+    b: Bounds<'_>,
+) -> Result<Bytes, BodyError>
 where
     S: Stream<Item = Result<Bytes, String>>,
 {
@@ -107,7 +111,11 @@ where
     // Until the first byte only the read timeout applies: a long poll is silent, then whole.
     let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365);
     loop {
-        let deadline = if received == 0 { far } else { pace.deadline(received) };
+        let deadline = if received == 0 {
+            far
+        } else {
+            pace.deadline(received)
+        };
         let next = tokio::select! {
             n = stream.next() => n,
             _ = tokio::time::sleep_until(deadline) => {
@@ -141,7 +149,10 @@ where
         let needed = body.len() + first_len + chunk.len();
         if needed > body.capacity() {
             let grown = grown_capacity(body.capacity(), needed, cap, declared);
-            share.cover((grown + first_len) as u64, patience).await.map_err(wait_err)?;
+            share
+                .cover((grown + first_len) as u64, patience)
+                .await
+                .map_err(wait_err)?;
             body.reserve_exact(grown - body.len());
         }
         if let Some(first) = first {
@@ -251,20 +262,31 @@ mod tests {
             keep: true,
             ..bounds(8 << 20, budget)
         };
-        let a = collect(chunks(3072, 1024), None, kept(&budget)).await.unwrap();
+        let a = collect(chunks(3072, 1024), None, kept(&budget))
+            .await
+            .unwrap();
         let free = super::super::budget::UNBUDGETED_BYTES;
         assert_eq!(metrics.response_bytes_held.load(Relaxed), (4 << 20) - free);
         // A second 3 MiB body's bytes fit in the 3.25 MiB left, but not the 4 MiB buffer
         // they grow into: it waits, then gives up.
-        let err = collect(chunks(3072, 1024), None, kept(&budget)).await.unwrap_err();
-        assert!(matches!(&err, BodyError::Transport(m) if m.contains("response budget")), "{err:?}");
+        let err = collect(chunks(3072, 1024), None, kept(&budget))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BodyError::Transport(m) if m.contains("response budget")),
+            "{err:?}"
+        );
         assert_eq!(metrics.response_bytes_held.load(Relaxed), (4 << 20) - free);
         drop(a);
-        let b = collect(chunks(3072, 1024), None, kept(&budget)).await.unwrap();
+        let b = collect(chunks(3072, 1024), None, kept(&budget))
+            .await
+            .unwrap();
         assert_eq!(b.len(), 3 << 20);
         // A declared length is allocated once, exactly.
         drop(b);
-        let c = collect(chunks(3072, 1024), Some(3 << 20), kept(&budget)).await.unwrap();
+        let c = collect(chunks(3072, 1024), Some(3 << 20), kept(&budget))
+            .await
+            .unwrap();
         assert_eq!(c.len(), 3 << 20);
         assert_eq!(metrics.response_bytes_held.load(Relaxed), (3 << 20) - free);
     }
@@ -272,12 +294,21 @@ mod tests {
     #[test]
     fn buffers_double_up_to_the_cap_or_take_the_declared_length() {
         assert_eq!(grown_capacity(0, 10, 1 << 20, None), MIN_BUFFER);
-        assert_eq!(grown_capacity(MIN_BUFFER, MIN_BUFFER + 1, 1 << 20, None), 2 * MIN_BUFFER);
-        assert_eq!(grown_capacity(768 << 10, (768 << 10) + 1, 1 << 20, None), 1 << 20);
+        assert_eq!(
+            grown_capacity(MIN_BUFFER, MIN_BUFFER + 1, 1 << 20, None),
+            2 * MIN_BUFFER
+        );
+        assert_eq!(
+            grown_capacity(768 << 10, (768 << 10) + 1, 1 << 20, None),
+            1 << 20
+        );
         assert_eq!(grown_capacity(0, 10, 1 << 20, Some(1000)), 1000);
         // A declared length past the cap or short of the bytes is not believed.
         assert_eq!(grown_capacity(0, 10, 1 << 20, Some(2 << 20)), MIN_BUFFER);
-        assert_eq!(grown_capacity(MIN_BUFFER, MIN_BUFFER + 1, 1 << 20, Some(5)), 2 * MIN_BUFFER);
+        assert_eq!(
+            grown_capacity(MIN_BUFFER, MIN_BUFFER + 1, 1 << 20, Some(5)),
+            2 * MIN_BUFFER
+        );
     }
 
     #[tokio::test]
@@ -296,7 +327,14 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, BodyError::TooLarge { read: 50, cap: 45, .. }),
+            matches!(
+                err,
+                BodyError::TooLarge {
+                    read: 50,
+                    cap: 45,
+                    ..
+                }
+            ),
             "{err:?}"
         );
         let err = collect(chunks(1, 10), Some(1 << 40), bounds(45, &budget))

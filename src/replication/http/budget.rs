@@ -170,9 +170,7 @@ impl Share {
     /// Gives back what a body now occupying `len` bytes no longer needs (the buffer it grew
     /// out of).
     pub(crate) fn fit(&mut self, len: u64) {
-        let need = self
-            .budget
-            .units_for(len.saturating_sub(UNBUDGETED_BYTES));
+        let need = self.budget.units_for(len.saturating_sub(UNBUDGETED_BYTES));
         let spare = self.units.saturating_sub(need);
         if spare == 0 {
             return;
@@ -232,7 +230,9 @@ mod tests {
         let mut big = budget.share();
         big.cover(UNBUDGETED_BYTES + 10, patience).await.unwrap();
         assert_eq!(held(), 1024, "whole KiB");
-        big.cover(UNBUDGETED_BYTES + (3 << 20), patience).await.unwrap();
+        big.cover(UNBUDGETED_BYTES + (3 << 20), patience)
+            .await
+            .unwrap();
         assert_eq!(held(), 3 << 20, "exactly what is asked");
         big.fit(UNBUDGETED_BYTES + (1 << 20));
         assert_eq!(held(), 1 << 20);
@@ -258,7 +258,11 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
         tokio::join!(grow(budget.share()), grow(budget.share()));
-        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
         assert_eq!(held(), 0);
     }
 

@@ -20,10 +20,10 @@ use super::body::{BodyError, Bounds, collect};
 use super::budget::ResponseBudget;
 use super::coalesce::Coalescer;
 use super::limits::EndpointLimits;
-use super::reqwest_client::{build_http, build_upload_http, transport_key};
-use super::session_cache::SessionCache;
 pub use super::request::{Req, ReqBody};
+use super::reqwest_client::{build_http, build_upload_http, transport_key};
 pub use super::response::Resp;
+use super::session_cache::SessionCache;
 use super::tls::TlsOptions;
 use super::transport::Transports;
 use super::upload::Upload;
@@ -424,7 +424,9 @@ impl HttpClient {
                 BodyError::TooSlow { .. } => ReplicationError::EndpointResponseTooSlow(format!(
                     "{what} answered {e} after connection_timeout"
                 )),
-                BodyError::Transport(m) => ReplicationError::HttpRequestFailed(format!("{what}: {m}")),
+                BodyError::Transport(m) => {
+                    ReplicationError::HttpRequestFailed(format!("{what}: {m}"))
+                }
             })
     }
 }

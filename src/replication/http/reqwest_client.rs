@@ -32,15 +32,17 @@ pub(crate) fn build_http(
 /// still being sent and so cut every upload longer than `connection_timeout`; the caller
 /// watches the upload's progress instead.
 pub(crate) fn build_upload_http(ep: &Endpoint, cfg: &ClientConfig) -> Result<reqwest::Client> {
-    build(ep, cfg, reqwest::Client::builder().pool_max_idle_per_host(2))
+    build(
+        ep,
+        cfg,
+        reqwest::Client::builder().pool_max_idle_per_host(2),
+    )
 }
 
 fn build(ep: &Endpoint, cfg: &ClientConfig, b: reqwest::ClientBuilder) -> Result<reqwest::Client> {
     let mut b = b
         .gzip(asks_gzip(ep, cfg))
-        .redirect(reqwest::redirect::Policy::limited(
-            cfg.limits.max_redirects,
-        ))
+        .redirect(reqwest::redirect::Policy::limited(cfg.limits.max_redirects))
         .connect_timeout(cfg.connection_timeout)
         .tcp_nodelay(cfg.tcp_nodelay)
         .user_agent(concat!("CouchDB-Replicator/", env!("CARGO_PKG_VERSION")));

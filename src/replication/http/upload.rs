@@ -126,7 +126,6 @@ impl Upload {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

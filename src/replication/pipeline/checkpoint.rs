@@ -153,7 +153,10 @@ async fn find_and_migrate(
     };
     // Every id version is read at once (a round trip each would add up on a slow link);
     // the newest found wins.
-    let paths: Vec<String> = ids[skip..].iter().map(|id| format!("_local/{id}")).collect();
+    let paths: Vec<String> = ids[skip..]
+        .iter()
+        .map(|id| format!("_local/{id}"))
+        .collect();
     let found = futures::future::try_join_all(paths.iter().map(|p| read_local(c, p))).await?;
     for (i, (id, doc)) in ids[skip..].iter().zip(found).enumerate() {
         let Some(mut doc) = doc else {

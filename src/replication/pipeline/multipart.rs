@@ -45,7 +45,6 @@ pub(crate) fn part_type(field: &multer::Field<'_>) -> String {
         .to_owned()
 }
 
-
 /// A multipart source's bytes taken but not yet handed on by one of its parts, and whether
 /// it was cut for holding too many or for being too slow.
 #[derive(Clone, Default)]
@@ -136,15 +135,27 @@ mod tests {
         assert!(s.next().await.is_some_and(|r| r.is_ok()));
         assert!(s.next().await.is_some_and(|r| r.is_ok()));
         watch.handed(150);
-        assert!(s.next().await.is_some_and(|r| r.is_ok()), "300 taken, 150 handed");
-        assert!(s.next().await.is_some_and(|r| r.is_err()), "400 taken, 150 handed");
+        assert!(
+            s.next().await.is_some_and(|r| r.is_ok()),
+            "300 taken, 150 handed"
+        );
+        assert!(
+            s.next().await.is_some_and(|r| r.is_err()),
+            "400 taken, 150 handed"
+        );
         let e = watch.explain(ReplicationError::BadResponse("x".into()), "GET a/b");
-        assert!(matches!(e, ReplicationError::EndpointResponseTooLarge(_)), "{e}");
+        assert!(
+            matches!(e, ReplicationError::EndpointResponseTooLarge(_)),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_boundary_is_found_in_any_multipart_type() {
-        assert_eq!(boundary_of("multipart/mixed; boundary=\"ab\"").unwrap(), "ab");
+        assert_eq!(
+            boundary_of("multipart/mixed; boundary=\"ab\"").unwrap(),
+            "ab"
+        );
         assert_eq!(boundary_of("Multipart/Related;BOUNDARY=cd").unwrap(), "cd");
         assert!(boundary_of("application/json; boundary=x").is_err());
         assert!(boundary_of("multipart/mixed").is_err());

@@ -15,14 +15,14 @@
 //! `encoding` and `encoded_length`; `length` is the inflated size), so a large attachment
 //! reaches such a target streamed too instead of as base64 inside a JSON answer.
 
-use bytes::{BufMut, Bytes, BytesMut};
 use async_compression::tokio::bufread::GzipDecoder;
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use tokio_util::io::{ReaderStream, StreamReader};
 use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::client::{Hold, HttpClient};
@@ -191,7 +191,11 @@ fn plan_parts(atts: &Map<String, Value>, boundary: &str, encodings: Encodings) -
                 head.push_str(&format!("Content-Length: {n}\r\n"));
             }
             // As CouchDB's replicator sends an attachment kept encoded.
-            if let Some(enc) = a.get("encoding").and_then(Value::as_str).filter(|_| !gunzip) {
+            if let Some(enc) = a
+                .get("encoding")
+                .and_then(Value::as_str)
+                .filter(|_| !gunzip)
+            {
                 head.push_str(&format!("Content-Encoding: {}\r\n", header_safe(enc)));
             }
             head.push_str("\r\n");
@@ -226,7 +230,12 @@ async fn next_chunk(mut st: State) -> Result<Option<(Bytes, State)>> {
     let what = st.what.clone();
     let bad = |m: String| ReplicationError::BadResponse(format!("{what}: {m}"));
     if let Some((field, left)) = st.current.as_mut() {
-        match field.next().await.transpose().map_err(|e| bad(e.to_string()))? {
+        match field
+            .next()
+            .await
+            .transpose()
+            .map_err(|e| bad(e.to_string()))?
+        {
             Some(b) => {
                 if let Some(left) = left {
                     *left = left.checked_sub(b.len() as u64).ok_or_else(|| {
@@ -259,10 +268,9 @@ async fn next_chunk(mut st: State) -> Result<Option<(Bytes, State)>> {
             st.current = Some((part_stream(field, &st.watch, p.gunzip), p.len));
             Ok(Some((p.head, st)))
         }
-        None if !st.plan.is_empty() => Err(bad(format!(
-            "no part for attachment `{}`",
-            st.plan[0].name
-        ))),
+        None if !st.plan.is_empty() => {
+            Err(bad(format!("no part for attachment `{}`", st.plan[0].name)))
+        }
         None => Ok(Some((closing, st))),
     }
 }
@@ -304,7 +312,10 @@ mod tests {
         let head = std::str::from_utf8(&plan[1].head).unwrap();
         assert!(head.contains("filename=\"a %22q%22.txt\""), "{head}");
         let head = std::str::from_utf8(&plan[0].head).unwrap();
-        assert!(head.contains("Content-Type: application/x%0D%0AX: y\r\n"), "{head}");
+        assert!(
+            head.contains("Content-Type: application/x%0D%0AX: y\r\n"),
+            "{head}"
+        );
         assert!(head.ends_with("Content-Length: 10\r\n\r\n"), "{head}");
     }
 
@@ -323,10 +334,14 @@ mod tests {
 
     #[test]
     fn a_stub_without_its_length_leaves_the_length_unknown() {
-        let doc: Stubs = serde_json::from_value(json!({"_attachments": {"a": {"follows": true}}}))
-            .unwrap();
+        let doc: Stubs =
+            serde_json::from_value(json!({"_attachments": {"a": {"follows": true}}})).unwrap();
         let plan = plan_parts(&doc.attachments, "B", Encodings::Keep);
         assert_eq!(plan[0].len, None);
-        assert!(!std::str::from_utf8(&plan[0].head).unwrap().contains("Length"));
+        assert!(
+            !std::str::from_utf8(&plan[0].head)
+                .unwrap()
+                .contains("Length")
+        );
     }
 }

@@ -195,7 +195,10 @@ mod tests {
     #[test]
     fn a_created_target_is_not_asked_until_the_periodic_check() {
         let mut s = DiffSkipper::for_target(TargetAtStart::Created);
-        assert!(!s.should_call(), "the first wave goes straight to the source");
+        assert!(
+            !s.should_call(),
+            "the first wave goes straight to the source"
+        );
         s.last_call = Some(Instant::now() - DiffSkipper::MAX_GAP);
         assert!(s.should_call(), "the 37 s check still runs");
         s.record(100, 0);

@@ -15,8 +15,8 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::checkpoint::{Checkpointer, instance_start_of};
-pub(crate) use super::context::clients;
 pub use super::context::Context;
+pub(crate) use super::context::clients;
 use super::fetch::BulkGetGate;
 use super::revs_diff::DiffSkipper;
 use super::shared::{Shared, Tracker, new_window};

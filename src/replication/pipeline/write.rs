@@ -269,13 +269,19 @@ mod tests {
         let req = bulk_request(&small);
         assert!(matches!(req.body, Some(ReqBody::Whole(_))));
         assert_eq!(sent(&req), bulk_body(&small).to_vec());
-        let big = Bytes::from(format!("{{\"_id\":\"b\",\"x\":\"{}\"}}", "y".repeat(2 << 20)));
+        let big = Bytes::from(format!(
+            "{{\"_id\":\"b\",\"x\":\"{}\"}}",
+            "y".repeat(2 << 20)
+        ));
         let docs = vec![small[0].clone(), big.clone()];
         let req = bulk_request(&docs);
         let Some(ReqBody::Parts(parts)) = &req.body else {
             panic!("a large body is sent in parts");
         };
-        assert!(parts.iter().any(|p| p.as_ptr() == big.as_ptr()), "not copied");
+        assert!(
+            parts.iter().any(|p| p.as_ptr() == big.as_ptr()),
+            "not copied"
+        );
         assert_eq!(sent(&req), bulk_body(&docs).to_vec());
         let v: serde_json::Value = serde_json::from_slice(&sent(&req)).unwrap();
         assert_eq!(v["docs"].as_array().map(Vec::len), Some(2));

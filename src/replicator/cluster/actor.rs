@@ -26,8 +26,8 @@ use crate::replicator::node::child_id::ChildId;
 use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::event_bus::{ClusterStatus, ReplicatorEvent};
 use crate::replicator::node::name::NodeName;
-use crate::replicator::scheduler::job_server::{JOB_SERVER, JobServerMsg};
 use crate::replicator::scheduler::census;
+use crate::replicator::scheduler::job_server::{JOB_SERVER, JobServerMsg};
 
 /// Node membership, a child of the tree.
 pub(crate) const CLUSTERING: ChildId<ClusterMsg> = ChildId::new("clustering");

@@ -26,8 +26,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::jobs::Jobs;
-use crate::replicator::node::settings::{ReplicatorSettings, TimingPolicy};
 use crate::replicator::cluster::membership::{member_rows_tx, runs_replications};
+use crate::replicator::node::settings::{ReplicatorSettings, TimingPolicy};
 use crate::store::{StoreError, Tx, tuple};
 
 /// The format of the replicator's keys this build reads and writes.
@@ -157,7 +157,10 @@ pub async fn settle(
         .await?;
     if let Some(v) = format {
         let text = String::from_utf8_lossy(&v).into_owned();
-        let stored: u32 = text.trim().parse().map_err(|_| AgreementError::Unreadable(text))?;
+        let stored: u32 = text
+            .trim()
+            .parse()
+            .map_err(|_| AgreementError::Unreadable(text))?;
         if stored > STORE_FORMAT {
             return Err(AgreementError::NewerFormat {
                 stored,
@@ -168,8 +171,10 @@ pub async fn settle(
     match (recorded, policy) {
         (Some(cluster), TimingPolicy::Adopt) if cluster != ours => {
             tracing::warn!(
-                ours.job_timeout_sec, ours.node_timeout_sec,
-                cluster.job_timeout_sec, cluster.node_timeout_sec,
+                ours.job_timeout_sec,
+                ours.node_timeout_sec,
+                cluster.job_timeout_sec,
+                cluster.node_timeout_sec,
                 "this node's timing differs from the cluster's: using the cluster's \
                  ([replicator] cluster_timing = replace changes the cluster's)"
             );
@@ -177,8 +182,10 @@ pub async fn settle(
         }
         (Some(cluster), TimingPolicy::Replace) if cluster != ours => {
             tracing::warn!(
-                ours.job_timeout_sec, ours.node_timeout_sec,
-                cluster.job_timeout_sec, cluster.node_timeout_sec,
+                ours.job_timeout_sec,
+                ours.node_timeout_sec,
+                cluster.job_timeout_sec,
+                cluster.node_timeout_sec,
                 "replaced the cluster's timing with this node's: restart every other node"
             );
         }
@@ -189,7 +196,10 @@ pub async fn settle(
 
 /// The replication nodes whose membership rows changed within `wait` (read twice).
 async fn beating(jobs: &Jobs, prefix: &[u8], wait: Duration) -> Result<Vec<String>, StoreError> {
-    let read = || jobs.db().run(|tx: Tx| async move { member_rows_tx(&tx, prefix).await });
+    let read = || {
+        jobs.db()
+            .run(|tx: Tx| async move { member_rows_tx(&tx, prefix).await })
+    };
     let first = read().await?;
     tokio::time::sleep(wait).await;
     let second = read().await?;

@@ -173,7 +173,9 @@ impl Membership {
     fn node_of(begin: &[u8], key: &[u8]) -> Option<NodeName> {
         let rest = key.strip_prefix(begin)?;
         let (name,) = tuple::unpack::<(Bytes,)>(rest).ok()?;
-        String::from_utf8(name.into_owned()).ok().map(NodeName::from)
+        String::from_utf8(name.into_owned())
+            .ok()
+            .map(NodeName::from)
     }
 
     /// The load row of `node`.
@@ -257,7 +259,13 @@ impl Membership {
         // Each member with how long it has been silent, and how long it may be.
         let members: Vec<(NodeName, Duration, Duration)> = rows
             .iter()
-            .map(|(n, row)| (n.clone(), self.sightings.silent_for(n, row), self.allowed(row)))
+            .map(|(n, row)| {
+                (
+                    n.clone(),
+                    self.sightings.silent_for(n, row),
+                    self.allowed(row),
+                )
+            })
             .collect();
         let present: Vec<NodeName> = rows.into_iter().map(|(n, _)| n).collect();
         self.sightings.keep_only(&present);
@@ -454,7 +462,11 @@ mod tests {
         // `dead_after`, a removes it.
         assert_eq!(nodes[0].beat(false).await.unwrap().removed, None);
         tokio::time::advance(Duration::from_secs(10)).await;
-        assert_eq!(nodes[0].beat(false).await.unwrap().removed, None, "not past it");
+        assert_eq!(
+            nodes[0].beat(false).await.unwrap().removed,
+            None,
+            "not past it"
+        );
         tokio::time::advance(Duration::from_millis(1)).await;
         let beat = nodes[0].beat(false).await.unwrap();
         assert_eq!(beat.removed, Some(("b".into(), 0)));
@@ -474,7 +486,11 @@ mod tests {
         b.beat(true).await.unwrap();
         assert_eq!(a.beat(false).await.unwrap().removed, None);
         tokio::time::advance(Duration::from_secs(25)).await;
-        assert_eq!(a.beat(false).await.unwrap().removed, None, "within b's own 30 s");
+        assert_eq!(
+            a.beat(false).await.unwrap().removed,
+            None,
+            "within b's own 30 s"
+        );
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(a.beat(false).await.unwrap().removed, Some(("b".into(), 0)));
     }

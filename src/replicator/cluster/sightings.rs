@@ -85,8 +85,11 @@ impl Consensus {
         } else {
             (offsets[mid - 1] + offsets[mid]) / 2
         };
-        self.clock
-            .set_offset_ms(if median.abs() < DEAD_BAND_MS { 0 } else { median });
+        self.clock.set_offset_ms(if median.abs() < DEAD_BAND_MS {
+            0
+        } else {
+            median
+        });
     }
 }
 
@@ -176,7 +179,11 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(s.silent_for(&b, b"2"), Duration::from_secs(3));
         s.keep_only(&[]);
-        assert_eq!(s.silent_for(&b, b"2"), Duration::ZERO, "forgotten, seen anew");
+        assert_eq!(
+            s.silent_for(&b, b"2"),
+            Duration::ZERO,
+            "forgotten, seen anew"
+        );
     }
 
     fn row(ms: i64, beat: u64) -> Vec<u8> {
@@ -187,7 +194,12 @@ mod tests {
     }
 
     /// Sightings of node `me` correcting a manual clock at 1,000,000 ms.
-    fn corrected() -> (Arc<crate::jobs::ManualClock>, Arc<CorrectedClock>, Sightings, NodeName) {
+    fn corrected() -> (
+        Arc<crate::jobs::ManualClock>,
+        Arc<CorrectedClock>,
+        Sightings,
+        NodeName,
+    ) {
         let base = Arc::new(crate::jobs::ManualClock::new(1_000_000));
         let clock = Arc::new(CorrectedClock::new(base.clone()));
         let me: NodeName = "me".into();

@@ -48,13 +48,14 @@ pub(crate) async fn unfinished_of(ctx: &NodeCtx, user: &str) -> Result<usize, Jo
                         continue;
                     };
                     let job_id = JobId::from(id);
-                    let unfinished = match jobs.get_job_data_tx(&tx, REP_JOBS, job_id.as_str()).await
-                    {
-                        Ok(data) => JobView::from_data(&job_id, &data)
-                            .is_ok_and(|v| v.user.as_deref() == Some(user) && !v.state.is_terminal()),
-                        Err(JobsError::NotFound) => false,
-                        Err(e) => return Err(e),
-                    };
+                    let unfinished =
+                        match jobs.get_job_data_tx(&tx, REP_JOBS, job_id.as_str()).await {
+                            Ok(data) => JobView::from_data(&job_id, &data).is_ok_and(|v| {
+                                v.user.as_deref() == Some(user) && !v.state.is_terminal()
+                            }),
+                            Err(JobsError::NotFound) => false,
+                            Err(e) => return Err(e),
+                        };
                     if unfinished {
                         held += 1;
                     } else {

@@ -283,10 +283,13 @@ impl Follower {
                     // Fields older replicators (or `update_docs`) wrote are not options.
                     m.retain(|k, _| !k.starts_with("_replication_"));
                 }
-                let job = NewJob::from_body(JobKind::Persistent {
+                let job = NewJob::from_body(
+                    JobKind::Persistent {
                         db_name: self.name.clone(),
                         doc_id: d.doc_id.clone(),
-                    }, body);
+                    },
+                    body,
+                );
                 match self.rep.add(job).await {
                     Ok(v) => {
                         tracing::debug!(job = %v.job_id, "replication document scheduled");
@@ -363,7 +366,11 @@ impl Follower {
     async fn remove(&self, doc_id: &str) -> bool {
         let id = persistent_job_id(&self.name, doc_id);
         // The document may have asked for a whole-server copy.
-        match self.rep.cancel_server_job(&ServerJobId::from(id.as_str())).await {
+        match self
+            .rep
+            .cancel_server_job(&ServerJobId::from(id.as_str()))
+            .await
+        {
             Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "removing the server job failed; will retry");

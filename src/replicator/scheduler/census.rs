@@ -102,7 +102,12 @@ impl CensusBoard {
 }
 
 /// Takes a census every `period` and after each poke (at most one per [`MIN_GAP`]).
-pub fn spawn(board: Arc<CensusBoard>, jobs: Jobs, node: NodeName, period: Duration) -> JoinHandle<()> {
+pub fn spawn(
+    board: Arc<CensusBoard>,
+    jobs: Jobs,
+    node: NodeName,
+    period: Duration,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             match take(&jobs, &node).await {
@@ -110,7 +115,8 @@ pub fn spawn(board: Arc<CensusBoard>, jobs: Jobs, node: NodeName, period: Durati
                 Err(e) => tracing::debug!(error = %e, "census failed"),
             }
             tokio::time::sleep(MIN_GAP).await;
-            let _ = tokio::time::timeout(period.saturating_sub(MIN_GAP), board.poked.notified()).await;
+            let _ =
+                tokio::time::timeout(period.saturating_sub(MIN_GAP), board.poked.notified()).await;
         }
     })
 }
@@ -168,7 +174,9 @@ pub async fn queue_depths(jobs: &Jobs) -> Vec<QueueDepth> {
     let mut out = Vec::new();
     for ty in types {
         let all = jobs.pending_count(&ty, None, Some(QUEUE_COUNT_LIMIT)).await;
-        let due = jobs.pending_count(&ty, Some(now), Some(QUEUE_COUNT_LIMIT)).await;
+        let due = jobs
+            .pending_count(&ty, Some(now), Some(QUEUE_COUNT_LIMIT))
+            .await;
         if let (Ok(pending), Ok(due)) = (all, due) {
             out.push(QueueDepth {
                 job_type: ty,
@@ -239,7 +247,10 @@ mod tests {
         // A pending record that never ran: no node, no stats.
         let bytes = serde_json::to_vec(&RepJobRecord::default().to_data()).unwrap();
         let row: CensusRow = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!((row.state, row.node, row.rep_stats.is_none()), (RepState::default(), None, true));
+        assert_eq!(
+            (row.state, row.node, row.rep_stats.is_none()),
+            (RepState::default(), None, true)
+        );
     }
 
     #[test]

@@ -399,6 +399,8 @@ fn build(
     }
     let stats = &shared.stats;
     stats.writes.fetch_add(ops.len() as u64, Ordering::Relaxed);
-    stats.compares.fetch_add(compares.len() as u64, Ordering::Relaxed);
+    stats
+        .compares
+        .fetch_add(compares.len() as u64, Ordering::Relaxed);
     Ok(Txn::new().when(compares).and_then(ops).or_else(failure))
 }

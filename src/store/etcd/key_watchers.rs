@@ -76,10 +76,16 @@ mod tests {
         let mut early = watchers.add(b"k", 10);
         let mut other = watchers.add(b"j", 1);
         watchers.changed(b"k", 9);
-        assert!(early.try_recv().is_err(), "a change before the start fires nothing");
+        assert!(
+            early.try_recv().is_err(),
+            "a change before the start fires nothing"
+        );
         watchers.changed(b"k", 10);
         assert!(early.try_recv().is_ok());
-        assert!(other.try_recv().is_err(), "another key's change fires nothing");
+        assert!(
+            other.try_recv().is_err(),
+            "another key's change fires nothing"
+        );
         assert_eq!(watchers.keys(), 1);
     }
 

@@ -35,9 +35,9 @@ mod committer;
 mod config;
 mod conflicts;
 mod errors;
+mod key_watchers;
 mod plan;
 mod read_version;
-mod key_watchers;
 mod replica;
 mod resolve;
 mod tip;
@@ -116,7 +116,9 @@ pub(crate) struct Clock {
 impl Clock {
     pub(crate) fn decode(value: &[u8]) -> Self {
         let word = |at: usize| {
-            let bytes = value.get(at..at + 8).and_then(|b| <[u8; 8]>::try_from(b).ok());
+            let bytes = value
+                .get(at..at + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok());
             bytes.map_or(0, u64::from_be_bytes)
         };
         Self {
@@ -192,19 +194,63 @@ impl EtcdStats {
         };
         vec![
             counter("txns", "commit Txns sent to etcd", &self.txns),
-            counter("committed", "transactions those Txns committed", &self.committed),
-            counter("conflicts", "transactions that failed a read compare", &self.conflicts),
-            counter("rebuilds", "commit Txns rebuilt on a moved clock or added key", &self.rebuilds),
-            counter("read_versions", "read-version Txns sent", &self.read_versions),
+            counter(
+                "committed",
+                "transactions those Txns committed",
+                &self.committed,
+            ),
+            counter(
+                "conflicts",
+                "transactions that failed a read compare",
+                &self.conflicts,
+            ),
+            counter(
+                "rebuilds",
+                "commit Txns rebuilt on a moved clock or added key",
+                &self.rebuilds,
+            ),
+            counter(
+                "read_versions",
+                "read-version Txns sent",
+                &self.read_versions,
+            ),
             counter("reads", "reads sent to etcd on their own", &self.reads),
-            counter("writes", "puts and deletes in the commit Txns", &self.writes),
+            counter(
+                "writes",
+                "puts and deletes in the commit Txns",
+                &self.writes,
+            ),
             counter("compares", "compares in the commit Txns", &self.compares),
-            counter("lost", "commit Txns whose answer was lost, resolved from etcd", &self.lost),
-            counter("local_reads", "reads the local replica served", &self.local_reads),
-            counter("replica_misses", "transactions that read from etcd, the replica behind", &self.replica_misses),
-            counter("replica_watches", "store watches the local replica served", &self.replica_watches),
-            counter("native_watches", "store watches sent to etcd as watches of their own", &self.native_watches),
-            counter("replica_wait_us", "microseconds transactions waited for the replica", &self.replica_wait_us),
+            counter(
+                "lost",
+                "commit Txns whose answer was lost, resolved from etcd",
+                &self.lost,
+            ),
+            counter(
+                "local_reads",
+                "reads the local replica served",
+                &self.local_reads,
+            ),
+            counter(
+                "replica_misses",
+                "transactions that read from etcd, the replica behind",
+                &self.replica_misses,
+            ),
+            counter(
+                "replica_watches",
+                "store watches the local replica served",
+                &self.replica_watches,
+            ),
+            counter(
+                "native_watches",
+                "store watches sent to etcd as watches of their own",
+                &self.native_watches,
+            ),
+            counter(
+                "replica_wait_us",
+                "microseconds transactions waited for the replica",
+                &self.replica_wait_us,
+            ),
         ]
     }
 
@@ -278,7 +324,11 @@ impl Shared {
                 Ok(resp)
             }
             Err(e) if e.to_string().contains("future revision") => {
-                let resp = self.kv().get(key, Some(options)).await.map_err(read_error)?;
+                let resp = self
+                    .kv()
+                    .get(key, Some(options))
+                    .await
+                    .map_err(read_error)?;
                 self.saw(resp.header());
                 Ok(resp)
             }

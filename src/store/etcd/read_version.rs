@@ -80,7 +80,11 @@ impl Group {
     fn take_if(&self, fits: impl FnOnce(usize, i64) -> bool) -> Option<(Vec<Request>, usize, i64)> {
         let mut state = self.lock();
         let ops = state.reads.iter().filter(|r| r.read.is_some()).count();
-        let rows = state.reads.iter().filter_map(|r| r.read.as_ref()).map(|r| r.2);
+        let rows = state
+            .reads
+            .iter()
+            .filter_map(|r| r.read.as_ref())
+            .map(|r| r.2);
         let rows = rows.sum();
         if !fits(ops, rows) {
             return None;
@@ -137,7 +141,9 @@ impl ReadVersions {
         options: GetOptions,
         rows: i64,
     ) -> Result<(Version, GetResponse), StoreError> {
-        let answer = self.open(group, Some(Box::new((key, options, rows.max(1))))).await;
+        let answer = self
+            .open(group, Some(Box::new((key, options, rows.max(1)))))
+            .await;
         with_response(answer?)
     }
 }
@@ -229,9 +235,7 @@ async fn send(shared: &Shared, batch: Vec<Request>) {
     let mut clock_mod = 0;
     if let Some(clock) = gets.first().and_then(|g| g.as_ref()?.kvs().first()) {
         clock_mod = clock.mod_revision();
-        shared
-            .tip
-            .saw_clock(Clock::decode(clock.value()));
+        shared.tip.saw_clock(Clock::decode(clock.value()));
     }
     let version = Version {
         revision,

@@ -102,7 +102,10 @@ impl Spec {
             options = options.with_range(end.clone()).with_limit(self.limit);
         }
         if self.reverse {
-            options = options.with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Descend);
+            options = options.with_sort(
+                etcd_client::SortTarget::Key,
+                etcd_client::SortOrder::Descend,
+            );
         }
         options
     }
@@ -341,7 +344,9 @@ async fn run(replica: Arc<Replica>, client: Client, prefix: Vec<u8>) {
             // What changed while the replica was cut off is unknown: every watch fires.
             state.watchers.fire_all();
         }
-        replica.loads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        replica
+            .loads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         replica.applied.send_replace(revision);
         // Follows the watch until a compaction makes it load again.
         follow(&replica, &client, &prefix, &end).await;
@@ -361,7 +366,10 @@ async fn load(client: &Client, prefix: &[u8], end: &[u8]) -> Result<(i64, Rows),
         if revision > 0 {
             options = options.with_revision(revision);
         }
-        let resp = kv.get(from.clone(), Some(options)).await.map_err(read_error)?;
+        let resp = kv
+            .get(from.clone(), Some(options))
+            .await
+            .map_err(read_error)?;
         if revision == 0 {
             revision = resp.header().map_or(0, |h| h.revision());
         }
@@ -402,7 +410,11 @@ async fn follow(replica: &Replica, client: &Client, prefix: &[u8], end: &[u8]) {
         let options = WatchOptions::new()
             .with_range(end.to_vec())
             .with_start_revision(start);
-        let mut stream = match client.watch_client().watch(prefix.to_vec(), Some(options)).await {
+        let mut stream = match client
+            .watch_client()
+            .watch(prefix.to_vec(), Some(options))
+            .await
+        {
             Ok(stream) => stream,
             Err(e) => {
                 tracing::debug!(error = %e, "etcd replica: watch not armed, retrying");

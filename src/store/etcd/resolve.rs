@@ -61,7 +61,11 @@ pub(crate) async fn outcome(shared: &Shared, ours: Clock, after: i64) -> Resolut
 
 async fn step(shared: &Shared, ours: Clock, after: i64) -> Result<Option<Resolution>, StoreError> {
     let key = shared.keys.clock().to_vec();
-    let resp = shared.kv().get(key.clone(), None).await.map_err(read_error)?;
+    let resp = shared
+        .kv()
+        .get(key.clone(), None)
+        .await
+        .map_err(read_error)?;
     shared.saw(resp.header());
     let (now, revision) = resp.kvs().first().map_or((Clock::default(), 0), |kv| {
         (Clock::decode(kv.value()), kv.mod_revision())
@@ -74,7 +78,9 @@ async fn step(shared: &Shared, ours: Clock, after: i64) -> Result<Option<Resolut
         return match history(shared, ours, after, upto).await {
             Ok(resolution) => Ok(Some(resolution)),
             Err(StoreError::TooOld) => {
-                tracing::warn!("etcd: a lost commit's history was compacted; its outcome is unknown");
+                tracing::warn!(
+                    "etcd: a lost commit's history was compacted; its outcome is unknown"
+                );
                 Ok(Some(Resolution::Unknown))
             }
             // Retried like a failed request.
@@ -125,7 +131,11 @@ async fn history(
 /// The clock and its mod revision as of `revision`.
 async fn at(shared: &Shared, revision: i64) -> Result<(Clock, i64), StoreError> {
     let options = GetOptions::new().with_revision(revision);
-    let resp = shared.read_at(shared.keys.clock().to_vec(), options).await?;
+    let resp = shared
+        .read_at(shared.keys.clock().to_vec(), options)
+        .await?;
     let kv = resp.kvs().first();
-    Ok(kv.map_or((Clock::default(), 0), |kv| (Clock::decode(kv.value()), kv.mod_revision())))
+    Ok(kv.map_or((Clock::default(), 0), |kv| {
+        (Clock::decode(kv.value()), kv.mod_revision())
+    }))
 }

@@ -170,7 +170,10 @@ mod tests {
         let first = tip.reserve(&plan, &adds).unwrap();
         let second = tip.reserve(&plan, &adds).unwrap();
         assert_eq!((first.clock.counter, second.clock.counter), (7, 8));
-        assert_eq!(second.clock, first.next, "chained on the value the first writes");
+        assert_eq!(
+            second.clock, first.next,
+            "chained on the value the first writes"
+        );
         assert_eq!(second.bases[&adds[0]], Some(1i64.to_le_bytes().to_vec()));
         tip.missed(first.epoch, seen.clone());
         // The second was built before the reset: its miss changes nothing.

@@ -48,8 +48,10 @@ impl TlsFiles {
     /// OpenSSL's client settings: the CA (else the system's), the client certificate with
     /// any chain after it, and HTTP/2 by ALPN (gRPC has no upgrade).
     fn ssl(&self) -> Result<SslConnectorBuilder, StoreError> {
-        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| invalid("setup", e))?;
-        b.set_alpn_protos(b"\x02h2").map_err(|e| invalid("ALPN", e))?;
+        let mut b =
+            SslConnector::builder(SslMethod::tls_client()).map_err(|e| invalid("setup", e))?;
+        b.set_alpn_protos(b"\x02h2")
+            .map_err(|e| invalid("ALPN", e))?;
         if let Some(ca) = &self.ca {
             let certs = X509::stack_from_pem(&read(ca)?).map_err(|e| invalid("CA file", e))?;
             for cert in certs {
@@ -65,14 +67,16 @@ impl TlsFiles {
                 let leaf = chain
                     .next()
                     .ok_or_else(|| invalid("client certificate", "no certificate in the file"))?;
-                b.set_certificate(&leaf).map_err(|e| invalid("client certificate", e))?;
+                b.set_certificate(&leaf)
+                    .map_err(|e| invalid("client certificate", e))?;
                 for extra in chain {
                     b.add_extra_chain_cert(extra)
                         .map_err(|e| invalid("client certificate chain", e))?;
                 }
                 let key = PKey::private_key_from_pem(&read(key)?)
                     .map_err(|e| invalid("client key", e))?;
-                b.set_private_key(&key).map_err(|e| invalid("client key", e))?;
+                b.set_private_key(&key)
+                    .map_err(|e| invalid("client key", e))?;
                 b.check_private_key()
                     .map_err(|e| invalid("client key", e))?;
             }
@@ -100,9 +104,8 @@ impl TlsFiles {
 /// Builds the balanced TLS channel (see the module doc).
 pub(crate) struct NoDelayTls(HttpsConnector<HttpConnector>);
 
-type EndpointUpdater = tokio::sync::mpsc::Sender<
-    Change<tonic::codegen::http::Uri, tonic::transport::Endpoint>,
->;
+type EndpointUpdater =
+    tokio::sync::mpsc::Sender<Change<tonic::codegen::http::Uri, tonic::transport::Endpoint>>;
 
 impl BalancedChannelBuilder for NoDelayTls {
     /// Never returned (the fallible part is [`TlsFiles::channel`]); etcd-client needs a

@@ -154,9 +154,13 @@ impl EtcdTx {
         let pinned = replica.pin(r, clock_mod).await;
         let waited = started.elapsed().as_micros() as u64;
         let stats = &self.shared.stats;
-        stats.replica_wait_us.fetch_add(waited, std::sync::atomic::Ordering::Relaxed);
+        stats
+            .replica_wait_us
+            .fetch_add(waited, std::sync::atomic::Ordering::Relaxed);
         if pinned.is_none() {
-            stats.replica_misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            stats
+                .replica_misses
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(self.pinned.get_or_init(|| pinned).as_ref())
     }
