@@ -34,7 +34,8 @@ async fn check(r: reqwest::Response, what: &str) -> Result<(), String> {
 }
 
 /// Creates `db` holding `big` (one `att_bytes` attachment) and `docs` documents of about
-/// `doc_bytes` each.
+/// `doc_bytes` each. Returns how long CouchDB took to take the attachment alone (one plain
+/// `PUT` with a `Content-Length`, nothing else running): the ceiling of any copy of it.
 pub async fn fill(
     http: &reqwest::Client,
     couch: &Couch,
@@ -42,7 +43,7 @@ pub async fn fill(
     att_bytes: u64,
     docs: usize,
     doc_bytes: usize,
-) -> Result<(), String> {
+) -> Result<Duration, String> {
     let long = Duration::from_secs(3600);
     let r = http
         .put(couch.url(db))
@@ -50,6 +51,7 @@ pub async fn fill(
         .await
         .map_err(|e| e.to_string())?;
     check(r, "PUT db").await?;
+    let t0 = std::time::Instant::now();
     let r = http
         .put(couch.url(&format!("{db}/big/blob.bin")))
         .header("content-type", "application/octet-stream")
@@ -60,6 +62,7 @@ pub async fn fill(
         .await
         .map_err(|e| format!("PUT the attachment: {e}"))?;
     check(r, "PUT the attachment").await?;
+    let att_put = t0.elapsed();
     for i in 0..docs {
         let doc = json!({"kind": "big", "n": i, "text": text(i, doc_bytes)});
         let r = http
@@ -71,7 +74,7 @@ pub async fn fill(
             .map_err(|e| format!("PUT doc{i:04}: {e}"))?;
         check(r, &format!("PUT doc{i:04}")).await?;
     }
-    Ok(())
+    Ok(att_put)
 }
 
 /// What must be equal between the source and a copy: every document's id and revision and
