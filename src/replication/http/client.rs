@@ -82,6 +82,21 @@ pub struct HttpClient {
     congestion: AtomicU64,
     /// The client for streamed uploads, built at the first one.
     uploads: tokio::sync::OnceCell<reqwest::Client>,
+    /// Document writes to this endpoint: shared, and exclusive for a large one
+    /// ([`HttpClient::write_turn`]).
+    writes: tokio::sync::RwLock<()>,
+}
+
+/// A write at least this large goes to the endpoint alone ([`HttpClient::write_turn`]).
+pub const LARGE_WRITE_BYTES: u64 = 64 << 20;
+
+/// The right to send one document write, held until dropped; see
+/// [`HttpClient::write_turn`].
+pub struct WriteTurn<'a> {
+    /// Beside other ordinary writes.
+    _shared: Option<tokio::sync::RwLockReadGuard<'a, ()>>,
+    /// Alone: no other write of this client runs meanwhile.
+    _alone: Option<tokio::sync::RwLockWriteGuard<'a, ()>>,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -97,6 +112,26 @@ impl Drop for HttpClient {
 }
 
 impl HttpClient {
+    /// Waits for the turn to send a document write of `bytes` (unknown: an ordinary one).
+    /// A write of [`LARGE_WRITE_BYTES`] or more waits for the writes in flight and then goes
+    /// alone. CouchDB's `[fabric] request_timeout` (60 s) bounds a document's whole upload:
+    /// its 1 GiB attachment alone took it 49 s on the benchmark machine, and this client's
+    /// other writes beside it pushed it past 60 s, a 500 after a minute of upload (and a
+    /// retry that took over 200 s more). Hold the turn only for one request: a write that
+    /// waits for another turn while holding one would wait for itself.
+    pub async fn write_turn(&self, bytes: Option<u64>) -> WriteTurn<'_> {
+        match bytes {
+            Some(n) if n >= LARGE_WRITE_BYTES => WriteTurn {
+                _shared: None,
+                _alone: Some(self.writes.write().await),
+            },
+            _ => WriteTurn {
+                _shared: Some(self.writes.read().await),
+                _alone: None,
+            },
+        }
+    }
+
     /// Builds the client for an endpoint with its own connection pool.
     pub fn new(ep: Endpoint, cfg: ClientConfig, limiter: Arc<dyn RateLimiter>) -> Result<Self> {
         let builder = reqwest::Client::builder().pool_max_idle_per_host(cfg.http_connections);
@@ -151,6 +186,7 @@ impl HttpClient {
             slots,
             congestion: AtomicU64::new(0),
             uploads: tokio::sync::OnceCell::new(),
+            writes: tokio::sync::RwLock::new(()),
         }
     }
 

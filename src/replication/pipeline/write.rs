@@ -107,7 +107,10 @@ pub fn bulk_docs<'a>(
         let mut req = bulk_request(docs);
         req.headers
             .push(("x-couch-full-commit", "false".to_owned()));
-        let resp = target.send(&req).await?;
+        let resp = {
+            let _turn = target.write_turn(None).await;
+            target.send(&req).await?
+        };
         match resp.status {
             StatusCode::CREATED | StatusCode::OK | StatusCode::EXPECTATION_FAILED => {
                 // CouchDB lists only failures for new_edits=false; PouchDB lists every doc.
@@ -186,6 +189,7 @@ pub(crate) async fn put_reframed(
     if let Some(n) = body.length {
         req.headers.push(("content-length", n.to_string()));
     }
+    let _turn = target.write_turn(body.length).await;
     let resp = target.send_once(&req, body.body).await?;
     single_result(target, resp.status)
 }
@@ -200,6 +204,7 @@ pub async fn put_json(target: &HttpClient, id: &str, doc: &Bytes) -> Result<Writ
     );
     req.headers
         .push(("x-couch-full-commit", "false".to_owned()));
+    let _turn = target.write_turn(None).await;
     let resp = target.send(&req).await?;
     single_result(target, resp.status)
 }
@@ -246,6 +251,8 @@ pub async fn put_multipart(
     req.content_type = format!("multipart/related; boundary=\"{boundary}\"").into();
     req.headers
         .push(("x-couch-full-commit", "false".to_owned()));
+    let bytes = parts.iter().map(|p| p.1.len() as u64).sum::<u64>() + json.len() as u64;
+    let _turn = target.write_turn(Some(bytes)).await;
     let resp = target.send(&req).await?;
     single_result(target, resp.status)
 }
@@ -261,6 +268,51 @@ mod tests {
             Some(ReqBody::Parts(p)) => p.iter().flat_map(|b| b.to_vec()).collect(),
             None => Vec::new(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_large_write_goes_alone() {
+        use crate::replication::http::client::{ClientConfig, LARGE_WRITE_BYTES};
+        use std::sync::Arc;
+        use std::time::Duration;
+        let cfg = ClientConfig {
+            connection_timeout: Duration::from_secs(10),
+            request_timeout: None,
+            retries_per_request: 1,
+            http_connections: 4,
+            proxy: None,
+            tcp_nodelay: true,
+            metrics: Arc::default(),
+            tls: Default::default(),
+            auth: Default::default(),
+            limits: Default::default(),
+            budget: Arc::new(crate::replication::http::budget::ResponseBudget::new(
+                1 << 20,
+                Arc::default(),
+            )),
+        };
+        let ep = crate::replication::Endpoint::parse("http://127.0.0.1:9/t").unwrap();
+        let c = HttpClient::new(ep, cfg, Arc::new(crate::replication::Aimd::new())).unwrap();
+        let soon = Duration::from_millis(50);
+        let large = Some(LARGE_WRITE_BYTES);
+        // Ordinary writes run together.
+        let (a, b) = (c.write_turn(None).await, c.write_turn(Some(1 << 20)).await);
+        // A large one waits for the writes in flight...
+        assert!(
+            tokio::time::timeout(soon, c.write_turn(large))
+                .await
+                .is_err()
+        );
+        drop((a, b));
+        let alone = c.write_turn(large).await;
+        // ...and no other write runs beside it.
+        assert!(
+            tokio::time::timeout(soon, c.write_turn(None))
+                .await
+                .is_err()
+        );
+        drop(alone);
+        let _after = c.write_turn(None).await;
     }
 
     #[test]
