@@ -31,8 +31,6 @@ mod caller;
 mod login;
 use crate::replicator::replicator_db::request::UserCtx;
 pub use caller::Caller;
-#[cfg(any(test, feature = "internals"))]
-pub(crate) use caller::decode_basic;
 pub(crate) use caller::{AuthMethod, HasUsers, RenewedCookie};
 
 /// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
