@@ -2,7 +2,7 @@
 //! and user headers. Parsed from the forms a `_replicator` document or `POST /_replicate`
 //! body uses (a URL string, or `{"url", "headers", "auth": {"basic": {...}}}`). Its `Display`
 //! never shows a password, so errors, logs and stats can print endpoints freely. Also the
-//! crate's one decoder of a `Basic` `Authorization` header ([`decode_basic`]), which the HTTP
+//! crate's one decoder of a `Basic` `Authorization` header (`decode_basic`), which the HTTP
 //! layer uses for its callers.
 
 use std::fmt;
