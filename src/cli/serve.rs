@@ -29,9 +29,9 @@ use crate::http::connection_limit::DEFAULT_PER_CLIENT;
 use crate::http::couchdb_auth::CouchDbAuth;
 use crate::replication::http::tls::TlsOptions;
 
-use super::couchdb_auth_section;
 use super::chttpd_auth_section;
 use super::config_file::ConfigFile;
+use super::couchdb_auth_section;
 use super::lockout_section;
 use super::prometheus_section;
 use super::replicator_section;

@@ -139,10 +139,9 @@ fn basic_pair(h: &str) -> Result<(String, String), HttpError> {
     decode_basic(h)
         .map(|c| (c.username, c.password))
         .ok_or_else(|| {
-        HttpError::unauthorized("only Basic authentication with name:password is supported")
-    })
+            HttpError::unauthorized("only Basic authentication with name:password is supported")
+        })
 }
-
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -360,7 +360,12 @@ mod tests {
 
     #[test]
     fn basic_scheme_matches_in_any_case() {
-        for h in ["Basic Ym9iOnB3", "basic Ym9iOnB3", "BASIC  Ym9iOnB3 ", " bAsIc Ym9iOnB3"] {
+        for h in [
+            "Basic Ym9iOnB3",
+            "basic Ym9iOnB3",
+            "BASIC  Ym9iOnB3 ",
+            " bAsIc Ym9iOnB3",
+        ] {
             let c = decode_basic(h).unwrap_or_else(|| panic!("{h:?}"));
             assert_eq!((c.username.as_str(), c.password.as_str()), ("bob", "pw"));
         }

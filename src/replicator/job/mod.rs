@@ -21,6 +21,6 @@ pub(crate) mod record;
 pub(crate) mod runner;
 pub(crate) mod view;
 
-pub use view::REP_JOBS;
 #[cfg(any(test, feature = "internals"))]
 pub use id::persistent_job_id;
+pub use view::REP_JOBS;
