@@ -74,7 +74,6 @@ pub(crate) fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
 }
 
 /// HMAC-SHA1, only to accept the cookies CouchDB's `hash_algorithms = sha256, sha` accepts.
-
 fn mac_sha1(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut m = Hmac::<Sha1>::new_from_slice(key)
         .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
