@@ -176,7 +176,7 @@ async fn ours_once(source: &str, target: &str) -> Result<(), String> {
     )
     .map_err(|e| format!("spec: {e}"))?;
     let job = start(spec, Context::default());
-    let window = job.window();
+    let in_flight = job.in_flight();
     let stats = job
         .wait()
         .await
@@ -184,7 +184,7 @@ async fn ours_once(source: &str, target: &str) -> Result<(), String> {
     if stats.doc_write_failures != 0 {
         return Err(format!("{} write failures", stats.doc_write_failures));
     }
-    let w = *window.lock().map_err(|_| "window probe poisoned")?;
+    let w = *in_flight.lock().map_err(|_| "in-flight probe poisoned")?;
     eprintln!(
         "ours: window now {}, peak {} ({} grows, {} shrinks), peak {} batches and {} bytes in flight",
         w.limit, w.peak_limit, w.grows, w.shrinks, w.peak_in_flight, w.peak_bytes

@@ -9,9 +9,9 @@ use clap::{Parser, Subcommand};
 
 use crate::telemetry::logging::LogFormat;
 
-mod auth_couchdb;
 mod chttpd_auth_section;
 mod config_file;
+mod couchdb_auth_section;
 mod limits_section;
 mod lockout_section;
 mod prometheus_section;

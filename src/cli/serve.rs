@@ -29,9 +29,9 @@ use crate::http::connection_limit::DEFAULT_PER_CLIENT;
 use crate::http::couchdb_auth::CouchDbAuth;
 use crate::replication::http::tls::TlsOptions;
 
-use super::auth_couchdb;
 use super::chttpd_auth_section;
 use super::config_file::ConfigFile;
+use super::couchdb_auth_section;
 use super::lockout_section;
 use super::prometheus_section;
 use super::replicator_section;
@@ -133,7 +133,7 @@ pub fn load(
         cfg.set("couchdb", "node_name", n.clone());
     }
     if let Some(u) = &args.auth_couchdb {
-        cfg.set(auth_couchdb::SECTION, "url", u.clone());
+        cfg.set(couchdb_auth_section::SECTION, "url", u.clone());
     }
     args.etcd.apply(&mut cfg);
     let mut admins = pairs(cfg.section("admins"));
@@ -182,7 +182,7 @@ pub fn setup(
         pairs(cfg.section("users")),
         &chttpd_auth_section::read(cfg)?,
     )?;
-    if let Some(s) = auth_couchdb::read(cfg)? {
+    if let Some(s) = couchdb_auth_section::read(cfg)? {
         users = users.with_couchdb(Arc::new(CouchDbAuth::new(s)?));
     }
     let mut http = HttpConfig {
@@ -267,7 +267,7 @@ fn is_used(section: &str, key: &str) -> bool {
         s if chttpd_auth_section::SECTIONS.contains(&s) => chttpd_auth_section::KEYS.contains(&key),
         "steps" => STEPS_KEYS.contains(&key),
         serve_store::SECTION => serve_store::KEYS.contains(&key),
-        auth_couchdb::SECTION => auth_couchdb::KEYS.contains(&key),
+        couchdb_auth_section::SECTION => couchdb_auth_section::KEYS.contains(&key),
         lockout_section::SECTION => lockout_section::KEYS.contains(&key),
         prometheus_section::SECTION => prometheus_section::KEYS.contains(&key),
         _ => false,

@@ -15,11 +15,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hmac::{Hmac, Mac as _};
 use rand::RngCore as _;
-use sha2::Sha256;
 
-use super::cookie::{SessionSettings, SessionUsers};
+use super::cookie::{SessionSettings, SessionUsers, hmac_sha256};
 use super::couchdb_auth::CouchDbAuth;
 use super::error::HttpError;
 use super::lockout::{Lockout, LockoutSettings};
@@ -31,8 +29,6 @@ mod caller;
 mod login;
 use crate::replicator::replicator_db::request::UserCtx;
 pub use caller::Caller;
-#[cfg(any(test, feature = "internals"))]
-pub(crate) use caller::decode_basic;
 pub(crate) use caller::{AuthMethod, HasUsers, RenewedCookie};
 
 /// How plain entries are hashed at start and how sessions are signed (`[chttpd_auth]`).
@@ -260,11 +256,7 @@ impl Users {
     }
 
     fn digest(&self, password: &str) -> [u8; 32] {
-        // Any key length is valid for HMAC.
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.inner.cache_key)
-            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-        mac.update(password.as_bytes());
-        mac.finalize().into_bytes().into()
+        hmac_sha256(&self.inner.cache_key, &[password.as_bytes()])
     }
 
     fn remember(&self, id: &str, password: &str) {

@@ -3,7 +3,8 @@
 //! changing a password ends its sessions), valid for `[chttpd_auth] timeout` seconds from
 //! HEXTIME. SHA-1 MACs are accepted too, as CouchDB's default `hash_algorithms = sha256, sha`
 //! does. Minting, verifying, reading and writing the cookie header; the `/_session`
-//! endpoints that use it are in `session.rs`, the request authentication in `auth.rs`.
+//! endpoints that use it are in `session.rs`, the request authentication in `auth.rs`. Also the
+//! HTTP layer's one HMAC-SHA256 set-up (`hmac_sha256`), which the credential caches share.
 
 use axum::extract::Request;
 use axum::http::header::{COOKIE, SET_COOKIE};
@@ -60,13 +61,19 @@ pub fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn mac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
+/// HMAC-SHA256 under `key` of `parts` one after another: the one keyed SHA-256 set-up of
+/// the HTTP layer, for the cookie's MAC and for the digests the credential caches keep
+/// instead of passwords (`auth.rs`, `couchdb_auth.rs`).
+pub(crate) fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut m = Hmac::<Sha256>::new_from_slice(key)
         .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-    m.update(data);
-    m.finalize().into_bytes().to_vec()
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
 }
 
+/// HMAC-SHA1, only to accept the cookies CouchDB's `hash_algorithms = sha256, sha` accepts.
 fn mac_sha1(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut m = Hmac::<Sha1>::new_from_slice(key)
         .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
@@ -85,7 +92,7 @@ pub fn mint(s: &SessionSettings, name: &str, salt: &str, now: u64) -> String {
     let data = format!("{name}:{now:X}");
     let mut raw = data.clone().into_bytes();
     raw.push(b':');
-    raw.extend(mac_sha256(&key(s, salt), data.as_bytes()));
+    raw.extend(hmac_sha256(&key(s, salt), &[data.as_bytes()]));
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
 }
 
@@ -138,7 +145,7 @@ pub fn verify_issued(
     }
     let k = key(s, salt);
     let data = format!("{name}:{time_str}");
-    let ok = same_bytes(&mac_sha256(&k, data.as_bytes()), mac)
+    let ok = same_bytes(&hmac_sha256(&k, &[data.as_bytes()]), mac)
         || same_bytes(&mac_sha1(&k, data.as_bytes()), mac);
     Ok(ok.then_some((ctx, issued)))
 }

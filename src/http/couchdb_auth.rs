@@ -16,11 +16,10 @@ use tokio::time::Instant;
 
 use axum::http::StatusCode;
 use base64::Engine as _;
-use hmac::{Hmac, Mac as _};
 use rand::RngCore as _;
 use serde::Deserialize;
-use sha2::Sha256;
 
+use super::cookie::hmac_sha256;
 use crate::replicator::replicator_db::request::UserCtx;
 
 /// Where and how callers are checked.
@@ -148,21 +147,13 @@ impl Cache {
     /// a Basic pair; the NUL separates name from password (names cannot hold one in JSON
     /// documents CouchDB accepts, and a collision would need the same bytes anyway).
     fn digest(&self, c: Credential<'_>) -> [u8; 32] {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key)
-            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
         match c {
-            Credential::Basic { name, password } => {
-                mac.update(b"basic\0");
-                mac.update(name.as_bytes());
-                mac.update(b"\0");
-                mac.update(password.as_bytes());
-            }
-            Credential::Cookie(v) => {
-                mac.update(b"cookie\0");
-                mac.update(v.as_bytes());
-            }
+            Credential::Basic { name, password } => hmac_sha256(
+                &self.key,
+                &[b"basic\0", name.as_bytes(), b"\0", password.as_bytes()],
+            ),
+            Credential::Cookie(v) => hmac_sha256(&self.key, &[b"cookie\0", v.as_bytes()]),
         }
-        mac.finalize().into_bytes().into()
     }
 
     fn get(&self, k: &[u8; 32], now: Instant) -> Option<UserCtx> {

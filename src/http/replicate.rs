@@ -21,7 +21,7 @@ use super::error::{HttpError, HttpResult};
 use super::mask::masked;
 use crate::replication::{Context, RepId, ReplicationError, ReplicationSpec, compute_id};
 use crate::replicator::handle::failure;
-use crate::replicator::job::view::transient_job_id;
+use crate::replicator::job::id::transient_job_id;
 use crate::replicator::replicator_db::request::{ReplicateRequest, UserCtx, parse_replicate_body};
 use crate::replicator::{
     JobError, JobId, JobKind, JobView, NewJob, RepState, Replicator, ReplicatorError,

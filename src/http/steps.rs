@@ -67,7 +67,8 @@ pub fn basic_admin(name: impl Into<String>, password: impl Into<String>) -> Admi
 
 #[cfg(any(test, feature = "internals"))]
 fn check_basic(headers: &HeaderMap, name: &str, password: &str) -> Result<(), HttpError> {
-    use super::auth::{decode_basic, same};
+    use super::auth::same;
+    use crate::replication::endpoint::database::decode_basic;
     use axum::http::header::AUTHORIZATION;
 
     let Some(value) = headers.get(AUTHORIZATION) else {
@@ -75,13 +76,13 @@ fn check_basic(headers: &HeaderMap, name: &str, password: &str) -> Result<(), Ht
             "authentication required: send Basic credentials",
         ));
     };
-    let Some((n, p)) = value.to_str().ok().and_then(decode_basic) else {
+    let Some(c) = value.to_str().ok().and_then(decode_basic) else {
         return Err(HttpError::unauthorized(
             "only Basic authentication with name:password is supported",
         ));
     };
     // Both compared in full, so timing says nothing about which one differed.
-    if same(&n, name) & same(&p, password) {
+    if same(&c.username, name) & same(&c.password, password) {
         Ok(())
     } else {
         Err(HttpError::unauthorized("Name or password is incorrect."))

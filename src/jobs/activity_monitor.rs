@@ -23,7 +23,7 @@ use crate::store::tuple::Versionstamp;
 use crate::store::{Db, RangeOptions, StoreError};
 
 use super::Jobs;
-use super::config::{Aimd, JobsConfig};
+use super::config::{BatchSize, JobsConfig};
 use super::error::{JobsError, JobsResult, background_retryable};
 use super::job_data::{JobState, decode_activity};
 use super::keys::Keys;
@@ -42,7 +42,7 @@ pub struct ActivityMonitor {
     ty: String,
     max_jitter_ms: u64,
     checks: usize,
-    aimd: Aimd,
+    batch: BatchSize,
     timeout_secs: Option<i64>,
     /// The versionstamps of the last `checks` checks, oldest first.
     seen: VecDeque<Versionstamp>,
@@ -67,7 +67,7 @@ impl ActivityMonitor {
             ty: ty.to_string(),
             max_jitter_ms: config.activity_monitor_max_jitter.as_millis() as u64,
             checks: config.activity_monitor_checks_per_timeout.max(1) as usize,
-            aimd: Aimd::new(
+            batch: BatchSize::new(
                 config.activity_monitor_init_batch_size,
                 config.activity_monitor_batch_increment,
                 config.activity_monitor_batch_factor,
@@ -82,7 +82,7 @@ impl ActivityMonitor {
     /// The current AIMD batch size.
     #[cfg(any(test, feature = "internals"))]
     pub fn batch_size(&self) -> usize {
-        self.aimd.size
+        self.batch.size
     }
 
     /// What an operator wants to know of this monitor.
@@ -92,7 +92,7 @@ impl ActivityMonitor {
             timeout_secs: self.timeout_secs,
             checks_per_timeout: self.checks,
             remembered: self.seen.len(),
-            batch_size: self.aimd.size,
+            batch_size: self.batch.size,
             checks: self.checked,
             requeued: self.requeued,
         }
@@ -155,7 +155,7 @@ impl ActivityMonitor {
         let mut total = 0;
         let mut failures = 0;
         loop {
-            let limit = self.aimd.size;
+            let limit = self.batch.size;
             let (keys, ty) = (&self.keys, self.ty.as_str());
             let outcome = self
                 .db
@@ -167,14 +167,14 @@ impl ActivityMonitor {
                     if scanned < limit {
                         return Ok(total);
                     }
-                    self.aimd.grow();
+                    self.batch.grow();
                 }
                 Err(JobsError::Store(e))
                     if matches!(e, StoreError::TooLarge(_)) || background_retryable(&e) =>
                 {
                     failures += 1;
-                    self.aimd.shrink();
-                    tracing::warn!(job_type = %self.ty, error = %e, batch = self.aimd.size,
+                    self.batch.shrink();
+                    tracing::warn!(job_type = %self.ty, error = %e, batch = self.batch.size,
                         "activity monitor batch failed; possible overload");
                     if failures >= MAX_BATCH_FAILURES {
                         return Err(JobsError::Store(e));

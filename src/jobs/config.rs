@@ -136,10 +136,10 @@ impl JobsConfig {
     }
 }
 
-/// Additive-increase / multiplicative-decrease batch sizing shared by the activity monitor
+/// A batch size that adapts by additive increase / multiplicative decrease, shared by the activity monitor
 /// and the notifier (CouchDB's couch_jobs_activity_monitor.erl): a full batch grows the size, a failed one shrinks it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Aimd {
+pub struct BatchSize {
     /// The current batch size (never below 1).
     pub size: usize,
     /// Added to `size` after a full batch.
@@ -148,7 +148,7 @@ pub struct Aimd {
     pub factor: f64,
 }
 
-impl Aimd {
+impl BatchSize {
     /// Starts at `init` (raised to 1 if zero) with the given step and back-off factor.
     pub fn new(init: usize, increment: usize, factor: f64) -> Self {
         Self {
@@ -194,8 +194,8 @@ mod tests {
     }
 
     #[test]
-    fn aimd_grows_and_shrinks_to_one() {
-        let mut a = Aimd::new(1000, 100, 0.75);
+    fn batch_size_grows_and_shrinks_to_one() {
+        let mut a = BatchSize::new(1000, 100, 0.75);
         a.grow();
         assert_eq!(a.size, 1100);
         a.shrink();

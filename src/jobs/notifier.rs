@@ -21,7 +21,7 @@ use crate::store::tuple::Versionstamp;
 use crate::store::{Db, RangeOptions, StoreError};
 
 use super::Jobs;
-use super::config::{Aimd, JobsConfig};
+use super::config::{BatchSize, JobsConfig};
 use super::error::{JobsError, JobsResult, background_retryable};
 use super::event::{EventState, JobEvent};
 use super::job_data::{JobData, JobRow, decode_activity};
@@ -47,7 +47,7 @@ pub struct NotifierCore {
     db: Db,
     keys: Keys,
     ty: String,
-    aimd: Aimd,
+    batch: BatchSize,
     subs: BTreeMap<String, HashMap<u64, Sub>>,
     last_vs: Option<Versionstamp>,
 }
@@ -59,7 +59,7 @@ impl NotifierCore {
             db,
             keys,
             ty: ty.to_string(),
-            aimd: Aimd::new(
+            batch: BatchSize::new(
                 config.notifier_init_batch_size,
                 config.notifier_batch_increment,
                 config.notifier_batch_factor,
@@ -142,7 +142,7 @@ impl NotifierCore {
             None => self.keys.activity_range(&self.ty),
         };
         loop {
-            let limit = self.aimd.size;
+            let limit = self.batch.size;
             let page = self
                 .db
                 .run(|tx| {
@@ -156,7 +156,7 @@ impl NotifierCore {
             let page = match page {
                 Ok(page) => page,
                 Err(e) if shrinkable(&e) => {
-                    self.aimd.shrink();
+                    self.batch.shrink();
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -185,7 +185,7 @@ impl NotifierCore {
             }
             match page.last() {
                 Some(last) if page.len() >= limit => {
-                    self.aimd.grow();
+                    self.batch.grow();
                     begin = last.key.clone();
                     begin.push(0x00);
                 }
@@ -203,7 +203,7 @@ impl NotifierCore {
             .cloned()
             .collect();
         while !todo.is_empty() {
-            let n = self.aimd.size.min(todo.len());
+            let n = self.batch.size.min(todo.len());
             let batch: Vec<String> = todo[..n].to_vec();
             let (keys, ty) = (&self.keys, self.ty.as_str());
             let rows = self
@@ -223,13 +223,13 @@ impl NotifierCore {
             let rows = match rows {
                 Ok(rows) => rows,
                 Err(e) if shrinkable(&e) => {
-                    self.aimd.shrink();
+                    self.batch.shrink();
                     continue;
                 }
                 Err(e) => return Err(e.into()),
             };
-            if n == self.aimd.size {
-                self.aimd.grow();
+            if n == self.batch.size {
+                self.batch.grow();
             }
             todo.drain(..n);
             for (id, raw) in rows {
@@ -424,7 +424,7 @@ impl Actor for NotifierActor {
                     job_type: state.core.ty.clone(),
                     subscribers,
                     jobs: state.core.subs.len(),
-                    batch_size: state.core.aimd.size,
+                    batch_size: state.core.batch.size,
                     round_queued: state.round_queued,
                 });
             }

@@ -7,8 +7,9 @@
 //! - [`changes`]: the changes reader and the shared change watches.
 //! - [`id`]: the replication id.
 //! - [`options`]: options and the specification of one replication.
-//! - [`pipeline`]: start-up, the pipeline, its workers, checkpoints and stats.
-//! - `rate_limit`: the 429 limiter (AIMD) and the in-flight window.
+//! - [`pipeline`]: start-up, the pipeline, its workers, its work in flight, checkpoints and
+//!   stats.
+//! - `rate_limiter`: the 429 rate limiter (AIMD).
 //! - [`verify`]: verifying a target against its source.
 //!
 //! Entry points: [`replicate`] (one-shot) and [`start`] (a handle with stats, progress stream
@@ -21,7 +22,7 @@ pub mod http;
 pub mod id;
 pub mod options;
 pub mod pipeline;
-pub(crate) mod rate_limit;
+pub(crate) mod rate_limiter;
 pub mod verify;
 
 pub use endpoint::database::Endpoint;
@@ -34,6 +35,9 @@ pub use options::spec::{Filter, ReplicationOptions, ReplicationSpec};
 pub use pipeline::run::replicate;
 pub use pipeline::run::{Context, ReplicationHandle, compute_id, start};
 pub use pipeline::stats::ReplicationStats;
-pub use rate_limit::{Aimd, RateLimiter};
+pub use rate_limiter::{Aimd, RateLimiter};
 #[cfg(any(test, feature = "internals"))]
-pub use rate_limit::{RateInterval, RateKey, WindowStats};
+pub use {
+    pipeline::in_flight::InFlightStats,
+    rate_limiter::{RateInterval, RateKey},
+};

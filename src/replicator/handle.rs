@@ -18,12 +18,9 @@ use crate::store::Db;
 use super::cluster::actor::{CLUSTERING, ClusterMsg};
 use super::cluster::membership::Membership;
 use super::error::{ReplicatorError, ReplicatorResult};
-use super::job::id::{JobId, JobRef};
+use super::job::id::{JobId, JobRef, persistent_job_id, transient_job_id};
 use super::job::record::{JobError, RepJobRecord};
-use super::job::view::{
-    JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep, persistent_job_id,
-    transient_job_id,
-};
+use super::job::view::{JobKind, JobView, REP_JOBS, RepState, new_record, parse_rep};
 use super::job::{collision, owners};
 use super::node::context::NodeCtx;
 use super::node::event_bus::{EVENT_BUS, EventReceiver, subscribe};

@@ -16,7 +16,7 @@ use crate::support::{deadline, wait_for};
 use axum::http::Method;
 use couch_replicator::replication::Aimd;
 use couch_replicator::replicator::HistoryKind;
-use couch_replicator::replicator::node::limiter_actor::RateLimiterMsg;
+use couch_replicator::replicator::node::rate_limiter_actor::RateLimiterMsg;
 use couch_replicator::replicator::{
     JobId, JobKind, JobView, NewJob, RepState, Replicator, ReplicatorSettings, WaitFor,
 };

@@ -13,7 +13,7 @@ use crate::support::server::PouchServer;
 use crate::support::{deadline, wait_for};
 use axum::http::Method;
 use couch_replicator::replication::{
-    Context, Endpoint, ReplicationSpec, ReplicationStats, WindowStats, start,
+    Context, Endpoint, InFlightStats, ReplicationSpec, ReplicationStats, start,
 };
 use serde_json::{Value, json};
 
@@ -22,13 +22,13 @@ fn spec_between(src: &str, tgt: &str) -> ReplicationSpec {
 }
 
 /// Runs `spec` to its end; the stats and the window's statistics.
-async fn run(spec: ReplicationSpec, ctx: Context, what: &str) -> (ReplicationStats, WindowStats) {
+async fn run(spec: ReplicationSpec, ctx: Context, what: &str) -> (ReplicationStats, InFlightStats) {
     let job = start(spec, ctx);
-    let window = job.window();
+    let in_flight = job.in_flight();
     let stats = deadline(60, what, job.wait())
         .await
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let w = *window.lock().unwrap();
+    let w = *in_flight.lock().unwrap();
     (stats, w)
 }
 

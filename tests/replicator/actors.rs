@@ -15,7 +15,7 @@ use couch_replicator::replicator::node::connection_pool::{ConnectionPool, Lease,
 use couch_replicator::replicator::node::event_bus::{
     ClusterStatus, EventBus, EventBusMsg, ReplicatorEvent, subscribe,
 };
-use couch_replicator::replicator::node::limiter_actor::{RateLimiterMsg, RateLimiterServer};
+use couch_replicator::replicator::node::rate_limiter_actor::{RateLimiterMsg, RateLimiterServer};
 use couch_replicator::replicator::scheduler::job_server::JobServerMsg;
 use couch_replicator::replicator::{NewJob, NodeType, ReplicatorSettings};
 use ractor::{ActorRef, call};

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use base64::Engine as _;
 
 use super::super::cookie;
 use super::super::couchdb_auth::{CouchDbAuthError, Credential, Verdict};
 use super::super::error::HttpError;
 use super::super::peer::Peer;
 use super::Users;
+use crate::replication::endpoint::database::decode_basic;
 use crate::replicator::replicator_db::request::UserCtx;
 
 /// How a request was authenticated (`info.authenticated` of `GET /_session`).
@@ -136,23 +136,11 @@ fn unavailable(e: CouchDbAuthError) -> HttpError {
 
 /// The name and password of a Basic header, or 401.
 fn basic_pair(h: &str) -> Result<(String, String), HttpError> {
-    decode_basic(h).ok_or_else(|| {
-        HttpError::unauthorized("only Basic authentication with name:password is supported")
-    })
-}
-
-/// `(name, password)` of a `Basic` `Authorization` header value.
-pub(crate) fn decode_basic(h: &str) -> Option<(String, String)> {
-    let (scheme, rest) = h.trim().split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(rest.trim())
-        .ok()?;
-    let s = String::from_utf8(raw).ok()?;
-    let (n, p) = s.split_once(':')?;
-    Some((n.to_owned(), p.to_owned()))
+    decode_basic(h)
+        .map(|c| (c.username, c.password))
+        .ok_or_else(|| {
+            HttpError::unauthorized("only Basic authentication with name:password is supported")
+        })
 }
 
 /// The authenticated caller of a request.

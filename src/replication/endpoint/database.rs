@@ -1,7 +1,9 @@
 //! A replication endpoint: the database URL without credentials, the credentials kept apart,
 //! and user headers. Parsed from the forms a `_replicator` document or `POST /_replicate`
 //! body uses (a URL string, or `{"url", "headers", "auth": {"basic": {...}}}`). Its `Display`
-//! never shows a password, so errors, logs and stats can print endpoints freely.
+//! never shows a password, so errors, logs and stats can print endpoints freely. Also the
+//! crate's one decoder of a `Basic` `Authorization` header (`decode_basic`), which the HTTP
+//! layer uses for its callers.
 
 use std::fmt;
 
@@ -275,10 +277,14 @@ pub(crate) fn redact_str(s: &str) -> String {
     }
 }
 
-fn decode_basic(v: &str) -> Option<Credentials> {
-    let b64 = v
-        .strip_prefix("Basic ")
-        .or_else(|| v.strip_prefix("basic "))?;
+/// The credentials of a `Basic` `Authorization` header value, the one decoder of the crate
+/// (the HTTP API's callers and endpoint headers alike): the scheme name is matched in any
+/// case (RFC 7235 §2.1, RFC 7617), the rest is base64 of `name:password`.
+pub(crate) fn decode_basic(v: &str) -> Option<Credentials> {
+    let (scheme, b64) = v.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
     let raw = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
         .ok()?;
@@ -350,6 +356,21 @@ mod tests {
         let e = Endpoint::from_json(&v).unwrap();
         assert_eq!(e.credentials.as_ref().unwrap().password, "pw");
         assert_eq!(e.headers, vec![("X-A".to_owned(), "1".to_owned())]);
+    }
+
+    #[test]
+    fn basic_scheme_matches_in_any_case() {
+        for h in [
+            "Basic Ym9iOnB3",
+            "basic Ym9iOnB3",
+            "BASIC  Ym9iOnB3 ",
+            " bAsIc Ym9iOnB3",
+        ] {
+            let c = decode_basic(h).unwrap_or_else(|| panic!("{h:?}"));
+            assert_eq!((c.username.as_str(), c.password.as_str()), ("bob", "pw"));
+        }
+        assert!(decode_basic("Bearer Ym9iOnB3").is_none());
+        assert!(decode_basic("Basic bm9jb2xvbg==").is_none());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::upload::Upload;
 use crate::replication::changes::watch::Watches;
 use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::{ReplicationError, Result};
-use crate::replication::rate_limit::limiter::{RateKey, RateLimiter};
+use crate::replication::rate_limiter::{RateKey, RateLimiter};
 use crate::telemetry::{NodeMetrics, Series};
 
 mod retry;
@@ -170,7 +170,7 @@ impl HttpClient {
         limiter: Arc<dyn RateLimiter>,
     ) -> Self {
         // As many connections as a replication's window starts with (half the cap, see
-        // `pipeline::shared::window_limits`) are opened while the first login runs.
+        // `pipeline::shared::in_flight_limits`) are opened while the first login runs.
         let auth = Auth::with_policy(&ep, cfg.auth).warming(cfg.http_connections.div_ceil(2));
         let slots = Semaphore::new(cfg.http_connections.max(1));
         cfg.metrics.inc(Series::ConnectionCreates);

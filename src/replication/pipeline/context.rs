@@ -11,7 +11,7 @@ use crate::replication::http::client::{ClientConfig, HttpClient};
 use crate::replication::http::session_cache::SessionCache;
 use crate::replication::http::transport::Transports;
 use crate::replication::options::spec::ReplicationSpec;
-use crate::replication::rate_limit::limiter::{Aimd, RateLimiter};
+use crate::replication::rate_limiter::{Aimd, RateLimiter};
 use crate::telemetry::NodeMetrics;
 
 /// What a replication needs from its host.
@@ -27,7 +27,7 @@ pub struct Context {
     /// The host's metrics (requests, checkpoints, workers, documents).
     pub metrics: Arc<NodeMetrics>,
     /// The most bytes of fetched documents one replication holds in flight (see
-    /// `rate_limit::window::Window`).
+    /// `pipeline::in_flight::InFlight`).
     pub in_flight_bytes: u64,
     /// The host's budget of response bytes held while reading, shared by its replications.
     pub response_budget: Arc<ResponseBudget>,

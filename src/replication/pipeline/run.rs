@@ -1,7 +1,7 @@
 //! A running replication: opens the endpoints (CouchDB's couch_replicator_scheduler_job.erl start-up), finds the start sequence, then runs the
 //! pipeline — the changes reader running ahead, workers each taking a batch (as many at once as
 //! the adaptive window allows: `worker_processes` at first, up to `http_connections`, see
-//! [`crate::replication::rate_limit::window::Window`]) through `_revs_diff` → `_bulk_get` (+ a multipart one for small attachments, + individual
+//! [`crate::replication::pipeline::in_flight::InFlight`]) through `_revs_diff` → `_bulk_get` (+ a multipart one for small attachments, + individual
 //! fetches) → `_bulk_docs` and multipart PUTs, so source reads and target writes overlap — and checkpoints on a timer at the through-sequence, which never
 //! passes a batch still in flight. Takes: [`start`] / [`replicate`]; a [`ReplicationHandle`]
 //! gives stats snapshots, a progress stream, a checkpoint-then-stop request and the result.
@@ -19,7 +19,7 @@ pub use super::context::Context;
 pub(crate) use super::context::clients;
 use super::fetch::BulkGetGate;
 use super::revs_diff::DiffSkipper;
-use super::shared::{Shared, Tracker, new_window};
+use super::shared::{Shared, Tracker, new_in_flight};
 pub use super::start_up::compute_id;
 pub(crate) use super::start_up::open_db;
 use super::start_up::{Opened, open};
@@ -30,7 +30,7 @@ use crate::replication::endpoint::database::Endpoint;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::id::rep_id::RepId;
 use crate::replication::options::spec::ReplicationSpec;
-use crate::replication::rate_limit::window::WindowStats;
+use crate::replication::pipeline::in_flight::InFlightStats;
 use crate::telemetry::{NodeMetrics, Series};
 
 /// How soon after progress the stats snapshot is refreshed (and so how often at most).
@@ -39,9 +39,9 @@ const STATS_PERIOD: Duration = Duration::from_millis(250);
 /// A replication started with [`start`].
 pub struct ReplicationHandle {
     stop: watch::Sender<bool>,
-    // The window probe of the crate's tests and benches (`Self::window`).
+    // The in-flight probe of the crate's tests and benches (`Self::in_flight`).
     #[cfg(any(test, feature = "internals"))]
-    window: Arc<Mutex<WindowStats>>,
+    in_flight: Arc<Mutex<InFlightStats>>,
     stats: watch::Receiver<ReplicationStats>,
     task: Option<tokio::task::JoinHandle<Result<ReplicationStats>>>,
 }
@@ -61,8 +61,8 @@ impl ReplicationHandle {
     /// The pipeline window's statistics, as of the last batch done; the probe stays readable
     /// after [`Self::wait`].
     #[cfg(any(test, feature = "internals"))]
-    pub fn window(&self) -> Arc<Mutex<WindowStats>> {
-        self.window.clone()
+    pub fn in_flight(&self) -> Arc<Mutex<InFlightStats>> {
+        self.in_flight.clone()
     }
 
     /// Asks the replication to write a checkpoint and stop; [`Self::wait`] then returns.
@@ -93,13 +93,13 @@ impl Drop for ReplicationHandle {
 pub fn start(spec: ReplicationSpec, ctx: Context) -> ReplicationHandle {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (stats_tx, stats_rx) = watch::channel(ReplicationStats::default());
-    let window = Arc::new(Mutex::new(WindowStats::default()));
+    let in_flight = Arc::new(Mutex::new(InFlightStats::default()));
     // The caller's span (a job's) follows the replication into every task it spawns.
-    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx, window.clone()).in_current_span());
+    let task = tokio::spawn(run(spec, ctx, stop_rx, stats_tx, in_flight.clone()).in_current_span());
     ReplicationHandle {
         stop: stop_tx,
         #[cfg(any(test, feature = "internals"))]
-        window,
+        in_flight,
         stats: stats_rx,
         task: Some(task),
     }
@@ -123,7 +123,7 @@ async fn run(
     ctx: Context,
     stop: watch::Receiver<bool>,
     stats_tx: watch::Sender<ReplicationStats>,
-    window_stats: Arc<Mutex<WindowStats>>,
+    in_flight_stats: Arc<Mutex<InFlightStats>>,
 ) -> Result<ReplicationStats> {
     let opened = open(&spec, &ctx).await?;
     let o = &spec.options;
@@ -168,9 +168,9 @@ async fn run(
         keep_encoding,
         source_seq: Mutex::new(base.source_seq.clone()),
         moved: tokio::sync::Notify::new(),
-        window: Mutex::new(new_window(o, ctx.in_flight_bytes, &src_info)),
-        window_moved: tokio::sync::Notify::new(),
-        window_stats,
+        in_flight: Mutex::new(new_in_flight(o, ctx.in_flight_bytes, &src_info)),
+        in_flight_moved: tokio::sync::Notify::new(),
+        in_flight_stats,
     });
     let mut progress = Progress {
         shared: shared.clone(),
@@ -204,7 +204,7 @@ fn spawn_tasks(
 ) -> Tasks {
     let o = &shared.spec.options;
     // The reader runs ahead by two batches per batch the window may ever allow.
-    let slots = shared.window_max();
+    let slots = shared.in_flight_max();
     let (tx, rx) = mpsc::channel::<Batch>(slots * 2);
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     let (reader_stop, reader_stop_rx) = watch::channel(false);

@@ -14,7 +14,7 @@ use super::stats::Counters;
 use crate::replication::changes::reader::Batch;
 use crate::replication::http::client::HttpClient;
 use crate::replication::options::spec::{ReplicationOptions, ReplicationSpec};
-use crate::replication::rate_limit::window::{Window, WindowLimits, WindowStats};
+use crate::replication::pipeline::in_flight::{InFlight, InFlightLimits, InFlightStats};
 use crate::telemetry::NodeMetrics;
 
 /// Orders batches so the checkpoint never passes one still in flight.
@@ -68,26 +68,26 @@ pub(crate) struct Shared {
     /// Told of every batch registered or completed, so the run loop publishes stats after
     /// progress instead of polling: an idle job then wakes nobody.
     pub(crate) moved: tokio::sync::Notify,
-    /// How many batches and bytes may be in flight (see [`Window`]), and who waits for it.
-    pub(crate) window: Mutex<Window>,
-    pub(crate) window_moved: tokio::sync::Notify,
+    /// How many batches and bytes may be in flight (see [`InFlight`]), and who waits for it.
+    pub(crate) in_flight: Mutex<InFlight>,
+    pub(crate) in_flight_moved: tokio::sync::Notify,
     /// The window's statistics as of the last batch done (what the handle shows).
-    pub(crate) window_stats: Arc<Mutex<WindowStats>>,
+    pub(crate) in_flight_stats: Arc<Mutex<InFlightStats>>,
 }
 
-/// A replication's window (see [`Window`]) for options `o`, `bytes` in flight at most, and
+/// A replication's window (see [`InFlight`]) for options `o`, `bytes` in flight at most, and
 /// the source's database info `src_info`.
-pub(crate) fn new_window(o: &ReplicationOptions, bytes: u64, src_info: &Value) -> Window {
-    Window::new(window_limits(o, bytes), doc_size_hint(src_info))
+pub(crate) fn new_in_flight(o: &ReplicationOptions, bytes: u64, src_info: &Value) -> InFlight {
+    InFlight::new(in_flight_limits(o, bytes), doc_size_hint(src_info))
 }
 
 /// The window's bounds: it may grow to `http_connections` batches in flight (each batch
 /// holds one request at a time), within `bytes`. It starts at `worker_processes` or half
 /// of that maximum, whichever is more: every doubling costs a batch's time (about four
 /// round trips), which on a 200 ms link was a third of a 20,000-document copy.
-fn window_limits(o: &ReplicationOptions, bytes: u64) -> WindowLimits {
+fn in_flight_limits(o: &ReplicationOptions, bytes: u64) -> InFlightLimits {
     let max = o.worker_processes.max(o.http_connections).max(1);
-    WindowLimits {
+    InFlightLimits {
         initial: o.worker_processes.max(max / 2).max(1),
         min: 1,
         max,
@@ -130,8 +130,8 @@ impl Shared {
     }
 
     /// The most batches the window may ever allow (one worker each).
-    pub(crate) fn window_max(&self) -> usize {
-        lock(&self.window).max()
+    pub(crate) fn in_flight_max(&self) -> usize {
+        lock(&self.in_flight).max()
     }
 
     /// The highest source sequence seen (the source's `update_seq` until a batch arrives).

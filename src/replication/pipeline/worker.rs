@@ -22,7 +22,7 @@ use crate::replication::changes::reader::Batch;
 use crate::replication::error::{ReplicationError, Result};
 use crate::replication::http::budget::UNBUDGETED_BYTES;
 use crate::replication::http::client::HttpClient;
-use crate::replication::rate_limit::window::Load;
+use crate::replication::pipeline::in_flight::Load;
 use crate::telemetry::NodeMetrics;
 
 /// Concurrent individual fetches per worker.
@@ -45,13 +45,13 @@ pub(crate) async fn worker(
         let mut booked = admit(&sh, size).await;
         let (taken, backlog) = take(&rx, size).await;
         let Some(batch) = merge(&taken) else {
-            lock(&sh.window).release(booked);
-            sh.window_moved.notify_waiters();
+            lock(&sh.in_flight).release(booked);
+            sh.in_flight_moved.notify_waiters();
             return Ok(());
         };
         let started = Instant::now();
-        let exact = lock(&sh.window).estimate(batch.changes.len());
-        lock(&sh.window).fetched(booked, 0, exact);
+        let exact = lock(&sh.in_flight).estimate(batch.changes.len());
+        lock(&sh.in_flight).fetched(booked, 0, exact);
         booked = exact;
         let written = process(&sh, &batch, &mut booked).await?;
         {
@@ -65,12 +65,12 @@ pub(crate) async fn worker(
             backlog,
         };
         let stats = {
-            let mut w = lock(&sh.window);
+            let mut w = lock(&sh.in_flight);
             w.done(booked, written, (started, Instant::now()), load);
             w.stats()
         };
-        *lock(&sh.window_stats) = stats;
-        sh.window_moved.notify_waiters();
+        *lock(&sh.in_flight_stats) = stats;
+        sh.in_flight_moved.notify_waiters();
         sh.moved.notify_one();
     }
 }
@@ -78,11 +78,11 @@ pub(crate) async fn worker(
 /// Waits until the window admits a batch of `size` changes; returns the bytes booked.
 async fn admit(sh: &Shared, size: usize) -> u64 {
     loop {
-        let moved = sh.window_moved.notified();
+        let moved = sh.in_flight_moved.notified();
         tokio::pin!(moved);
         moved.as_mut().enable();
         {
-            let mut w = lock(&sh.window);
+            let mut w = lock(&sh.in_flight);
             let bytes = w.estimate(size);
             if w.try_admit(bytes) {
                 return bytes;
@@ -157,7 +157,7 @@ async fn process(sh: &Shared, batch: &Batch, booked: &mut u64) -> Result<u64> {
     };
     let mut read = (docs.len() + related.len()) as u64;
     let held = held_bytes(&docs, &related);
-    lock(&sh.window).fetched(*booked, read as usize, held);
+    lock(&sh.in_flight).fetched(*booked, read as usize, held);
     *booked = held;
     let mut result = write_related(sh, related, &mut refetch).await?;
     refetch.extend(design);

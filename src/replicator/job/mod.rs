@@ -1,5 +1,5 @@
-//! One replication job: its stored record in couch_jobs (`record`), how the rest of the
-//! node sees it and names it (`view`: job ids, [`view::JobView`]), the collision index
+//! One replication job: its stored record in couch_jobs (`record`), its id and how it is computed
+//! (`id`), how the rest of the node sees it (`view`: [`view::JobView`]), the collision index
 //! that keeps one job per replication id (`collision`), which transient jobs each user
 //! holds (`owners`), the error backoff between its runs
 //! (`error_backoff`), the lease that keeps a replication from running on two nodes at
@@ -21,6 +21,6 @@ pub(crate) mod record;
 pub(crate) mod runner;
 pub(crate) mod view;
 
-pub use view::REP_JOBS;
 #[cfg(any(test, feature = "internals"))]
-pub use view::persistent_job_id;
+pub use id::persistent_job_id;
+pub use view::REP_JOBS;

@@ -21,8 +21,8 @@ use crate::replication::Aimd;
 use crate::replicator::node::connection_pool::CONNECTION_POOL;
 use crate::replicator::node::connection_pool::{PoolMsg, endpoint_key};
 use crate::replicator::node::context::NodeCtx;
-use crate::replicator::node::limiter_actor::RATE_LIMITER;
-use crate::replicator::node::limiter_actor::RateLimiterMsg;
+use crate::replicator::node::rate_limiter_actor::RATE_LIMITER;
+use crate::replicator::node::rate_limiter_actor::RateLimiterMsg;
 
 /// How a replication that ended on its own (not stopped) is reported to the job.
 pub(crate) type OnEnd = Box<dyn FnOnce(Result<ReplicationStats, ReplicationError>) + Send>;

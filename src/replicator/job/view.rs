@@ -1,15 +1,12 @@
-//! Replication jobs as the rest of the node sees them: job-id computation (persistent
-//! `db|doc_id`, transient MD5 over the normalized request without credentials), the record of
-//! a new job (its fields are owned by `super::record`), and [`JobView`], the read-only
+//! Replication jobs as the rest of the node sees them: the record of a new job (its fields are owned by `super::record`), and [`JobView`], the read-only
 //! view handed to the HTTP API and the `_replicator` writer.
 
-use md5::{Digest, Md5};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::jobs::{JobData, JobsError};
 use crate::replication::id::rep_id::replication_id_offline;
-use crate::replication::{Filter, RepId, ReplicationOptions, ReplicationSpec, ReplicationStats};
+use crate::replication::{RepId, ReplicationOptions, ReplicationSpec, ReplicationStats};
 
 use super::id::JobId;
 pub use super::record::{HistoryEvent, HistoryKind, JobError, JobOrigin, RepJobRecord, RepState};
@@ -34,39 +31,6 @@ pub enum JobKind {
         /// The user that asked (for authorization and fair attribution).
         user: Option<String>,
     },
-}
-
-/// The job id of a persistent job.
-pub fn persistent_job_id(db_name: &str, doc_id: &str) -> JobId {
-    JobId::from(format!("{db_name}|{doc_id}"))
-}
-
-/// The job id of a transient job: MD5 over everything that makes it a different replication,
-/// without credentials and without network access (CouchDB 4.x's couch_replicator_jobs.erl).
-pub fn transient_job_id(spec: &ReplicationSpec, user: Option<&str>) -> JobId {
-    let o = &spec.options;
-    let normalized = json!([
-        spec.source.url(),
-        spec.target.url(),
-        user,
-        o.continuous,
-        o.create_target,
-        filter_json(&o.filter),
-        o.winning_revs_only,
-    ]);
-    JobId::from(hex::encode(Md5::digest(normalized.to_string().as_bytes())))
-}
-
-/// The filter as stable JSON (job ids are persisted: no `Debug` text in them).
-fn filter_json(f: &Filter) -> Value {
-    match f {
-        Filter::None => Value::Null,
-        Filter::DocIds(ids) => json!({ "doc_ids": ids }),
-        Filter::Selector(sel) => json!({ "selector": sel }),
-        Filter::Named { name, query_params } => {
-            json!({ "filter": name, "query_params": query_params })
-        }
-    }
 }
 
 /// The request fields that are not replication options and must not be stored as such
@@ -239,31 +203,6 @@ mod tests {
         let rep = json!({"source": src, "target": tgt, "continuous": true});
         let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
         (rep, s)
-    }
-
-    #[test]
-    fn transient_ids_ignore_credentials_but_not_the_user() {
-        let (_, a) = spec("http://u:p1@127.0.0.1:1/a", "http://127.0.0.1:1/b");
-        let (_, b) = spec("http://u:p2@127.0.0.1:1/a", "http://127.0.0.1:1/b");
-        let (_, c) = spec("http://u:p2@127.0.0.1:1/a", "http://127.0.0.1:1/c");
-        assert_eq!(transient_job_id(&a, None), transient_job_id(&b, None));
-        assert_ne!(transient_job_id(&a, None), transient_job_id(&c, None));
-        assert_ne!(
-            transient_job_id(&a, None),
-            transient_job_id(&a, Some("bob"))
-        );
-    }
-
-    #[test]
-    fn transient_ids_are_built_from_stable_json() {
-        let rep = json!({"source": "http://127.0.0.1:1/a", "target": "http://127.0.0.1:1/b",
-            "doc_ids": ["x"]});
-        let s = parse_rep(&rep, &ReplicationOptions::default()).unwrap();
-        let text = r#"["http://127.0.0.1:1/a","http://127.0.0.1:1/b","bob",false,false,{"doc_ids":["x"]},false]"#;
-        assert_eq!(
-            transient_job_id(&s, Some("bob")),
-            hex::encode(Md5::digest(text.as_bytes()))
-        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Actors and their messages: the event bus ([`event_bus::EventBusMsg`]: `Subscribe`,
 //! `Publish`), the connection pool ([`connection_pool::PoolMsg`]: `Acquire`, `Release`,
-//! `Clients`, `Sweep`), the 429 limiter table ([`limiter_actor::RateLimiterMsg`]: `Table`,
+//! `Clients`, `Sweep`), the 429 limiter table ([`rate_limiter_actor::RateLimiterMsg`]: `Table`,
 //! `Cleanup`) and the `api_frontend` services ([`frontend::ServiceMsg`]: `Ended`); every actor
 //! also answers `Observe`.
 
@@ -13,8 +13,8 @@ pub mod connection_pool;
 pub mod context;
 pub mod event_bus;
 pub mod frontend;
-pub mod limiter_actor;
 pub(crate) mod name;
+pub mod rate_limiter_actor;
 pub(crate) mod settings;
 pub(crate) mod start;
 pub(crate) mod tree;

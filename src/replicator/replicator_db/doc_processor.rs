@@ -31,7 +31,7 @@ use super::validate_ddoc;
 #[cfg(any(test, feature = "internals"))]
 pub use super::writeback::DocStats;
 pub use super::writeback::{Terminal, write_state};
-use crate::replicator::job::view::persistent_job_id;
+use crate::replicator::job::id::persistent_job_id;
 use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerJobId, ServerSpec};
 use crate::replicator::{JobKind, NewJob, Replicator, ReplicatorError};
 use crate::telemetry::Series;

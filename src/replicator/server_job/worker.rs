@@ -26,8 +26,9 @@ use super::spec::{
     group_of,
 };
 use crate::replicator::handle::Replicator;
+use crate::replicator::job::id::persistent_job_id;
 use crate::replicator::job::lease::Lease;
-use crate::replicator::job::view::{RepState, parse_rep, persistent_job_id};
+use crate::replicator::job::view::{RepState, parse_rep};
 use crate::replicator::new_job::NewJob;
 use crate::replicator::node::event_bus::{EventReceiver, ReplicatorEvent};
 use crate::replicator::node::frontend::{ServiceError, ServiceFn};

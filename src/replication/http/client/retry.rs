@@ -1,5 +1,5 @@
 //! One request sent as couch_replicator_httpc.erl sends it ([`HttpClient::run`]): paced by
-//! the 429 hook ([`RateLimiter`](crate::replication::rate_limit::limiter::RateLimiter)) without
+//! the 429 hook ([`RateLimiter`](crate::replication::rate_limiter::RateLimiter)) without
 //! consuming retries, one of the client's slots (and, buffered, the endpoint's gate) held per
 //! try, one re-authentication after a 401/403, and connection errors, timeouts, 408 and 5xx
 //! retried with doubling sleeps up to `retries_per_request`, within 60 s of the first failure.
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::{HttpClient, Req, ReqBody, Resp, describe, strip_query};
 use crate::backoff::Backoff;
 use crate::replication::error::{ReplicationError, Result};
-use crate::replication::rate_limit::limiter::RateKey;
+use crate::replication::rate_limiter::RateKey;
 use crate::telemetry::{NodeMetrics, Series};
 
 /// First retry sleep.

@@ -1,23 +1,24 @@
-//! The adaptive in-flight window of the pipeline: how many batches may be between the
-//! changes feed and the target at once, and how many bytes of fetched documents they may
-//! hold. Like the 429 limiter above it, it backs off multiplicatively on trouble, but what it
-//! sizes is the work in flight, not a pause. It starts at [`WindowLimits::initial`] and
-//! adapts once per epoch (an epoch ends when a batch taken in it ends, so each one sees the window as it
-//! is): it doubles while throughput (documents written per second) grows by a tenth (slow
-//! start: a long round trip needs many batches in flight to fill the link) or while work
-//! waits for room and batches take about their best time, then grows by one while either
-//! still holds; it gives one back when throughput stopped growing and batches take twice
-//! their best (they queue at a saturated server), and halves on a 429 or a timeout, 408/5xx
-//! or connection failure at either endpoint. A batch is admitted only while the estimated
-//! bytes in flight stay under the cap (one batch is always admitted, so a single huge batch
-//! still moves). Pure bookkeeping over explicit instants, so it is tested without a clock.
+//! [`InFlight`], the pipeline's work in flight (an adaptive window): how many batches may be
+//! between the changes feed and the target at once, and how many bytes of fetched documents
+//! they may hold. Like the 429 rate limiter (`replication/rate_limiter/`), it backs off
+//! multiplicatively on trouble, but what it sizes is the work in flight, not a pause. It starts
+//! at [`InFlightLimits::initial`] and adapts once per epoch (an epoch ends when a batch taken
+//! in it ends, so each one sees the window as it is): it doubles while throughput (documents
+//! written per second) grows by a tenth (slow start: a long round trip needs many batches in
+//! flight to fill the link) or while work waits for room and batches take about their best
+//! time, then grows by one while either still holds; it gives one back when throughput stopped
+//! growing and batches take twice their best (they queue at a saturated server), and halves on
+//! a 429 or a timeout, 408/5xx or connection failure at either endpoint. A batch is admitted
+//! only while the estimated bytes in flight stay under the cap (one batch is always admitted,
+//! so a single huge batch still moves). Pure bookkeeping over explicit instants, so it is
+//! tested without a clock.
 
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// The window's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowLimits {
+pub struct InFlightLimits {
     /// Batches in flight at the start.
     pub initial: usize,
     /// Never fewer than this.
@@ -64,7 +65,7 @@ impl Load {
 
 /// What the window has done so far (for tests, logs and the bench).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WindowStats {
+pub struct InFlightStats {
     /// The window now.
     pub limit: usize,
     /// The largest window reached.
@@ -81,8 +82,8 @@ pub struct WindowStats {
 
 /// The window's state.
 #[derive(Debug)]
-pub struct Window {
-    limits: WindowLimits,
+pub struct InFlight {
+    limits: InFlightLimits,
     limit: usize,
     slow_start: bool,
     in_flight: usize,
@@ -99,17 +100,17 @@ pub struct Window {
     latency: Option<Duration>,
     best_latency: Option<Duration>,
     congestion_seen: u64,
-    stats: WindowStats,
+    stats: InFlightStats,
 }
 
-impl Window {
+impl InFlight {
     /// A window within `limits`, assuming documents of `doc_bytes` until sizes are seen;
     /// when the size is not known (`None`), one batch goes alone first to learn it, so that
     /// large documents cannot pass the byte cap on a wrong guess.
-    pub fn new(limits: WindowLimits, doc_bytes: Option<u64>) -> Self {
+    pub fn new(limits: InFlightLimits, doc_bytes: Option<u64>) -> Self {
         let min = limits.min.max(1);
         let max = limits.max.max(min);
-        let limits = WindowLimits { min, max, ..limits };
+        let limits = InFlightLimits { min, max, ..limits };
         let limit = limits.initial.clamp(min, max);
         Self {
             limits,
@@ -126,10 +127,10 @@ impl Window {
             latency: None,
             best_latency: None,
             congestion_seen: 0,
-            stats: WindowStats {
+            stats: InFlightStats {
                 limit,
                 peak_limit: limit,
-                ..WindowStats::default()
+                ..InFlightStats::default()
             },
         }
     }
@@ -140,8 +141,8 @@ impl Window {
     }
 
     /// Its statistics.
-    pub fn stats(&self) -> WindowStats {
-        WindowStats {
+    pub fn stats(&self) -> InFlightStats {
+        InFlightStats {
             limit: self.limit,
             ..self.stats
         }
@@ -294,8 +295,8 @@ impl Window {
 mod tests {
     use super::*;
 
-    fn limits() -> WindowLimits {
-        WindowLimits {
+    fn limits() -> InFlightLimits {
+        InFlightLimits {
             initial: 4,
             min: 1,
             max: 20,
@@ -307,7 +308,7 @@ mod tests {
     /// flight ends at `finish(now)` and writes `docs(n)` documents; work always waits for
     /// room when `backlog`.
     fn sim(
-        w: &mut Window,
+        w: &mut InFlight,
         batches: usize,
         docs: impl Fn(usize) -> u64,
         mut finish: impl FnMut(Instant) -> Instant,
@@ -348,20 +349,20 @@ mod tests {
 
     #[test]
     fn grows_on_backlog_while_batches_stay_fast() {
-        let mut w = Window::new(limits(), Some(300));
+        let mut w = InFlight::new(limits(), Some(300));
         // A continuous feed: the writers set the rate (batches get smaller as more are in
         // flight), a batch always takes 600 ms, and changes wait for room.
         let ms600 = Duration::from_millis(600);
         sim(&mut w, 300, |n| 2000 / n as u64, link(ms600), true);
         assert_eq!(w.stats().limit, 20, "{:?}", w.stats());
-        let mut idle = Window::new(limits(), Some(300));
+        let mut idle = InFlight::new(limits(), Some(300));
         sim(&mut idle, 300, |n| 2000 / n as u64, link(ms600), false);
         assert!(idle.stats().limit < 20, "nothing waits: {:?}", idle.stats());
     }
 
     #[test]
     fn grows_while_throughput_grows_on_a_slow_link() {
-        let mut w = Window::new(limits(), Some(300));
+        let mut w = InFlight::new(limits(), Some(300));
         // A batch takes 800 ms (four round trips of 200 ms) however many are in flight.
         sim(&mut w, 200, |_| 500, link(Duration::from_millis(800)), true);
         let s = w.stats();
@@ -371,7 +372,7 @@ mod tests {
 
     #[test]
     fn stops_growing_when_throughput_does_not() {
-        let mut w = Window::new(limits(), Some(300));
+        let mut w = InFlight::new(limits(), Some(300));
         // A server copying one batch at a time, 50 ms each: more in flight only queue.
         sim(
             &mut w,
@@ -386,8 +387,8 @@ mod tests {
 
     #[test]
     fn halves_on_congestion_and_stops_doubling() {
-        let mut w = Window::new(
-            WindowLimits {
+        let mut w = InFlight::new(
+            InFlightLimits {
                 initial: 16,
                 ..limits()
             },
@@ -424,8 +425,8 @@ mod tests {
 
     #[test]
     fn never_below_min_nor_above_max() {
-        let mut w = Window::new(
-            WindowLimits {
+        let mut w = InFlight::new(
+            InFlightLimits {
                 initial: 50,
                 min: 2,
                 max: 6,
@@ -444,8 +445,8 @@ mod tests {
 
     #[test]
     fn the_byte_cap_admits_one_big_batch_at_a_time() {
-        let mut w = Window::new(
-            WindowLimits {
+        let mut w = InFlight::new(
+            InFlightLimits {
                 max_bytes: 1_000_000,
                 ..limits()
             },
@@ -470,7 +471,7 @@ mod tests {
 
     #[test]
     fn an_unknown_size_sends_one_batch_alone_first() {
-        let mut w = Window::new(limits(), None);
+        let mut w = InFlight::new(limits(), None);
         assert!(w.try_admit(w.estimate(10)));
         assert!(!w.try_admit(w.estimate(10)), "the size is not known yet");
         w.fetched(w.estimate(10), 10, 2_000_000);
@@ -480,7 +481,7 @@ mod tests {
 
     #[test]
     fn saturation_gives_one_back() {
-        let mut w = Window::new(limits(), Some(300));
+        let mut w = InFlight::new(limits(), Some(300));
         // Quick batches first, then a server that copies one batch at a time.
         let ms100 = Duration::from_millis(100);
         let (mut fast, mut slow, mut n) = (link(ms100), serial(ms100), 0);

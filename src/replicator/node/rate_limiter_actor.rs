@@ -1,5 +1,6 @@
-//! rate_limiter: the node-wide AIMD 429 limiter (CouchDB's couch_replicator_rate_limiter.erl) as an actor around
-//! one [`crate::replication::rate_limit::limiter::Aimd`].
+//! The `rate_limiter` child ([`RateLimiterMsg`]): the node-wide AIMD 429 rate limiter
+//! (CouchDB's couch_replicator_rate_limiter.erl) as an actor around one
+//! [`crate::replication::Aimd`].
 //!
 //! Like CouchDB's limiter process owning public ETS tables, the actor owns a [`Aimd`]
 //! table that every HTTP client of every job on the node reads and updates directly through
@@ -20,7 +21,7 @@ use supervisors::{BoxError, Observable, Server};
 
 use super::child_id::ChildId;
 use crate::replication::RateLimiter;
-use crate::replication::rate_limit::limiter::{Aimd, MAX_INTERVAL_MS, RateInterval};
+use crate::replication::rate_limiter::{Aimd, MAX_INTERVAL_MS, RateInterval};
 
 /// Cleanup period: twice the maximum interval (CouchDB: 50 s).
 pub(crate) const CLEANUP_PERIOD: Duration = Duration::from_millis(2 * MAX_INTERVAL_MS);
