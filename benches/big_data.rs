@@ -8,10 +8,11 @@
 //! the source (every revision, the attachment's digest and length). Our node's peak RSS
 //! (`VmHWM`) is compared with its RSS when idle after a warm-up replication.
 //! Prints a table, then `RESULT big_data_peak_rss_mib_over_idle` (at most 64 is the
-//! promise), `RESULT big_data_seconds_ours_over_couchdb` (at most 1.0) and the ceiling,
-//! `RESULT big_data_attachment_put_seconds`: how long CouchDB took to take the attachment
-//! alone while the source was filled (a 1 GiB attachment near 60 s meets CouchDB's
-//! `[fabric] request_timeout`, which answers 500 to any upload running longer).
+//! promise), `RESULT big_data_seconds_ours_over_couchdb` (at most 1.0) and, against the
+//! ceiling, `RESULT big_data_seconds_ours_over_attachment_put`: our whole copy over the time
+//! CouchDB took to take the attachment alone while the source was filled (a 1 GiB attachment
+//! near 60 s meets CouchDB's `[fabric] request_timeout`, which answers 500 to any upload
+//! running longer).
 
 #[path = "attachments/couch.rs"]
 #[allow(dead_code)]
@@ -182,6 +183,9 @@ async fn run() -> Result<(), String> {
             ours_s / theirs_s
         );
     }
-    println!("RESULT big_data_attachment_put_seconds = {att_put:.1}");
+    println!(
+        "RESULT big_data_seconds_ours_over_attachment_put = {:.3}",
+        ours_s / att_put
+    );
     Ok(())
 }

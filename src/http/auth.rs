@@ -21,9 +21,7 @@ use super::cookie::{SessionSettings, SessionUsers, hmac_sha256};
 use super::couchdb_auth::CouchDbAuth;
 use super::error::HttpError;
 use super::lockout::{Lockout, LockoutSettings};
-#[cfg(any(test, feature = "internals"))]
-use super::password::same_bytes;
-use super::password::{Prf, StoredPassword};
+use super::password::{Prf, StoredPassword, same_bytes};
 
 mod caller;
 mod login;
@@ -259,6 +257,19 @@ impl Users {
         hmac_sha256(&self.inner.cache_key, &[password.as_bytes()])
     }
 
+    /// Whether `password` is the one last verified for `id` (its keyed digest is remembered,
+    /// so a known password skips the hashing).
+    fn remembered(&self, id: &str, password: &str) -> bool {
+        let d = self.digest(password);
+        let known = self
+            .inner
+            .verified
+            .lock()
+            .ok()
+            .and_then(|m| m.get(id).copied());
+        known.is_some_and(|k| same_bytes(&k, &d))
+    }
+
     fn remember(&self, id: &str, password: &str) {
         let d = self.digest(password);
         if let Ok(mut m) = self.inner.verified.lock() {
@@ -269,14 +280,7 @@ impl Users {
     #[cfg(any(test, feature = "internals"))]
     fn check(&self, acct: &Account, name: &str, password: &str) -> bool {
         let id = cache_id(acct.admin, name);
-        let d = self.digest(password);
-        let known = self
-            .inner
-            .verified
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&id).copied());
-        if known.is_some_and(|k| same_bytes(&k, &d)) {
+        if self.remembered(&id, password) {
             return true;
         }
         let ok = acct.stored.verify(password);

@@ -154,24 +154,7 @@ async fn documents_become_jobs_and_bad_ones_fail() {
 fn client(url: &str) -> HttpClient {
     HttpClient::new(
         Endpoint::parse(url).unwrap(),
-        ClientConfig {
-            connection_timeout: Duration::from_secs(10),
-            request_timeout: None,
-            retries_per_request: 1,
-            http_connections: 4,
-            proxy: None,
-            tcp_nodelay: true,
-            metrics: Arc::default(),
-            tls: Default::default(),
-            auth: Default::default(),
-            limits: Default::default(),
-            budget: Arc::new(
-                couch_replicator::replication::http::budget::ResponseBudget::new(
-                    1 << 30,
-                    Arc::default(),
-                ),
-            ),
-        },
+        ClientConfig::for_tests(Duration::from_secs(10)),
         Arc::new(couch_replicator::replication::Aimd::new()),
     )
     .unwrap()

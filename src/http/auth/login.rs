@@ -7,7 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::super::error::HttpError;
-use super::super::password::{StoredPassword, same_bytes};
+use super::super::password::StoredPassword;
 use super::super::peer::Peer;
 use super::{Account, Users, cache_id, ctx_of};
 use crate::replicator::replicator_db::request::UserCtx;
@@ -17,14 +17,7 @@ impl Users {
     /// pool (a permit of `hashing` held meanwhile).
     async fn check_off_runtime(&self, acct: &Account, name: &str, password: &str) -> bool {
         let id = cache_id(acct.admin, name);
-        let d = self.digest(password);
-        let known = self
-            .inner
-            .verified
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&id).copied());
-        if known.is_some_and(|k| same_bytes(&k, &d)) {
+        if self.remembered(&id, password) {
             return true;
         }
         let ok = self.hash_off_runtime(acct.stored.clone(), password).await;

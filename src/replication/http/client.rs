@@ -63,6 +63,27 @@ pub struct ClientConfig {
     pub budget: Arc<ResponseBudget>,
 }
 
+#[cfg(any(test, feature = "internals"))]
+impl ClientConfig {
+    /// Plain settings for tests: `connection_timeout`, one retry, four connections, no proxy,
+    /// default TLS, auth and limits, metrics of its own and a 1 GiB response budget.
+    pub fn for_tests(connection_timeout: Duration) -> Self {
+        ClientConfig {
+            connection_timeout,
+            request_timeout: None,
+            retries_per_request: 1,
+            http_connections: 4,
+            proxy: None,
+            tcp_nodelay: true,
+            metrics: Arc::default(),
+            tls: TlsOptions::default(),
+            auth: AuthPolicy::default(),
+            limits: EndpointLimits::default(),
+            budget: Arc::new(ResponseBudget::new(1 << 30, Arc::default())),
+        }
+    }
+}
+
 /// HTTP access to one endpoint.
 pub struct HttpClient {
     http: Arc<reqwest::Client>,

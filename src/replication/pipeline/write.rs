@@ -275,22 +275,7 @@ mod tests {
         use crate::replication::http::client::{ClientConfig, LARGE_WRITE_BYTES};
         use std::sync::Arc;
         use std::time::Duration;
-        let cfg = ClientConfig {
-            connection_timeout: Duration::from_secs(10),
-            request_timeout: None,
-            retries_per_request: 1,
-            http_connections: 4,
-            proxy: None,
-            tcp_nodelay: true,
-            metrics: Arc::default(),
-            tls: Default::default(),
-            auth: Default::default(),
-            limits: Default::default(),
-            budget: Arc::new(crate::replication::http::budget::ResponseBudget::new(
-                1 << 20,
-                Arc::default(),
-            )),
-        };
+        let cfg = ClientConfig::for_tests(Duration::from_secs(10));
         let ep = crate::replication::Endpoint::parse("http://127.0.0.1:9/t").unwrap();
         let c = HttpClient::new(ep, cfg, Arc::new(crate::replication::Aimd::new())).unwrap();
         let soon = Duration::from_millis(50);
