@@ -214,6 +214,10 @@ fn report(plan: &Plan, ours: &Measured, theirs: &Measured) {
         ours.bench_cpu_s
     );
     println!(
+        "most jobs running at once (sampled every second; max_jobs {}): ours {}, couchdb {}",
+        plan.max_jobs, ours.most_running, theirs.most_running
+    );
+    println!(
         "CPU over the window, ours over couchdb: {:.3}, with {:.2} times couchdb's job starts \
          (each scheduler's own counter)",
         ratio(ours.cpu_s, theirs.cpu_s),

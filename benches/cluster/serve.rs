@@ -251,12 +251,10 @@ fn print_drill(drill: &Drill, report: &DrillReport) {
     for (phase, took) in &report.phases {
         println!("{phase:<36} {:>10.1}", took.as_secs_f64());
     }
-    if report.rolling_pause > std::time::Duration::from_secs(5) {
-        println!(
-            "the longest pause's requests (ms, pid, method, path): {:?}",
-            report.pause_evidence
-        );
-    }
+    println!(
+        "the longest pause's requests (ms, pid, method, path): {:?}",
+        report.pause_evidence
+    );
     for (pair, requests) in report.double_runs.iter().zip(&report.evidence) {
         println!("double run: {pair:?}\n  requests: {requests:?}");
     }

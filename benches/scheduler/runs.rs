@@ -66,6 +66,8 @@ pub struct Measured {
     pub rss_grown_mb: f64,
     /// Mean established connections to the endpoint.
     pub connections: f64,
+    /// The most jobs a sample saw running at once.
+    pub most_running: usize,
     /// The most over the least sampled job's running samples, over all jobs.
     pub fairness: f64,
     /// Per-job running samples: the least, the 1st percentile, the median, the 99th
@@ -313,6 +315,7 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         rss_mb: s.rss_mb,
         rss_grown_mb: 0.0,
         connections: s.connections,
+        most_running: s.most_running,
         fairness,
         spread,
         turn_spread,

@@ -93,6 +93,9 @@ pub struct Sampled {
     pub missed: usize,
     /// The scheduler's own job counters over the window.
     pub own_counts: Option<Counts>,
+    /// The most jobs a sample saw running at once (ours: job actors, stopping ones
+    /// included; CouchDB: `_active_tasks`).
+    pub most_running: usize,
 }
 
 /// Runs the window on its own thread and returns its figures.
@@ -263,6 +266,7 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
             continue;
         };
         let now: HashSet<usize> = running.iter().copied().collect();
+        out.most_running = out.most_running.max(now.len());
         for &i in &now {
             if let Some(s) = out.running.get_mut(i) {
                 *s += 1;

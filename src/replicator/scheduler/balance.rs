@@ -38,6 +38,11 @@ pub struct ClusterLoad {
     /// Every job that is pending or running (on any node, or not yet stamped with one),
     /// those of a node that left and is still handing them back included.
     pub total: usize,
+    /// Some pending job is due now (scheduled no later than this node's clock). With every
+    /// member at its part, such a job shows a picture taken while jobs moved (a job just
+    /// taken is counted neither as pending nor in its node's load row until that node
+    /// reports it), so the job server reads it again shortly.
+    pub due: bool,
 }
 
 /// Reads the picture at snapshot isolation (it conflicts with nothing). With fewer than
@@ -56,6 +61,7 @@ pub(crate) async fn read_load(
             let mut load = ClusterLoad {
                 running: members.into_iter().map(|m| (m, 0)).collect(),
                 total: 0,
+                due: false,
             };
             if load.running.len() < 2 {
                 return Ok(load);
@@ -63,6 +69,13 @@ pub(crate) async fn read_load(
             let pending = jobs
                 .pending_count_tx(&tx, REP_JOBS, None, Some(PENDING_LIMIT))
                 .await?;
+            // The pending keys are ordered by scheduled time: one key read says whether
+            // any is due.
+            load.due = pending > 0
+                && jobs
+                    .pending_count_tx(&tx, REP_JOBS, Some(ctx.now_secs()), Some(1))
+                    .await?
+                    > 0;
             let loads = membership.loads_tx(&tx).await?;
             if loads.get(ctx.node()) != Some(&my_running) {
                 membership.report_load_tx(&tx, my_running);
@@ -123,6 +136,7 @@ mod tests {
                 .map(|(n, r)| (NodeName::from(*n), *r))
                 .collect(),
             total,
+            due: false,
         }
     }
 

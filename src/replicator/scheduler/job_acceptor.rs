@@ -73,6 +73,7 @@ pub(super) async fn acceptor(
                 return;
             }
             Ok((job, mut data)) => {
+                tracing::debug!(job = %job.id, acceptor = id, "accepted");
                 // The node is stamped at once: were this node to die before the job actor
                 // claims the replication (endpoint requests come first), the neighbour that
                 // removes it re-enqueues this job too. Before, it stayed locked until its
@@ -111,6 +112,7 @@ pub(super) async fn acceptor(
                         record: record.clone(),
                     };
                     if let Ok(actor) = job_sup.start_child(job.id.clone(), args).await {
+                        tracing::debug!(job = %job.id, acceptor = id, "accepted and started");
                         let _ = server.send_message(JobServerMsg::Accepted {
                             acceptor: id,
                             actor,

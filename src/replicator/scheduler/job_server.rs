@@ -4,12 +4,12 @@
 //! acceptors + running jobs < `max_jobs`; an acceptor that gets a job asks `job_sup` to start
 //! a job actor and reports [`JobServerMsg::Accepted`]. Every `interval` (+ up to a third of it
 //! at random) a [`JobServerMsg::Tick`]: trim the longest-running continuous jobs older than
-//! `min_run_time` back to `max_jobs` (never one-shot jobs), start up to `max_churn` extra
-//! acceptors when jobs are pending, remove finished transient jobs older than
+//! `min_run_time` back to `max_jobs` (never one-shot jobs), stop up to `max_churn` of them
+//! when jobs are due and no slot is free, remove finished transient jobs older than
 //! `transient_job_max_age`, refresh the gauges. The arithmetic is in `super::rotation_policy`.
-//! Each extra job accepted trims one back out at once (CouchDB 4.x trims at the next
-//! interval), so a rotation takes one interval, as CouchDB 3.x's does, and `max_jobs` is
-//! exceeded only while the new jobs start, not for a whole interval.
+//! A stopped job keeps its slot until its actor has exited, and the acceptors refilled then
+//! start its successor (CouchDB 3.x stops before it starts), so a node never runs more than
+//! `max_jobs` and a rotation takes one interval, as CouchDB 3.x's does.
 //! The running jobs and when each rotates out and comes back are `running_jobs.rs`'s:
 //! a trimmed job becomes eligible again shortly before its turn (one cycle per `max_churn`
 //! waiting jobs, less a margin; see `super::rotation_policy::eligible_after`) and acceptors take
@@ -25,13 +25,16 @@
 //! dead band (`super::share::smooth_ratio`, `super::share::delay_factor`). Trimming
 //! stops the longest-running jobs, those of a database measured far over its part first.
 //!
-//! Several nodes (`balance`): every tick, and when a job is enqueued while this
-//! node is held below `max_jobs` (`Rebalance`, from a task watching the queue), the node
-//! reads its part of the cluster's jobs. It keeps acceptors only up to that part (a
-//! surplus acceptor retires after its current wait), hands the jobs over it back to the
-//! queue once a second read confirms it ([`HAND_BACK_AFTER`]), reports its load row at
-//! every job start and end, and starts no extra rotation acceptors unless every member is
-//! full.
+//! Several nodes (`balance`, and `cluster_part.rs` here): every tick, and when a job is
+//! enqueued while this node is held below `max_jobs` (`Rebalance`, from a task watching the
+//! queue), the node reads its part of the cluster's jobs. It keeps acceptors only up to that
+//! part (a surplus acceptor retires after its current wait), hands the jobs over it back to
+//! the queue once a second read confirms it (`HAND_BACK_AFTER`), reports its load row at
+//! every job start and end, and stops no jobs for the rotation unless every member is full.
+//! While the picture shows jobs due it keeps more acceptors (`HANDOVER_ACCEPTORS`) and, at
+//! its part, reads again shortly (`RECHECK_AFTER`).
+//!
+//! The tick itself is `cycle.rs`'s.
 //!
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
@@ -41,30 +44,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
-use rand::Rng;
 use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::jobs::{JobState, JobsError};
-
-use super::balance;
 use super::job_acceptor::acceptor;
 use super::job_sup::JobSupRef;
-use super::rotation_policy::{acceptors_to_add, cluster_churn, extra_acceptor_budget};
+use super::rotation_policy::acceptors_to_add;
 use super::running_jobs::{Rotation, Worker};
 use super::share::{FairShare, ShareKey};
-use crate::replicator::cluster::membership::Membership;
 use crate::replicator::job::actor::JobMsg;
 use crate::replicator::job::id::JobId;
-use crate::replicator::job::record::RepJobRecord;
-use crate::replicator::job::view::REP_JOBS;
 use crate::replicator::node::child_id::ChildId;
 use crate::replicator::node::context::NodeCtx;
 use crate::replicator::node::settings::ReplicatorSettings;
+use cluster_part::HANDOVER_ACCEPTORS;
 
-/// Pending jobs counted for the rotation delay.
-const ROTATION_COUNT_LIMIT: usize = 100_000;
+mod cluster_part;
+mod cycle;
 
 /// The job server (acceptors and running jobs), a child of the tree.
 pub(crate) const JOB_SERVER: ChildId<JobServerMsg> = ChildId::new("job_server");
@@ -128,6 +125,9 @@ pub struct JobServerObservation {
     /// The most jobs this node runs now: `max_jobs`, or less while its part of the
     /// cluster's jobs is smaller (`balance`).
     pub limit: usize,
+    /// The most job actors this node ran at once since the server started, stopping ones
+    /// included (at most `max_jobs`).
+    pub peak: usize,
 }
 
 /// One running job as the job server sees it.
@@ -192,14 +192,14 @@ pub struct JobServerState {
     me: ActorRef<JobServerMsg>,
     /// Told to take no more jobs ([`JobServerMsg::StopAccepting`]).
     stopping: bool,
+    /// The pending `Rebalance` of [`JobServer::recheck_soon`].
+    recheck: Option<JoinHandle<()>>,
+    /// See [`JobServerObservation::peak`].
+    peak: usize,
+    /// The last balance saw jobs due (handed over by a node that stopped or died, or back
+    /// from one over its part): more acceptors wait ([`HANDOVER_ACCEPTORS`]).
+    handover: bool,
 }
-
-/// How long a node must be seen over its part, at two balance reads, before it hands jobs
-/// back. The picture is racy while jobs move: a job handed back is counted both as pending
-/// and in its old node's load row until that row is rewritten, a job just taken in neither.
-/// Acting on one read, nodes handed back jobs that no node then had room for, and took them
-/// back a tick later: a target waited 5-7 s in a rolling restart of 30 jobs.
-const HAND_BACK_AFTER: Duration = Duration::from_secs(1);
 
 impl Drop for JobServerState {
     fn drop(&mut self) {
@@ -208,6 +208,7 @@ impl Drop for JobServerState {
             .chain(&self.retired)
             .chain(&self.timer)
             .chain(&self.queue_watch)
+            .chain(&self.recheck)
         {
             t.abort();
         }
@@ -234,13 +235,22 @@ impl JobServer {
         }
     }
 
+    /// `max_acceptors`, or [`HANDOVER_ACCEPTORS`] while the last balance saw jobs due.
+    fn acceptors_wanted(st: &JobServerState, s: &ReplicatorSettings) -> usize {
+        if st.handover {
+            s.max_acceptors.max(HANDOVER_ACCEPTORS)
+        } else {
+            s.max_acceptors
+        }
+    }
+
     fn refill(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
         let s = self.ctx.settings();
         let n = acceptors_to_add(
             st.acceptors.len(),
             st.rot.workers.len(),
             st.limit,
-            s.max_acceptors,
+            Self::acceptors_wanted(st, s),
         );
         self.spawn_acceptors(myself, st, n);
     }
@@ -267,258 +277,9 @@ impl JobServer {
             max_jobs: self.ctx.settings().max_jobs,
             share_jobs: st.share.len(),
             limit: st.limit,
+            peak: st.peak,
         }
     }
-
-    fn schedule_tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
-        let interval = self.ctx.settings().interval;
-        let jitter_ms = (interval.as_millis() as u64 / 3).max(1);
-        let wait = interval + Duration::from_millis(rand::rng().random_range(0..jitter_ms));
-        let me = myself.clone();
-        st.timer = Some(tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            let _ = me.send_message(JobServerMsg::Tick);
-        }));
-    }
-
-    async fn tick(&self, myself: &ActorRef<JobServerMsg>, st: &mut JobServerState) {
-        // The next tick is timed from this one's start, not its end: the tick's own work
-        // (store scans, the stops it sends) would otherwise lengthen every cycle and, at
-        // 10,000 jobs, every rotation by a third.
-        self.schedule_tick(myself, st);
-        let s = self.ctx.settings();
-        // A job that ended before its Accepted arrived leaves a stale entry.
-        let now = Instant::now();
-        let share = &mut st.share;
-        st.rot.workers.retain(|_, w| {
-            let alive = w.actor.get_status() < ractor::ActorStatus::Stopping;
-            if !alive {
-                share.stopped(&w.job_id, now);
-            }
-            alive
-        });
-        // The churn of this cycle: what this tick starts or stops. Jobs accepted since the
-        // last tick, and the trims they caused, belong to the last one.
-        st.churn = 0;
-        // 1. fair-share accounting, then trim what is still over `max_jobs`
-        st.share.update(now);
-        // The queue is the cluster's: a trimmed job's turn comes at the cluster's pace.
-        // Counting this node's churn alone held jobs back `members` times too long.
-        let pending = self.pending_all().await;
-        let churn = cluster_churn(s.max_churn, st.members);
-        st.rot.tick(now, s.interval, pending, churn);
-        // The jobs surely there: a leaving job may already be counted as pending.
-        let all_jobs = pending + st.rot.live();
-        st.rot.refresh(&st.share, s.max_jobs, all_jobs);
-        st.churn += st.rot.trim(s.max_jobs, s.min_run_time);
-        self.balance(st).await;
-        // 2. extra acceptors for pending work; each one accepted trims the job with the
-        // longest-running job back out (see `Accepted`), so a rotation completes within the
-        // cycle and `max_jobs` is exceeded only while a job starts
-        // (none while this node is held below `max_jobs`: some member has room for every
-        // pending job, nothing needs to rotate)
-        let budget = extra_acceptor_budget(
-            st.acceptors.len(),
-            st.rot.workers.len(),
-            s.max_jobs,
-            s.max_churn,
-            st.churn,
-            st.rot.rotatable(s.min_run_time),
-        ) * usize::from(st.limit >= s.max_jobs);
-        if budget > 0 {
-            let now = self.ctx.now_secs();
-            match self
-                .ctx
-                .jobs()
-                .pending_count(REP_JOBS, Some(now), Some(budget))
-                .await
-            {
-                Ok(pending) => self.spawn_acceptors(myself, st, budget.min(pending)),
-                Err(e) => tracing::warn!(error = %e, "pending_count failed"),
-            }
-        }
-        // 3. transient cleanup: a scan of every job, so not at every tick (see
-        // `cleanup_period`).
-        if st
-            .last_cleanup
-            .is_none_or(|t| t.elapsed() >= cleanup_period(s))
-        {
-            st.last_cleanup = Some(Instant::now());
-            if let Err(e) = self.cleanup_transient().await {
-                tracing::warn!(error = %e, "transient job cleanup failed");
-            }
-        }
-        // 4. gauges
-        let m = self.ctx.metrics();
-        m.jobs_accepting
-            .store(st.acceptors.len() as u64, Ordering::Relaxed);
-        m.jobs_running
-            .store(st.rot.workers.len() as u64, Ordering::Relaxed);
-        m.reschedules.fetch_add(1, Ordering::Relaxed);
-        self.refill(myself, st);
-    }
-
-    /// Every waiting job, eligible or not (up to [`ROTATION_COUNT_LIMIT`]): the queue a job
-    /// trimmed now waits behind ([`super::rotation_policy::turn_due`], counted in measured cycles: the interval and
-    /// its jitter, not intervals). At the end of a rotation most of them are the ones just
-    /// rotated out, and the few that never ran must come first. CouchDB 4.x lets a rotated
-    /// job back after one interval, which with couch_jobs' random pick among 1,024 leaves a
-    /// long tail of jobs that wait many rotations.
-    async fn pending_all(&self) -> usize {
-        self.ctx
-            .jobs()
-            .pending_count(REP_JOBS, None, Some(ROTATION_COUNT_LIMIT))
-            .await
-            .unwrap_or(0)
-    }
-
-    /// Reads this node's part of the cluster's jobs (`balance`) into `st.limit`,
-    /// retires the acceptors beyond it and hands the running jobs beyond it back to the
-    /// queue. A job is moved at most once an interval (or `min_run_time`, if shorter), so
-    /// views read at slightly different times do not bounce it. Keeps the old limit when
-    /// the store cannot be read.
-    fn membership(&self) -> Membership {
-        Membership::new(
-            self.ctx.jobs().clone(),
-            self.ctx.prefix(),
-            self.ctx.node(),
-            self.ctx.settings().node_timeout(),
-        )
-        .with_sightings(self.ctx.sightings().clone())
-    }
-
-    /// Writes this node's load row now (a blind write) when it runs in a cluster: the other
-    /// nodes' balance counts a job it just took as running here, not as gone. Reported only
-    /// at this node's own balance before, a node that had just taken its part still showed
-    /// none, so a neighbour counted 10 jobs too few and handed back more than the newcomer
-    /// had room for; they waited for the next tick (4.8 s in the failover drill).
-    fn report_load(&self, st: &JobServerState) {
-        if st.members < 2 {
-            return;
-        }
-        let (membership, running) = (self.membership(), st.rot.live());
-        tokio::spawn(async move {
-            let db = membership.jobs().db().clone();
-            let written = db
-                .run(|tx| {
-                    let m = &membership;
-                    async move {
-                        m.report_load_tx(&tx, running);
-                        Ok::<_, crate::jobs::JobsError>(())
-                    }
-                })
-                .await;
-            if let Err(e) = written {
-                tracing::debug!(error = %e, "could not report this node's load");
-            }
-        });
-    }
-
-    async fn balance(&self, st: &mut JobServerState) {
-        let s = self.ctx.settings();
-        let membership = self.membership();
-        let load = match balance::read_load(&self.ctx, &membership, st.rot.live()).await {
-            Ok(load) => load,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read the cluster's load");
-                return;
-            }
-        };
-        st.members = load.running.len().max(1);
-        st.limit = balance::node_limit(self.ctx.node().as_str(), st.rot.live(), &load, s.max_jobs);
-        let room = st.limit.saturating_sub(st.rot.live());
-        let surplus: Vec<u64> = st.acceptors.keys().skip(room).copied().collect();
-        for id in surplus {
-            if let Some(a) = st.acceptors.remove(&id) {
-                a.retire.store(true, Ordering::Relaxed);
-                st.retired.push(a.task);
-            }
-        }
-        st.retired.retain(|t| !t.is_finished());
-        if st.limit >= s.max_jobs || st.rot.live() <= st.limit {
-            st.over_since = None;
-            return;
-        }
-        match st.over_since {
-            None => {
-                st.over_since = Some(Instant::now());
-                let me = st.me.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(HAND_BACK_AFTER).await;
-                    let _ = me.send_message(JobServerMsg::Rebalance);
-                });
-            }
-            Some(since) if since.elapsed() >= HAND_BACK_AFTER => {
-                st.over_since = None;
-                st.churn += st.rot.hand_back(st.limit, s.min_run_time.min(s.interval));
-            }
-            Some(_) => {}
-        }
-    }
-
-    /// A task that sends `Rebalance` whenever a job is enqueued, at most every quarter
-    /// interval (between 0.2 and 2 s): a node held below `max_jobs` then takes its part of
-    /// new jobs at once rather than at its next tick.
-    fn watch_queue(&self, myself: &ActorRef<JobServerMsg>) -> JoinHandle<()> {
-        let (jobs, me) = (self.ctx.jobs().clone(), myself.clone());
-        let pause = (self.ctx.settings().interval / 4)
-            .clamp(Duration::from_millis(200), Duration::from_secs(2));
-        tokio::spawn(async move {
-            loop {
-                let armed = jobs
-                    .db()
-                    .run(|tx| {
-                        let jobs = jobs.clone();
-                        async move { Ok::<_, JobsError>(jobs.watch_pending_tx(&tx, REP_JOBS)) }
-                    })
-                    .await;
-                let fired = match armed {
-                    Ok(watch) => watch.await.is_ok(),
-                    Err(_) => false,
-                };
-                if fired && me.send_message(JobServerMsg::Rebalance).is_err() {
-                    return;
-                }
-                tokio::time::sleep(if fired { pause } else { Duration::from_secs(1) }).await;
-            }
-        })
-    }
-
-    async fn cleanup_transient(&self) -> Result<(), JobsError> {
-        let max_age = self.ctx.settings().transient_job_max_age.as_secs() as i64;
-        let limit = self.ctx.now_secs() - max_age;
-        let old: Vec<String> = self
-            .ctx
-            .jobs()
-            .fold_jobs(REP_JOBS, Vec::new(), |mut acc, j| {
-                // The state first: decoding every record is the expensive part.
-                let old_transient = || {
-                    RepJobRecord::from_data(&j.data)
-                        .is_ok_and(|r| r.is_transient() && r.last_updated <= limit)
-                };
-                if j.state == JobState::Finished && old_transient() {
-                    acc.push(j.id);
-                }
-                acc
-            })
-            .await?;
-        for id in old {
-            match self.ctx.jobs().remove(REP_JOBS, &id).await {
-                Ok(()) | Err(JobsError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-}
-
-/// How often finished transient jobs are looked for: a tenth of their maximum age, at least
-/// one `interval` and at most five minutes. The scan reads every job in the store, so doing
-/// it at every tick would make an idle node's cost grow with the number of jobs; a finished
-/// transient job may outlive `transient_job_max_age` by this much.
-fn cleanup_period(s: &ReplicatorSettings) -> Duration {
-    let tenth = s.transient_job_max_age / 10;
-    tenth.clamp(s.interval, Duration::from_secs(300).max(s.interval))
 }
 
 impl Server for JobServer {
@@ -546,6 +307,9 @@ impl Server for JobServer {
             over_since: None,
             me: myself.clone(),
             stopping: false,
+            recheck: None,
+            peak: 0,
+            handover: false,
         };
         self.balance(&mut st).await;
         self.refill(&myself, &mut st);
@@ -589,15 +353,16 @@ impl Server for JobServer {
                     },
                 );
                 st.churn += 1;
+                st.peak = st.peak.max(st.rot.workers.len());
                 self.report_load(st);
                 let s = self.ctx.settings();
                 if st.limit < s.max_jobs && st.rot.live() > st.limit {
-                    // Taken by an acceptor retiring meanwhile: over this node's part, so
-                    // straight back to the queue for a node under its own.
-                    if let Some(w) = st.rot.workers.get_mut(&actor_id) {
-                        let _ = w.actor.send_message(JobMsg::Rotate(Duration::ZERO));
-                        w.leaving = true;
-                    }
+                    // Over this node's part as the last picture drew it. It keeps running:
+                    // the picture may be the stale one (taken while another node took jobs
+                    // it had not reported yet), and sent straight back, the job waited 5 s
+                    // for a node with room. A fresh read decides, and a part confirmed
+                    // smaller hands jobs back a second later (`HAND_BACK_AFTER`).
+                    Self::recheck_soon(st);
                 } else {
                     st.rot.trim(s.max_jobs, s.min_run_time);
                 }

@@ -1,10 +1,10 @@
 //! The job server's rotation arithmetic (CouchDB 4.x's couch_replicator_job_server.erl), kept free of actors and clocks so every
 //! edge is unit-tested: how many idle acceptors to keep, which running jobs to trim, how
-//! many extra acceptors to start when work is pending, and how long a trimmed job waits.
+//! many running jobs to stop for the jobs due, and how long a stopped job waits.
 //!
-//! A node runs about `max_jobs` jobs, with spikes up to `max_jobs + max_churn`: extra
-//! acceptors start pending jobs, and the next cycle trims continuous jobs back to `max_jobs`:
-//! the highest fair-share rank first, then the longest running. One-shot jobs are never
+//! A node runs at most `max_jobs` jobs: while jobs are due, each cycle stops up to
+//! `max_churn` continuous jobs (the highest fair-share rank first, then the longest running)
+//! and starts due jobs in the slots they free. One-shot jobs are never
 //! trimmed (they would lose their snapshot semantics), nor jobs younger than `min_run_time`.
 
 use std::time::Duration;
@@ -62,26 +62,25 @@ pub fn trim_victims<Id: Clone>(
     candidates.into_iter().map(|j| j.id.clone()).collect()
 }
 
-/// The most extra acceptors worth starting: bounded by the churn left this cycle, by the
-/// slots up to `max_jobs + max_churn`, and past `max_jobs` by the `rotatable` jobs (those
-/// [`trim_victims`] may stop), one for each job accepted over `max_jobs`. Zero means "do not
-/// even ask how many are pending".
+/// How many running jobs to stop this cycle so that jobs due now start in their slots:
+/// the due jobs beyond the `free` slots (`max_jobs` less the running jobs, stopping ones
+/// included), at most the churn left this cycle and the `rotatable` jobs (those
+/// [`trim_victims`] may stop). The job server stops them first and starts their successors
+/// as the stops end, as CouchDB 3.x does, so a node never runs more than `max_jobs`.
 ///
-/// Without the last bound, a node whose jobs were all younger than `min_run_time` started
-/// `max_churn` jobs over `max_jobs` that nothing could trim: 70 running with `max_jobs` 50
-/// and `max_churn` 20 (issue 44), where CouchDB never runs more than `max_jobs`.
-pub fn extra_acceptor_budget(
-    acceptors: usize,
-    workers: usize,
-    max_jobs: usize,
+/// Before, extra acceptors started jobs over `max_jobs` and each start trimmed one: 70 ran
+/// with `max_jobs` 50 and `max_churn` 20 (issue 44) while the trimmed jobs checkpointed.
+pub fn rotation_stops(
+    free: usize,
+    due: usize,
     max_churn: usize,
     churn: usize,
     rotatable: usize,
 ) -> usize {
-    let churn_left = max_churn.saturating_sub(churn);
-    let slots = (max_jobs + max_churn).saturating_sub(acceptors + workers);
-    let room = max_jobs.saturating_sub(acceptors + workers) + rotatable;
-    churn_left.min(slots).min(room)
+    max_churn
+        .saturating_sub(churn)
+        .min(rotatable)
+        .min(due.saturating_sub(free))
 }
 
 /// The jobs the cluster starts per cycle at most: the queue is shared, and each of its
@@ -223,19 +222,18 @@ mod tests {
     }
 
     #[test]
-    fn extra_acceptors_are_bounded_by_churn_slots_and_what_can_be_trimmed() {
-        // 100 running of max 100, churn 20 unused, all rotatable: 20 extras allowed.
-        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 0, 100), 20);
+    fn rotation_stops_are_bounded_by_churn_due_jobs_and_what_can_be_trimmed() {
+        // 100 running of max 100, 50 due, churn 20 unused, all rotatable: 20 stops.
+        assert_eq!(rotation_stops(0, 50, 20, 0, 100), 20);
         // Already churned 15 this cycle: 5 left.
-        assert_eq!(extra_acceptor_budget(0, 100, 100, 20, 15, 100), 5);
-        // Spike already at max_jobs + max_churn: none.
-        assert_eq!(extra_acceptor_budget(2, 118, 100, 20, 0, 100), 0);
-        // Churn exhausted.
-        assert_eq!(extra_acceptor_budget(0, 10, 100, 20, 20, 0), 0);
-        // Every running job younger than min_run_time: nothing to trim, so no extras.
-        assert_eq!(extra_acceptor_budget(0, 50, 50, 20, 0, 0), 0);
-        // 3 can be trimmed: 3 extras; 40 of 50 running, none trimmable: the 10 free slots.
-        assert_eq!(extra_acceptor_budget(0, 50, 50, 20, 0, 3), 3);
-        assert_eq!(extra_acceptor_budget(0, 40, 50, 20, 0, 0), 10);
+        assert_eq!(rotation_stops(0, 50, 20, 15, 100), 5);
+        // 3 due: 3 stops; 3 due and 2 free slots: 1.
+        assert_eq!(rotation_stops(0, 3, 20, 0, 100), 3);
+        assert_eq!(rotation_stops(2, 3, 20, 0, 100), 1);
+        // Every running job younger than min_run_time: nothing to stop.
+        assert_eq!(rotation_stops(0, 50, 20, 0, 0), 0);
+        // Nothing due, or as many free slots as due jobs: nothing to stop.
+        assert_eq!(rotation_stops(0, 0, 20, 0, 100), 0);
+        assert_eq!(rotation_stops(10, 10, 20, 0, 100), 0);
     }
 }
