@@ -144,6 +144,7 @@ impl From<crate::replicator::ReplicatorError> for HttpError {
             E::BadRequest(r) => Self::bad_request(r),
             E::Replication(e) => Self::bad_request(e.to_string()),
             E::NotFound(id) => Self::not_found(format!("no replication job {id}")),
+            E::ServerJobNotFound(id) => Self::not_found(format!("no server job {id}")),
             E::Conflict(r) => Self::new(StatusCode::CONFLICT, "conflict", r),
             E::Failed(e) => Self::from(&e),
             E::Timeout(id) => Self::new(

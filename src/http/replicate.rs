@@ -221,7 +221,7 @@ async fn wait(
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(ReplicatorError::Timeout(job_id.to_string()).into());
+            return Err(ReplicatorError::Timeout(job_id.into()).into());
         }
         tokio::time::sleep(WAIT_POLL).await;
     }

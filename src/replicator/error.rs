@@ -1,7 +1,9 @@
 //! The errors the replicator handle and its actors return to callers.
 
+use super::job::id::JobRef;
 use super::job::record::JobError;
 use super::node::settings::SettingsError;
+use super::server_job::spec::ServerJobId;
 use crate::jobs::JobsError;
 use crate::replication::ReplicationError;
 
@@ -17,7 +19,10 @@ pub enum ReplicatorError {
     Replication(#[source] ReplicationError),
     /// No job with that job id or replication id.
     #[error("not_found: no replication job {0}")]
-    NotFound(String),
+    NotFound(JobRef),
+    /// No server job with that id.
+    #[error("not_found: no server job {0}")]
+    ServerJobNotFound(ServerJobId),
     /// A persistent job already owns this id (`POST /_replicate` for a persistent job id).
     #[error("conflict: {0}")]
     Conflict(String),
@@ -26,7 +31,7 @@ pub enum ReplicatorError {
     Failed(#[source] JobError),
     /// A wait ran out of time.
     #[error("timeout waiting for replication job {0}")]
-    Timeout(String),
+    Timeout(JobRef),
     /// The settings are invalid.
     #[error("invalid replicator settings: {0}")]
     Config(#[source] SettingsError),

@@ -199,9 +199,10 @@ impl Replicator {
     }
 
     /// Adds a job and returns its view (state `pending`). Validates the document first
-    /// ([`ReplicatorError::BadRequest`] with the reason). Adding a transient job identical to
-    /// a pending/running one is a no-op returning that job; adding a persistent job replaces
-    /// the job of the same doc unless its replication is unchanged and it is active.
+    /// ([`ReplicatorError::Replication`], the engine's error kept as its source). Adding a
+    /// transient job identical to a pending/running one is a no-op returning that job;
+    /// adding a persistent job replaces the job of the same doc unless its replication is
+    /// unchanged and it is active.
     pub async fn add(&self, job: NewJob) -> ReplicatorResult<JobView> {
         let spec = parse_rep(job.body(), &self.ctx.settings().job_defaults)?;
         let job_id = match job.kind() {
@@ -378,7 +379,7 @@ impl Replicator {
             let (mut sub, data) = match subscribed {
                 Subscribed::Finished(data) => {
                     return wait_outcome(&JobView::from_data(&job_id, &data)?, until)
-                        .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.to_string())));
+                        .unwrap_or_else(|| Err(ReplicatorError::Timeout(id.clone())));
                 }
                 Subscribed::Active { sub, data, .. } => (sub, data),
             };
@@ -388,7 +389,7 @@ impl Replicator {
             loop {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
-                    return Err(ReplicatorError::Timeout(id.to_string()));
+                    return Err(ReplicatorError::Timeout(id.clone()));
                 }
                 let Some(event) = sub.wait(left).await else {
                     // A timeout, or the subscription ended (its notifier restarted):
@@ -396,14 +397,14 @@ impl Replicator {
                     break;
                 };
                 let Some(data) = event.data else {
-                    return Err(ReplicatorError::NotFound(id.to_string()));
+                    return Err(ReplicatorError::NotFound(id.clone()));
                 };
                 if let Some(done) = wait_outcome(&JobView::from_data(&job_id, &data)?, until) {
                     return done;
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ReplicatorError::Timeout(id.to_string()));
+                return Err(ReplicatorError::Timeout(id.clone()));
             }
             // Do not spin while a notifier is restarting.
             tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
@@ -499,7 +500,7 @@ impl Replicator {
             .into_iter()
             .find(|j| j.rep_id.as_ref() == Some(rep_id))
             .map(|j| j.job_id)
-            .ok_or_else(|| ReplicatorError::NotFound(id.to_string()))
+            .ok_or_else(|| ReplicatorError::NotFound(id.clone()))
     }
 }
 
@@ -514,7 +515,7 @@ fn wait_outcome(view: &JobView, until: WaitFor) -> Option<ReplicatorResult<JobVi
 
 fn not_found(e: JobsError, id: &JobRef) -> ReplicatorError {
     match e {
-        JobsError::NotFound => ReplicatorError::NotFound(id.to_string()),
+        JobsError::NotFound => ReplicatorError::NotFound(id.clone()),
         other => ReplicatorError::Jobs(other),
     }
 }

@@ -92,8 +92,7 @@ pub fn new_record(
 /// Parses and validates a replication document / request body over the node's per-job
 /// defaults.
 pub fn parse_rep(rep: &Value, defaults: &ReplicationOptions) -> ReplicatorResult<ReplicationSpec> {
-    ReplicationSpec::from_json_with(rep, defaults)
-        .map_err(|e| ReplicatorError::BadRequest(e.to_string()))
+    ReplicationSpec::from_json_with(rep, defaults).map_err(ReplicatorError::Replication)
 }
 
 /// ISO 8601 (UTC, seconds) of a UNIX time.

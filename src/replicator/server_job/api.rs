@@ -85,7 +85,7 @@ impl Replicator {
                 id,
                 &ServerRecord::from_data(&d)?,
             )),
-            Err(JobsError::NotFound) => Err(ReplicatorError::NotFound(id.to_string())),
+            Err(JobsError::NotFound) => Err(ReplicatorError::ServerJobNotFound(id.clone())),
             Err(e) => Err(e.into()),
         }
     }

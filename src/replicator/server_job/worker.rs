@@ -389,7 +389,7 @@ impl ServerRun {
     async fn stopped(self) {
         if !matches!(
             self.rep.server_job(&self.id).await,
-            Err(crate::replicator::error::ReplicatorError::NotFound(_))
+            Err(crate::replicator::error::ReplicatorError::ServerJobNotFound(_))
         ) {
             return;
         }
