@@ -20,8 +20,10 @@
 //! overrides the window). Every second it reads which jobs run (fairness: max/min of
 //! per-job running samples over all jobs, with their spread and the turns seen per job;
 //! fair-share error of the two databases' totals against 100:900), every two seconds the
-//! TCP connections the scheduler's process holds to the endpoint, and twenty times the
-//! latency of a document update reaching the target for a running job. Ours is read from
+//! TCP connections the scheduler's process holds to the endpoint, and a hundred times the
+//! latency of a document update reaching the target for a running job (p50/p90/p99 of those
+//! that arrived within 10 s; those that did not are counted apart, by whether the job was
+//! rotated out meanwhile or still ran). Ours is read from
 //! the job server (a job counts from its start); CouchDB's from `_active_tasks` (cheap, but
 //! a job shows there only once its replication has initialised, so short turns are
 //! undercounted). Job starts are each scheduler's own `couch_replicator.jobs` counters.
@@ -217,6 +219,15 @@ fn report(plan: &Plan, ours: &Measured, theirs: &Measured) {
         "most jobs running at once (sampled every second; max_jobs {}): ours {}, couchdb {}",
         plan.max_jobs, ours.most_running, theirs.most_running
     );
+    for (name, m) in [("ours", ours), ("couchdb", theirs)] {
+        let [p50, p90, p99] = m.latency_ms;
+        println!(
+            "{name}: update-to-target latency over {} probes: p50 {p50:.0} ms, p90 {p90:.0} ms, \
+             p99 {p99:.0} ms; timed out (10 s) while the job ran: {}, after it was rotated \
+             out: {}",
+            m.probes, m.probe_timeouts, m.probes_rotated_out
+        );
+    }
     println!(
         "CPU over the window, ours over couchdb: {:.3}, with {:.2} times couchdb's job starts \
          (each scheduler's own counter)",

@@ -87,10 +87,17 @@ pub struct Measured {
     pub own_counts: Option<Counts>,
     /// [`share_error`] of the two databases' running samples against 100:900.
     pub share_error: f64,
+    /// p50, p90 and p99 of the update-to-target latency, ms (probes that timed out left
+    /// out, counted below).
+    pub latency_ms: [f64; 3],
     /// p99 of the update-to-target latency, ms.
     pub p99_ms: f64,
-    /// Latency probes made.
+    /// Latency probes that measured a latency.
     pub probes: usize,
+    /// Probes that timed out while their job ran.
+    pub probe_timeouts: usize,
+    /// Probes that timed out after their job was rotated out.
+    pub probes_rotated_out: usize,
 }
 
 /// Job `i`'s database: one job in ten in `a` (100 shares), nine in `b` (900 shares), so
@@ -304,10 +311,12 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
     let group_spreads = per_group(&s.running);
     let group_turn_spreads = per_group(&s.turns);
     let lat = &s.latencies_ms;
-    let p99 = lat
-        .get((lat.len() * 99).div_ceil(100).saturating_sub(1))
-        .copied()
-        .unwrap_or(f64::NAN);
+    let pct = |p: usize| {
+        lat.get((lat.len() * p).div_ceil(100).saturating_sub(1))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let p99 = pct(99);
     Measured {
         cpu_s: s.cpu_s,
         bench_cpu_s: s.bench_cpu_s,
@@ -322,8 +331,11 @@ fn summarize(plan: &Plan, s: Sampled) -> Measured {
         group_spreads,
         group_turn_spreads,
         share_error: share_error(&share_params(), &ran),
+        latency_ms: [pct(50), pct(90), p99],
         p99_ms: p99,
         probes: lat.len(),
+        probe_timeouts: s.probe_timeouts,
+        probes_rotated_out: s.probes_rotated_out,
         never_ran: s.running.iter().filter(|r| **r == 0).count(),
         missed: s.missed,
         own_counts: s.own_counts,

@@ -29,8 +29,8 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// (A probe in flight may hold one connection of this process to the endpoint at that moment:
 /// at most one among hundreds.)
 const CONNS_EVERY: u32 = 2;
-/// Latency probes spread over the window.
-const PROBES: u32 = 20;
+/// Latency probes spread over the window: enough that the p99 is not the maximum.
+const PROBES: u32 = 100;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the running jobs are read.
@@ -87,8 +87,13 @@ pub struct Sampled {
     pub rss_mb: f64,
     /// Mean established connections to the endpoint.
     pub connections: f64,
-    /// Update-to-target latencies, ms, sorted.
+    /// Update-to-target latencies, ms, sorted (probes that timed out left out).
     pub latencies_ms: Vec<f64>,
+    /// Probes that timed out while their job still ran (the scheduler's own delay).
+    pub probe_timeouts: usize,
+    /// Probes that timed out after their job was rotated out (waiting for its next turn,
+    /// not a delay of a running job).
+    pub probes_rotated_out: usize,
     /// Samples lost because the running set could not be read.
     pub missed: usize,
     /// The scheduler's own job counters over the window.
@@ -301,7 +306,8 @@ async fn window(spec: &Spec, who: &Who) -> Result<Sampled, String> {
     out.connections = conns as f64 / conn_samples.max(1) as f64;
     // The last probe may still wait for its target; its latency counts, its CPU is past the
     // window's end.
-    out.latencies_ms = probes.finish().await?;
+    let last_running = who.running(&http).await.unwrap_or_default();
+    probes.finish(&last_running, &mut out).await?;
     Ok(out)
 }
 
@@ -364,9 +370,12 @@ impl Trace {
 struct Probes {
     every: Duration,
     next: Instant,
-    inflight: Option<JoinHandle<Result<f64, String>>>,
+    /// Probes in flight: the job probed and its task (`None` when it timed out).
+    inflight: Vec<(usize, JoinHandle<Result<Option<f64>, String>>)>,
     made: usize,
     latencies: Vec<f64>,
+    /// The jobs of probes that timed out.
+    timed_out: Vec<usize>,
 }
 
 impl Probes {
@@ -374,50 +383,77 @@ impl Probes {
         Self {
             every: spec.window / PROBES,
             next: t0,
-            inflight: None,
+            inflight: Vec::new(),
             made: 0,
             latencies: Vec::new(),
+            timed_out: Vec::new(),
         }
     }
 
-    /// Collects a finished probe; starts the next one on a running job when due.
+    /// Collects the finished probes; starts the next one on a running job when due (several
+    /// may be in flight: one waiting for a job that was rotated out must not hold back the
+    /// others).
     async fn step(
         &mut self,
         http: &reqwest::Client,
         spec: &Spec,
         running: &[usize],
     ) -> Result<(), String> {
-        if self.inflight.as_ref().is_some_and(JoinHandle::is_finished) {
-            self.collect().await?;
-        }
-        if self.inflight.is_none() && Instant::now() >= self.next && !running.is_empty() {
+        self.collect(false).await?;
+        if Instant::now() >= self.next && !running.is_empty() {
             let i = running[self.made * 7919 % running.len()];
             let (http, target) = (http.clone(), spec.target.clone());
-            self.inflight = Some(tokio::spawn(probe(http, spec.port, target, i)));
+            self.inflight
+                .push((i, tokio::spawn(probe(http, spec.port, target, i))));
             self.made += 1;
             self.next += self.every;
         }
         Ok(())
     }
 
-    async fn collect(&mut self) -> Result<(), String> {
-        if let Some(h) = self.inflight.take() {
-            let ms = h.await.map_err(|e| format!("probe: {e}"))??;
-            self.latencies.push(ms);
+    /// Collects the finished probes (all of them, waiting, when `all`).
+    async fn collect(&mut self, all: bool) -> Result<(), String> {
+        let mut left = Vec::new();
+        for (i, h) in std::mem::take(&mut self.inflight) {
+            if !all && !h.is_finished() {
+                left.push((i, h));
+                continue;
+            }
+            match h.await.map_err(|e| format!("probe: {e}"))?? {
+                Some(ms) => self.latencies.push(ms),
+                None => self.timed_out.push(i),
+            }
         }
+        self.inflight = left;
         Ok(())
     }
 
-    async fn finish(mut self) -> Result<Vec<f64>, String> {
-        self.collect().await?;
+    /// Waits for the probes in flight and fills `out`: a probe that timed out counts as
+    /// rotated out when its job does not run at the end (`running`).
+    async fn finish(mut self, running: &[usize], out: &mut Sampled) -> Result<(), String> {
+        self.collect(true).await?;
         self.latencies.sort_by(f64::total_cmp);
-        Ok(self.latencies)
+        let running: HashSet<usize> = running.iter().copied().collect();
+        let rotated = self
+            .timed_out
+            .iter()
+            .filter(|i| !running.contains(i))
+            .count();
+        out.probes_rotated_out = rotated;
+        out.probe_timeouts = self.timed_out.len() - rotated;
+        out.latencies_ms = self.latencies;
+        Ok(())
     }
 }
 
 /// Updates `d{i}` in the endpoint's source and waits for the new revision in `target`:
-/// milliseconds.
-async fn probe(http: reqwest::Client, port: u16, target: String, i: usize) -> Result<f64, String> {
+/// milliseconds, or `None` after [`PROBE_TIMEOUT`].
+async fn probe(
+    http: reqwest::Client,
+    port: u16,
+    target: String,
+    i: usize,
+) -> Result<Option<f64>, String> {
     let src = url_at(port, &format!("src/d{i}"));
     let doc: Value = http
         .get(&src)
@@ -438,9 +474,9 @@ async fn probe(http: reqwest::Client, port: u16, target: String, i: usize) -> Re
             && let Ok(v) = r.json::<Value>().await
             && v["_rev"].as_str() == Some(rev.as_str())
         {
-            return Ok(t0.elapsed().as_secs_f64() * 1000.0);
+            return Ok(Some(t0.elapsed().as_secs_f64() * 1000.0));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(PROBE_TIMEOUT.as_secs_f64() * 1000.0)
+    Ok(None)
 }

@@ -119,7 +119,8 @@ impl<A: Send + 'static, M: Message> State<A, M> {
         Ok(())
     }
 
-    /// Stop every child in parallel and forget them all.
+    /// Stop every child in parallel and forget them all, telling the exit listener of each
+    /// exit as it happens.
     async fn stop_all(&mut self) {
         self.by_actor.clear();
         let how = self.spec.shutdown;
@@ -129,11 +130,16 @@ impl<A: Send + 'static, M: Message> State<A, M> {
             .filter_map(|(id, c)| c.cell.map(|cell| (id, cell)))
             .collect();
         self.spec.table.reset(std::iter::empty());
-        let stops = running.into_iter().map(|(id, cell)| async move {
-            let stopped = shutdown_child(&cell, &id, how).await;
-            (id, cell.get_id(), stopped)
-        });
-        for (id, actor, stopped) in futures::future::join_all(stops).await {
+        let mut stops: futures::stream::FuturesUnordered<_> = running
+            .into_iter()
+            .map(|(id, cell)| async move {
+                let stopped = shutdown_child(&cell, &id, how).await;
+                (id, cell.get_id(), stopped)
+            })
+            .collect();
+        // Each exit is heard as it happens, not once the slowest child is gone: a listener
+        // that keeps a count of the children (a node's load row) stays true meanwhile.
+        while let Some((id, actor, stopped)) = futures::StreamExt::next(&mut stops).await {
             self.notify(&id, actor, stopped_reason(stopped), false);
         }
     }
