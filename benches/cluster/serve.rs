@@ -40,6 +40,8 @@ struct Run {
     sampled: Vec<u64>,
     /// The worst max/min of one sample.
     worst: f64,
+    /// The most jobs one node ran at one sample.
+    most: u64,
     cpu: Duration,
     starts: u64,
 }
@@ -127,6 +129,7 @@ async fn measure(cluster: &ServeCluster, warmup: Duration, window: Duration) -> 
     let mut run = Run {
         sampled: vec![0; nodes.len()],
         worst: 1.0,
+        most: 0,
         cpu: Duration::ZERO,
         starts: 0,
     };
@@ -140,6 +143,7 @@ async fn measure(cluster: &ServeCluster, warmup: Duration, window: Duration) -> 
             *sum += n;
         }
         run.worst = run.worst.max(ratio(&sample));
+        run.most = run.most.max(sample.iter().copied().max().unwrap_or(0));
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     run.cpu = cpu(cluster).saturating_sub(cpu0);
@@ -295,6 +299,10 @@ fn print_results(jobs: usize, window: Duration, three: &Run, single: &Run) {
         );
     }
     println!("worst single sample max/min (3 nodes): {:.3}", three.worst);
+    println!(
+        "most jobs one node ran at a sample (max_jobs 500): 3 nodes {}, single node {}",
+        three.most, single.most
+    );
     println!(
         "RESULT cluster_running_jobs_max_over_min = {:.3}",
         ratio(&three.sampled)

@@ -367,11 +367,14 @@ impl Trace {
 
 /// Latency probes, one at a time, running beside the sampling so that a slow probe does not
 /// stop the running set from being read every second.
+/// One probe's task: the latency in ms, or `None` when it timed out.
+type ProbeTask = JoinHandle<Result<Option<f64>, String>>;
+
 struct Probes {
     every: Duration,
     next: Instant,
     /// Probes in flight: the job probed and its task (`None` when it timed out).
-    inflight: Vec<(usize, JoinHandle<Result<Option<f64>, String>>)>,
+    inflight: Vec<(usize, ProbeTask)>,
     made: usize,
     latencies: Vec<f64>,
     /// The jobs of probes that timed out.

@@ -47,6 +47,15 @@ fn kind(e: &Error) -> (Kind, String) {
     }
 }
 
+/// Whether a read at a revision was refused by a member that has not applied it yet
+/// ("required revision is a future revision"). etcd answers it and a compacted revision
+/// with the same gRPC code (`OutOfRange`), so only its message tells them apart; this is
+/// the one place that reads it.
+pub(crate) fn is_future_revision(e: &Error) -> bool {
+    matches!(e, Error::GRpcStatus(s)
+        if s.code() == Code::OutOfRange && s.message().contains("future revision"))
+}
+
 /// An error of a read (or of anything sent before the commit).
 pub(crate) fn read_error(e: Error) -> StoreError {
     match kind(&e) {

@@ -323,7 +323,7 @@ impl Shared {
                 self.saw(resp.header());
                 Ok(resp)
             }
-            Err(e) if e.to_string().contains("future revision") => {
+            Err(e) if errors::is_future_revision(&e) => {
                 let resp = self
                     .kv()
                     .get(key, Some(options))
