@@ -371,7 +371,7 @@ impl Follower {
             .cancel_server_job(&ServerJobId::from(id.as_str()))
             .await
         {
-            Ok(_) | Err(ReplicatorError::NotFound(_)) => {}
+            Ok(_) | Err(ReplicatorError::ServerJobNotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "removing the server job failed; will retry");
                 return false;
