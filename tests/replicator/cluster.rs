@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::support::nodes::Nodes;
 use crate::support::replicator::*;
-use couch_replicator::replicator::{JobKind, NewJob, NodeName, RepState, Replicator, WaitFor};
+use couch_replicator::replicator::{
+    JobKind, NewJob, NodeName, RepState, Replicator, ReplicatorSettings, WaitFor,
+};
 use serde_json::json;
 
 /// A node that is still running.
@@ -192,5 +194,74 @@ async fn jobs_spread_evenly_whichever_node_took_them_and_a_joining_node_takes_it
             n.shutdown().await;
         }
     })
+    .await;
+}
+
+/// A node killed and started again under its name before any neighbour removed it: its
+/// row beats again, so no neighbour ever re-enqueues what the killed run held. Those jobs
+/// run again at once, not after the activity timeout (set to a minute here; the failover
+/// drill saw them wait 90 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_at_once_runs_again_the_jobs_its_killed_run_held() {
+    deadline(
+        120,
+        "a node restarted at once runs again its killed run's jobs",
+        async {
+            let settings = || ReplicatorSettings {
+                job_timeout: Duration::from_secs(60),
+                ..test_settings()
+            };
+            let pouch = Pouch::start().await;
+            let cluster = Nodes::on_disk();
+            let mut nodes = vec![
+                Some(cluster.start("n1", settings()).await),
+                Some(cluster.start("n2", settings()).await),
+            ];
+            let jobs = 4;
+            for i in 0..jobs {
+                let src = format!("s{i}");
+                pouch.create_db(&src).await;
+                pouch.put_docs(&src, "a", 3).await;
+                let rep = json!({"source": pouch.url(&src), "target": pouch.url(&format!("t{i}")),
+                             "create_target": true, "continuous": true});
+                nodes[i % 2]
+                    .as_ref()
+                    .unwrap()
+                    .add(NewJob::from_body(JobKind::Transient { user: None }, rep))
+                    .await
+                    .unwrap();
+            }
+            let counts = wait_for(60, "both nodes running jobs", || {
+                let nodes = &nodes;
+                async move { spread(nodes, jobs) }
+            })
+            .await;
+            eprintln!("jobs per node before the kill: {counts:?}");
+            nodes[1].take().unwrap().kill().await;
+            nodes[1] = Some(cluster.start("n2", settings()).await);
+            let restarted = tokio::time::Instant::now();
+            for i in 0..jobs {
+                pouch.put_docs(&format!("s{i}"), "b", 2).await;
+            }
+            for i in 0..jobs {
+                pouch
+                    .wait_count(&format!("t{i}"), 5, Duration::from_secs(20))
+                    .await;
+            }
+            let running: usize = nodes
+                .iter()
+                .flatten()
+                .map(|n| n.job_sup().which_children().len())
+                .sum();
+            assert_eq!(running, jobs, "job actors after the restart");
+            eprintln!(
+                "every target current {:?} after the restart",
+                restarted.elapsed()
+            );
+            for n in nodes.into_iter().flatten() {
+                n.shutdown().await;
+            }
+        },
+    )
     .await;
 }

@@ -14,7 +14,8 @@
 //! each other (see [`Membership::beat_tx`]).
 //!
 //! Messages: `Changed`, `Heartbeat`, `Quiet(generation)` (own timers), `Observe`.
-//! A graceful stop deregisters the node.
+//! Joining re-enqueues the jobs an earlier run under the same name left running; a graceful
+//! stop deregisters the node.
 
 use std::time::Duration;
 
@@ -156,6 +157,15 @@ impl Server for Clustering {
         let began = tokio::time::Instant::now();
         self.membership.beat(true).await?;
         self.ctx.node_lease().renew(began);
+        // This node's job server starts after this actor, so a job the store shows running
+        // here was left by an earlier run under the same name (killed, then restarted before
+        // a neighbour removed it): its row beats again, so no neighbour ever will, and the
+        // job would wait for the activity timeout (61-91 s; the failover drill saw it).
+        let left = self.membership.requeue_rest_of(self.ctx.node()).await?;
+        if left > 0 {
+            tracing::info!(node = %self.ctx.node(), jobs = left,
+                "re-enqueued the jobs an earlier run of this node left running");
+        }
         let watcher = {
             let me = myself.clone();
             let db = self.ctx.jobs().db().clone();
