@@ -3,6 +3,7 @@
 mod support;
 
 mod jobs {
+    mod accept_field;
     mod api;
     mod chaos;
     mod monitor;

@@ -38,7 +38,7 @@ const EARLIEST_SPREAD: usize = 8;
 pub const MAX_SCHED_TIME: i64 = 1 << 36;
 
 /// Options of `accept`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AcceptOpts {
     /// Accept only jobs scheduled at or before this UNIX time (default 2^36, or 0 with
     /// `no_schedule`).
@@ -55,6 +55,8 @@ pub struct AcceptOpts {
     /// `EARLIEST_SPREAD` of them), so a job waiting since long ago is not diluted among
     /// jobs that became eligible a moment ago.
     pub earliest_first: bool,
+    /// A field written into the taken job's data by the accept's own transaction.
+    pub set_field: Option<(String, serde_json::Value)>,
 }
 
 impl AcceptOpts {
@@ -84,6 +86,14 @@ impl AcceptOpts {
     /// Picks among the earliest scheduled candidates only (see [`AcceptOpts::earliest_first`]).
     pub fn earliest_first(mut self) -> Self {
         self.earliest_first = true;
+        self
+    }
+
+    /// Writes `name = value` into the taken job's data in the accept's own transaction (a
+    /// worker's name, say: the job then shows who runs it from the moment it is taken,
+    /// without a second transaction).
+    pub fn set_field(mut self, name: &str, value: serde_json::Value) -> Self {
+        self.set_field = Some((name.to_owned(), value));
         self
     }
 
@@ -233,6 +243,9 @@ pub(crate) async fn try_accept_claimed(
         let jlock = new_jlock();
         row.jlock = Some(jlock.clone());
         row.resubmit = false;
+        if let Some((name, value)) = &opts.set_field {
+            row.data.insert(name.clone(), value.clone());
+        }
         stamp_running(keys, tx, ty, &id, &mut row);
         let job = Job {
             job_type: ty.to_string(),

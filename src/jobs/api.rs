@@ -284,11 +284,12 @@ impl Jobs {
         let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
             // The claim on the key taken lives until `run` returns: it committed or failed.
+            let opts = &opts;
             let (found, watch) = self
                 .db()
                 .run(|tx| async move {
                     let (keys, rng) = (self.keys(), self.rng());
-                    let found = try_accept_claimed(keys, &tx, ty, &opts, rng, self.claims());
+                    let found = try_accept_claimed(keys, &tx, ty, opts, rng, self.claims());
                     let found = found.await?;
                     let watch = match found {
                         Some(_) => None,

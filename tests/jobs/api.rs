@@ -257,17 +257,17 @@ async fn earliest_first_takes_long_waiting_jobs_before_recent_ones() {
         // it spreads over the 8 earliest, the old ones always among them.
         let mut taken = Vec::new();
         for _ in 0..13 {
-            taken.push(j.accept(T, opts).await.unwrap().0.id);
+            taken.push(j.accept(T, opts.clone()).await.unwrap().0.id);
         }
         assert!(
             taken.iter().all(|id| id.starts_with("old")),
             "a recent job taken while 8 old ones waited: {taken:?}"
         );
         for _ in 0..57 {
-            j.accept(T, opts).await.unwrap();
+            j.accept(T, opts.clone()).await.unwrap();
         }
-        assert_eq!(j.accept(T, opts).await, Err(JobsError::NotFound));
-        assert_eq!(j.accept(T, opts).await, Err(JobsError::NotFound));
+        assert_eq!(j.accept(T, opts.clone()).await, Err(JobsError::NotFound));
+        assert_eq!(j.accept(T, opts.clone()).await, Err(JobsError::NotFound));
     })
     .await
 }

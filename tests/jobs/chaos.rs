@@ -439,7 +439,7 @@ impl World {
             .timeout(Duration::ZERO)
             .max_sched_time(i64::from(u32::MAX));
         loop {
-            match self.jobs.accept(TY, opts).await {
+            match self.jobs.accept(TY, opts.clone()).await {
                 Ok((job, _)) => self
                     .jobs
                     .finish(&job, None)

@@ -55,7 +55,14 @@ pub(super) async fn acceptor(
             .max_sched_time(ctx.now_secs())
             .timeout(ACCEPT_WAIT)
             .candidates(ACCEPT_CANDIDATES)
-            .earliest_first();
+            .earliest_first()
+            // The node is stamped by the take itself: were this node to die before the
+            // job actor claims the replication (endpoint requests come first), the
+            // neighbour that removes it re-enqueues this job too. Before the first stamp,
+            // it stayed locked until its activity timeout (the failover drill saw it
+            // pending for over 90 s); before it joined the take, it cost a second
+            // transaction per start.
+            .set_field("node", ctx.node().as_str().into());
         match ctx.jobs().accept(REP_JOBS, opts).await {
             Ok((job, _)) if retire.load(Ordering::Relaxed) => {
                 // Retired while it waited (this node's part shrank: a node joined): the job
@@ -72,25 +79,8 @@ pub(super) async fn acceptor(
                 let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
                 return;
             }
-            Ok((job, mut data)) => {
+            Ok((job, data)) => {
                 tracing::debug!(job = %job.id, acceptor = id, "accepted");
-                // The node is stamped at once: were this node to die before the job actor
-                // claims the replication (endpoint requests come first), the neighbour that
-                // removes it re-enqueues this job too. Before, it stayed locked until its
-                // activity timeout (the failover drill saw it pending for over 90 s). Not in
-                // the accept's own transaction: the row it writes is versionstamped, so it
-                // cannot be read back before that commits.
-                data.insert("node".into(), ctx.node().as_str().into());
-                let job = match ctx.jobs().update(&job, Some(data.clone())).await {
-                    Ok(stamped) => stamped,
-                    // Lost already (a neighbour re-enqueued it): nothing to run.
-                    Err(JobsError::Halt | JobsError::NotFound) => continue,
-                    // The store failed: the job actor's claim stamps it, or fails the same way.
-                    Err(e) => {
-                        tracing::warn!(job = %job.id, error = %e, "could not stamp an accepted job");
-                        job
-                    }
-                };
                 let record = match RepJobRecord::from_data(&data) {
                     Ok(r) => r,
                     Err(e) => {
