@@ -31,7 +31,11 @@ async fn the_take_writes_the_field_every_reader_sees() {
         let stored = j.get_job_data("t", &job.id).await.unwrap();
         assert_eq!(stored, taken, "the job's row");
         let active = j.get_active_jobs("t").await.unwrap();
-        assert_eq!(active, vec![(job.id.clone(), taken.clone())], "the activity row");
+        assert_eq!(
+            active,
+            vec![(job.id.clone(), taken.clone())],
+            "the activity row"
+        );
         // The worker's lock holds: its update goes through and keeps what it sends.
         let mut next = taken.clone();
         next.insert("n".into(), json!(1));

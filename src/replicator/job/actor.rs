@@ -202,7 +202,10 @@ async fn terminate_job(myself: ActorRef<JobMsg>, mut st: JobActorState, reason: 
         ExitReason::Normal | ExitReason::Shutdown => stop_to_pending(&mut st).await,
     };
     match outcome {
-        Ok(()) | Err(JobsError::Halt) | Err(JobsError::NotFound) => {}
+        Ok(()) => {}
+        Err(JobsError::Halt) | Err(JobsError::NotFound) => {
+            tracing::debug!(job = %st.job_id, "job's lock gone at its end");
+        }
         Err(e) => tracing::warn!(job = %st.job_id, error = %e, "job terminate failed"),
     }
 }
@@ -230,7 +233,9 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         // CouchDB 4.x's couch_replicator_job.erl: after a max_backoff crash, restart gentler.
         super::error_backoff::gentler_after_max_backoff(&mut spec.options);
     }
+    let began = Instant::now();
     let engine = runner::engine_context(&ctx, myself.get_cell(), &mut spec).await?;
+    let context_ms = began.elapsed().as_millis() as u64;
     let rep_id = match replication::compute_id(&spec, &engine).await {
         Ok(id) => id,
         Err(e) => {
@@ -240,9 +245,17 @@ async fn start(myself: &ActorRef<JobMsg>, st: &mut JobActorState) -> Result<(), 
         }
     };
     st.span.record("rep_id", rep_id.full().as_str());
+    let id_ms = began.elapsed().as_millis() as u64 - context_ms;
     if !claim(myself, st, &rep_id, &spec, now).await? {
         return Ok(());
     }
+    // Where a start's time goes (the failover drill's hand-overs wait on it).
+    tracing::debug!(
+        context_ms,
+        id_ms,
+        total_ms = began.elapsed().as_millis() as u64,
+        "job claimed"
+    );
     launch(myself, st, spec, engine, rep_id, now);
     Ok(())
 }

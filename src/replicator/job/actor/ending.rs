@@ -157,6 +157,7 @@ pub(super) async fn stop_to_pending(st: &mut JobActorState) -> Result<(), JobsEr
         _ => 0,
     };
     resubmit(st, stime).await?;
+    tracing::debug!(job = %st.job_id, stime, "job back in the queue");
     st.ctx.publish(ReplicatorEvent::Stopped {
         job_id: st.job_id.clone(),
     });

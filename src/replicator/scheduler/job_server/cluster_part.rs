@@ -129,7 +129,11 @@ impl JobServer {
             }
         }
         st.retired.retain(|t| !t.is_finished());
-        if load.due && room == 0 && st.limit < s.max_jobs {
+        // While jobs wait and this node's part is below `max_jobs`, the picture is read
+        // again soon whether or not this node has room now: a part taken from a stale picture
+        // fills, and the jobs still due are room the next read shows (a rolling restart's
+        // handed-back job waited 1.7 s for a node's next read with its room full).
+        if load.due && st.limit < s.max_jobs {
             Self::recheck_soon(st);
         }
         if st.limit >= s.max_jobs || st.rot.live() <= st.limit {
