@@ -3,7 +3,7 @@
 mod support;
 
 mod jobs {
-    mod accept_field;
+    mod accept_options;
     mod api;
     mod chaos;
     mod monitor;

@@ -277,14 +277,29 @@ impl Jobs {
 
     /// Dequeues and locks a job; waits for one as CouchDB's couch_jobs_fdb/couch_jobs_pending accept says. `NotFound` when the wait
     /// times out.
+    pub async fn accept(&self, ty: &str, opts: AcceptOpts) -> JobsResult<(Job, JobData)> {
+        self.accept_until(ty, opts, std::future::pending()).await
+    }
+
+    /// [`Jobs::accept`] that also stops waiting (`NotFound`) once `until` completes. It is
+    /// polled only while no job is found, never during a transaction: a take cut short
+    /// could commit with nobody to run the job.
     #[tracing::instrument(name = "couch_jobs.accept", level = "debug", skip_all,
         fields(job_type = %ty, job_id = tracing::field::Empty))]
-    pub async fn accept(&self, ty: &str, opts: AcceptOpts) -> JobsResult<(Job, JobData)> {
+    pub async fn accept_until(
+        &self,
+        ty: &str,
+        opts: AcceptOpts,
+        until: impl Future<Output = ()>,
+    ) -> JobsResult<(Job, JobData)> {
+        let mut until = std::pin::pin!(until);
         let max_sched_time = opts.effective_max_sched_time()?;
         let deadline = opts.timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut wakes = 0u32;
         loop {
             // The claim on the key taken lives until `run` returns: it committed or failed.
             let opts = &opts;
+            let began = tokio::time::Instant::now();
             let (found, watch) = self
                 .db()
                 .run(|tx| async move {
@@ -299,10 +314,14 @@ impl Jobs {
                 })
                 .await?;
             if let Some((job, data, _claim)) = found {
-                let found = (job, data);
-                tracing::Span::current().record("job_id", found.0.id.as_str());
-                return Ok(found);
+                // How long the take's transaction took, retries included, and how many
+                // enqueues woke this waiter before it (hand-overs are judged by both).
+                let txn_ms = began.elapsed().as_millis() as u64;
+                tracing::Span::current().record("job_id", job.id.as_str());
+                tracing::debug!(txn_ms, wakes, "took a job");
+                return Ok((job, data));
             }
+            wakes += 1;
             let remaining =
                 deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             let wait = wait_timeout(
@@ -314,15 +333,20 @@ impl Jobs {
             let Some(watch) = watch else {
                 return Err(JobsError::NotFound);
             };
-            match wait {
+            let limit = match wait {
                 Some(t) if t.is_zero() => return Err(JobsError::NotFound),
-                Some(t) => match tokio::time::timeout(t, watch).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) if e.is_retryable() => {}
-                    Ok(Err(e)) => return Err(e.into()),
-                    Err(_) => return Err(JobsError::NotFound),
-                },
-                None => watch.await?,
+                Some(t) => t,
+                None => std::time::Duration::MAX,
+            };
+            let woken = tokio::select! {
+                woken = tokio::time::timeout(limit, watch) => woken,
+                () = &mut until => return Err(JobsError::NotFound),
+            };
+            match woken {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_retryable() && wait.is_some() => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(JobsError::NotFound),
             }
         }
     }

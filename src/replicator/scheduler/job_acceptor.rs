@@ -3,8 +3,6 @@
 //! server ([`JobServerMsg::Accepted`]), or ends when told to retire (this node's part of
 //! the cluster's jobs shrank, see [`super::balance`]) between two waits.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::ActorRef;
@@ -43,11 +41,12 @@ pub(super) async fn acceptor(
     job_sup: JobSupRef,
     server: ActorRef<JobServerMsg>,
     id: u64,
-    retire: Arc<AtomicBool>,
+    retire: tokio::sync::watch::Receiver<bool>,
 ) {
     let jitter = (ctx.settings().startup_jitter.min(REWAIT_JITTER).as_millis() as u64).max(1);
     loop {
-        if retire.load(Ordering::Relaxed) {
+        // Retired, or the job server is gone (the flag's sender dropped unsent).
+        if *retire.borrow() || retire.has_changed().is_err() {
             let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
             return;
         }
@@ -63,8 +62,15 @@ pub(super) async fn acceptor(
             // pending for over 90 s); before it joined the take, it cost a second
             // transaction per start.
             .set_field("node", ctx.node().as_str().into());
-        match ctx.jobs().accept(REP_JOBS, opts).await {
-            Ok((job, _)) if retire.load(Ordering::Relaxed) => {
+        // A retirement ends the wait at once: an acceptor that waited on took the next job
+        // enqueued only to hand it back, and in a rolling restart a job bounced so twice
+        // before a node with room took it (3.1 s pending).
+        let mut retired = retire.clone();
+        let until = async move {
+            let _ = retired.wait_for(|r| *r).await;
+        };
+        match ctx.jobs().accept_until(REP_JOBS, opts, until).await {
+            Ok((job, _)) if *retire.borrow() => {
                 // Retired while it waited (this node's part shrank: a node joined): the job
                 // is not this node's to run, so it goes back to the queue now rather than
                 // being handed back a `min_run_time` later.

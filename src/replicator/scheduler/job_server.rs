@@ -39,8 +39,6 @@
 //! Other messages: `WorkerExited` (from job_sup), `Observe`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, RpcReplyPort};
@@ -161,10 +159,11 @@ pub struct JobServer {
     pub job_sup: JobSupRef,
 }
 
-/// One acceptor task, and the flag that tells it to end after its current wait.
+/// One acceptor task, and the flag that tells it to end: at once while it waits for a job,
+/// after its transaction when it is taking one.
 struct Acceptor {
     task: JoinHandle<()>,
-    retire: Arc<AtomicBool>,
+    retire: tokio::sync::watch::Sender<bool>,
 }
 
 /// The job server's state.
@@ -223,13 +222,13 @@ impl JobServer {
         for _ in 0..n {
             let id = st.next_acceptor;
             st.next_acceptor += 1;
-            let retire = Arc::new(AtomicBool::new(false));
+            let (retire, retired) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(acceptor(
                 self.ctx.clone(),
                 self.job_sup.clone(),
                 myself.clone(),
                 id,
-                retire.clone(),
+                retired,
             ));
             st.acceptors.insert(id, Acceptor { task, retire });
         }
@@ -399,7 +398,7 @@ impl Server for JobServer {
                 st.stopping = true;
                 let mut tasks = std::mem::take(&mut st.retired);
                 for (_, a) in st.acceptors.drain() {
-                    a.retire.store(true, Ordering::Relaxed);
+                    a.retire.send_replace(true);
                     tasks.push(a.task);
                 }
                 let _ = reply.send(tasks);

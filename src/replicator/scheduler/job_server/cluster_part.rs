@@ -3,7 +3,6 @@
 //! node's load row, re-reading the picture when it was taken while jobs moved, and watching
 //! the queue so a node held below `max_jobs` takes new jobs at once.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::ActorRef;
@@ -124,7 +123,7 @@ impl JobServer {
         let surplus: Vec<u64> = st.acceptors.keys().skip(keep).copied().collect();
         for id in surplus {
             if let Some(a) = st.acceptors.remove(&id) {
-                a.retire.store(true, Ordering::Relaxed);
+                a.retire.send_replace(true);
                 st.retired.push(a.task);
             }
         }
