@@ -35,18 +35,29 @@ const HANDOFF_ATTEMPTS: u32 = 50;
 /// restart) could find every acceptor of the other nodes in that pause and wait 5 s.
 const REWAIT_JITTER: Duration = Duration::from_millis(200);
 
+/// What the job server asks of an acceptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retirement {
+    /// Take a job.
+    Working,
+    /// End: this node's part shrank. A job whose take was in flight still runs here.
+    Retired,
+    /// End: the node is stopping. A job whose take was in flight goes back to the queue.
+    Stopping,
+}
+
 /// One acceptor: waits for a pending job scheduled no later than now, hands it to job_sup.
 pub(super) async fn acceptor(
     ctx: NodeCtx,
     job_sup: JobSupRef,
     server: ActorRef<JobServerMsg>,
     id: u64,
-    retire: tokio::sync::watch::Receiver<bool>,
+    retire: tokio::sync::watch::Receiver<Retirement>,
 ) {
     let jitter = (ctx.settings().startup_jitter.min(REWAIT_JITTER).as_millis() as u64).max(1);
     loop {
         // Retired, or the job server is gone (the flag's sender dropped unsent).
-        if *retire.borrow() || retire.has_changed().is_err() {
+        if *retire.borrow() != Retirement::Working || retire.has_changed().is_err() {
             let _ = server.send_message(JobServerMsg::AcceptorEnded(id));
             return;
         }
@@ -67,13 +78,15 @@ pub(super) async fn acceptor(
         // before a node with room took it (3.1 s pending).
         let mut retired = retire.clone();
         let until = async move {
-            let _ = retired.wait_for(|r| *r).await;
+            let _ = retired.wait_for(|r| *r != Retirement::Working).await;
         };
+        // Retired while its take was in flight: the job runs here all the same (one over
+        // this node's part at most, which the balance confirms before handing anything
+        // back). Handed straight back, it bounced between nodes reading stale pictures.
         match ctx.jobs().accept_until(REP_JOBS, opts, until).await {
-            Ok((job, _)) if *retire.borrow() => {
-                // Retired while it waited (this node's part shrank: a node joined): the job
-                // is not this node's to run, so it goes back to the queue now rather than
-                // being handed back a `min_run_time` later.
+            Ok((job, _)) if *retire.borrow() == Retirement::Stopping => {
+                // The node is stopping: the job goes back to the queue now, for a node
+                // that stays.
                 let (jobs, job_id) = (ctx.jobs(), job.id.as_str());
                 let requeued = jobs
                     .db()

@@ -46,7 +46,7 @@ use supervisors::{BoxError, ExitReason, Observable, Server};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::job_acceptor::acceptor;
+use super::job_acceptor::{Retirement, acceptor};
 use super::job_sup::JobSupRef;
 use super::rotation_policy::acceptors_to_add;
 use super::running_jobs::{Rotation, Worker};
@@ -163,7 +163,7 @@ pub struct JobServer {
 /// after its transaction when it is taking one.
 struct Acceptor {
     task: JoinHandle<()>,
-    retire: tokio::sync::watch::Sender<bool>,
+    retire: tokio::sync::watch::Sender<Retirement>,
 }
 
 /// The job server's state.
@@ -222,7 +222,7 @@ impl JobServer {
         for _ in 0..n {
             let id = st.next_acceptor;
             st.next_acceptor += 1;
-            let (retire, retired) = tokio::sync::watch::channel(false);
+            let (retire, retired) = tokio::sync::watch::channel(Retirement::Working);
             let task = tokio::spawn(acceptor(
                 self.ctx.clone(),
                 self.job_sup.clone(),
@@ -398,7 +398,7 @@ impl Server for JobServer {
                 st.stopping = true;
                 let mut tasks = std::mem::take(&mut st.retired);
                 for (_, a) in st.acceptors.drain() {
-                    a.retire.send_replace(true);
+                    a.retire.send_replace(Retirement::Stopping);
                     tasks.push(a.task);
                 }
                 let _ = reply.send(tasks);

@@ -14,6 +14,7 @@ use crate::jobs::JobsError;
 use crate::replicator::cluster::membership::Membership;
 use crate::replicator::job::view::REP_JOBS;
 use crate::replicator::scheduler::balance;
+use crate::replicator::scheduler::job_acceptor::Retirement;
 
 /// How long a node must be seen over its part, at two balance reads, before it hands jobs
 /// back. The picture is racy while jobs move: a job handed back is counted both as pending
@@ -123,7 +124,7 @@ impl JobServer {
         let surplus: Vec<u64> = st.acceptors.keys().skip(keep).copied().collect();
         for id in surplus {
             if let Some(a) = st.acceptors.remove(&id) {
-                a.retire.send_replace(true);
+                a.retire.send_replace(Retirement::Retired);
                 st.retired.push(a.task);
             }
         }
