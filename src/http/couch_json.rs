@@ -83,6 +83,10 @@ pub struct SchedulerJob {
     pub node: NodeName,
     /// ISO 8601.
     pub start_time: String,
+    /// `paused` for a job an operator holds (ours; absent otherwise, as in CouchDB's
+    /// entries, which carry no state).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
 }
 
 impl SchedulerJob {
@@ -110,6 +114,7 @@ impl SchedulerJob {
                 .collect(),
             node: j.node.clone().unwrap_or_else(|| node.clone()),
             start_time: iso8601(j.start_time),
+            state: (j.state == RepState::Paused).then_some(RepState::Paused.as_str()),
         }
     }
 }

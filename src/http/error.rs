@@ -146,6 +146,11 @@ impl From<crate::replicator::ReplicatorError> for HttpError {
             E::NotFound(id) => Self::not_found(format!("no replication job {id}")),
             E::ServerJobNotFound(id) => Self::not_found(format!("no server job {id}")),
             E::Conflict(r) => Self::new(StatusCode::CONFLICT, "conflict", r),
+            E::NotPausable { job, state, wanted } => Self::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("replication job {job} is {}; {wanted}", state.as_str()),
+            ),
             E::Failed(e) => Self::from(&e),
             E::Timeout(id) => Self::new(
                 StatusCode::GATEWAY_TIMEOUT,

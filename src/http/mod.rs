@@ -21,6 +21,7 @@ pub mod lockout;
 pub(crate) mod mask;
 pub(crate) mod node_stats;
 pub mod password;
+pub(crate) mod pause;
 pub mod peer;
 pub(crate) mod rejection;
 pub(crate) mod replicate;
@@ -145,6 +146,8 @@ pub fn router_with_steps(state: AppState, steps: Option<crate::steps::Steps>) ->
         .route("/_verify", post(verify::post_verify))
         .route("/_scheduler/jobs", get(scheduler::list_jobs))
         .route("/_scheduler/jobs/{id}", get(scheduler::get_job))
+        .route("/_scheduler/jobs/{id}/_pause", post(pause::pause))
+        .route("/_scheduler/jobs/{id}/_resume", post(pause::resume))
         .route("/_scheduler/docs", get(scheduler::list_all_docs))
         .route("/_scheduler/docs/{*rest}", get(scheduler::docs_path))
         .route("/_active_tasks", get(active_tasks::active_tasks))

@@ -126,6 +126,9 @@ pub async fn post_replicate(
                 ))
                 .await?;
             drop(limited);
+            if job.state == RepState::Paused {
+                return Err(paused(&job.job_id));
+            }
             // In the request's span: its request id leads from the caller to the job.
             tracing::info!(job_id = %job.job_id, rep_id = %rep_id.full(), "replication job added");
             if spec.options.continuous {
@@ -193,6 +196,17 @@ async fn refuse_duplicate(
     }
 }
 
+/// The answer to starting a replication an operator paused: it runs once resumed.
+fn paused(job_id: &JobId) -> HttpError {
+    HttpError::new(
+        StatusCode::CONFLICT,
+        "conflict",
+        format!(
+            "replication job {job_id} is paused; POST /_scheduler/jobs/{job_id}/_resume runs it again"
+        ),
+    )
+}
+
 /// How often a waiting `_replicate` call re-reads its job.
 const WAIT_POLL: Duration = Duration::from_millis(100);
 
@@ -218,6 +232,8 @@ async fn wait(
                     return Err(HttpError::from(e));
                 }
             }
+            // Held by an operator: nothing to wait for until someone resumes it.
+            (RepState::Paused, _) => return Err(paused(job_id)),
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {

@@ -34,12 +34,12 @@ fn paging(q: &HashMap<String, String>) -> HttpResult<(usize, usize)> {
     Ok((num("limit", DEFAULT_LIMIT)?, num("skip", 0)?))
 }
 
-fn visible(caller: &Caller, j: &JobView) -> bool {
+pub(crate) fn visible(caller: &Caller, j: &JobView) -> bool {
     caller.is_admin()
         || (j.is_transient() && j.user.is_some() && j.user.as_deref() == caller.name())
 }
 
-/// `GET /_scheduler/jobs`: active (pending, running, crashing) jobs.
+/// `GET /_scheduler/jobs`: active (pending, running, crashing) and paused jobs.
 pub async fn list_jobs(
     State(st): State<AppState>,
     caller: Caller,
@@ -94,7 +94,7 @@ fn states(q: &HashMap<String, String>) -> HttpResult<Option<Vec<RepState>>> {
         .map(|p| {
             RepState::parse(p.trim()).ok_or_else(|| {
                 HttpError::bad_request(format!(
-                    "unknown state `{p}`; states are pending, running, crashing, completed, failed"
+                    "unknown state `{p}`; states are pending, running, crashing, completed, failed, paused"
                 ))
             })
         })

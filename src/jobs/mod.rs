@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use crate::store::{Db, tuple};
 
-pub use accept::AcceptOpts;
+pub use accept::{AcceptOpts, MAX_SCHED_TIME};
 pub use clock::{Clock, CorrectedClock, SharedClock, SystemClock};
 #[cfg(any(test, feature = "internals"))]
 pub use clock::{ManualClock, TokioClock};

@@ -1,7 +1,7 @@
 //! The errors the replicator handle and its actors return to callers.
 
-use super::job::id::JobRef;
-use super::job::record::JobError;
+use super::job::id::{JobId, JobRef};
+use super::job::record::{JobError, RepState};
 use super::node::settings::SettingsError;
 use super::server_job::spec::ServerJobId;
 use crate::jobs::JobsError;
@@ -26,6 +26,17 @@ pub enum ReplicatorError {
     /// A persistent job already owns this id (`POST /_replicate` for a persistent job id).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// `_pause` or `_resume` on a job in a state it does not apply to (a 409 for HTTP
+    /// callers).
+    #[error("conflict: replication job {job} is {}; {wanted}", state.as_str())]
+    NotPausable {
+        /// The job.
+        job: JobId,
+        /// Its state.
+        state: RepState,
+        /// What the operation needs.
+        wanted: &'static str,
+    },
     /// The job ended in `failed` (one-shot waits) with this error.
     #[error("replication failed: {0}")]
     Failed(#[source] JobError),

@@ -295,7 +295,7 @@ impl Replicator {
     /// A job actor of this node that runs a removed job stops at its next store update: ask
     /// for that update now and wait (bounded) until the actor is gone, so a cancel returns
     /// once the replication has stopped. Jobs run by other nodes stop at their next update.
-    async fn wait_local_actor_gone(&self, job_id: &JobId) {
+    pub(super) async fn wait_local_actor_gone(&self, job_id: &JobId) {
         let sup = &self.job_sup;
         let Some(actor) = sup.which_child(job_id.as_str()) else {
             return;
@@ -487,7 +487,7 @@ impl Replicator {
     /// The job id a [`JobRef`] names. A replication id is claimed in the collision index
     /// when its job first runs; a pending job that has not run yet is found by the id its
     /// record shows, as CouchDB finds it.
-    async fn resolve(&self, id: &JobRef) -> ReplicatorResult<JobId> {
+    pub(super) async fn resolve(&self, id: &JobRef) -> ReplicatorResult<JobId> {
         let rep_id = match id {
             JobRef::Job(job_id) => return Ok(job_id.clone()),
             JobRef::Replication(rep_id) => rep_id,
@@ -513,7 +513,7 @@ fn wait_outcome(view: &JobView, until: WaitFor) -> Option<ReplicatorResult<JobVi
     }
 }
 
-fn not_found(e: JobsError, id: &JobRef) -> ReplicatorError {
+pub(super) fn not_found(e: JobsError, id: &JobRef) -> ReplicatorError {
     match e {
         JobsError::NotFound => ReplicatorError::NotFound(id.clone()),
         other => ReplicatorError::Jobs(other),

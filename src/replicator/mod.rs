@@ -9,8 +9,8 @@
 //! - [`cluster`]: membership of the nodes sharing one store.
 //! - [`replicator_db`]: `_replicator` documents and replication requests.
 //! - [`server_job`]: whole-server replication jobs.
-//! - [`handle`], [`new_job`] and `error`: the embedding API (the node's handle, what it adds)
-//!   and its errors.
+//! - [`handle`], [`new_job`], `pause` and `error`: the embedding API (the node's handle, what
+//!   it adds, holding and releasing a job) and its errors.
 
 #[macro_use]
 mod text_id;
@@ -21,6 +21,7 @@ pub mod handle;
 pub mod job;
 pub mod new_job;
 pub mod node;
+mod pause;
 pub mod replicator_db;
 pub mod scheduler;
 pub mod server_job;

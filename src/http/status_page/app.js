@@ -73,7 +73,7 @@
   function render(s) {
     const c = s.counts;
     document.getElementById("summary").textContent = c.total + " jobs: " + c.running + " running, " +
-      c.pending + " pending, " + c.crashing + " crashing, " + c.completed + " completed, " + c.failed + " failed";
+      c.pending + " pending, " + c.crashing + " crashing, " + c.completed + " completed, " + c.failed + " failed, " + c.paused + " paused";
     spark(s);
     document.getElementById("nodes").replaceChildren(...s.nodes.map((n) => {
       const li = el("li", n.name + (n.this_node ? " (this node)" : "") + " ", n.alive ? "up" : "down");

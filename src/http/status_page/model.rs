@@ -42,6 +42,8 @@ pub struct Counts {
     pub running: usize,
     /// Waiting out a backoff after an error.
     pub crashing: usize,
+    /// Held by an operator.
+    pub paused: usize,
     /// Finished successfully (one-shot replications).
     pub completed: usize,
     /// Failed for good (invalid, or refused).
@@ -136,13 +138,7 @@ pub struct Status {
 }
 
 fn state_named(s: &str) -> HttpResult<Option<RepState>> {
-    let all = [
-        RepState::Pending,
-        RepState::Running,
-        RepState::Crashing,
-        RepState::Completed,
-        RepState::Failed,
-    ];
+    let all = RepState::ALL;
     if s.is_empty() {
         return Ok(None);
     }
@@ -202,6 +198,7 @@ fn counts(jobs: &[JobView]) -> Counts {
         crashing: n(RepState::Crashing),
         completed: n(RepState::Completed),
         failed: n(RepState::Failed),
+        paused: n(RepState::Paused),
         total: jobs.len(),
     }
 }

@@ -58,8 +58,8 @@ fn job_row(r: &JobRow) -> String {
 pub fn page(status: &Status) -> String {
     let c = &status.counts;
     let summary = format!(
-        "{} jobs: {} running, {} pending, {} crashing, {} completed, {} failed",
-        c.total, c.running, c.pending, c.crashing, c.completed, c.failed
+        "{} jobs: {} running, {} pending, {} crashing, {} completed, {} failed, {} paused",
+        c.total, c.running, c.pending, c.crashing, c.completed, c.failed, c.paused
     );
     let rows: String = status.jobs.rows.iter().map(job_row).collect();
     let mut nodes = String::new();

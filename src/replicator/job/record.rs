@@ -31,9 +31,22 @@ pub enum RepState {
     Completed,
     /// Will not be retried (bad document, duplicate of a persistent job, transient error).
     Failed,
+    /// Held by an operator (`_pause`): keeps its checkpoint and its replication id, runs on
+    /// no node until resumed.
+    Paused,
 }
 
 impl RepState {
+    /// Every state, in the order operators read them (`/metrics`, the status page).
+    pub const ALL: [RepState; 6] = [
+        RepState::Pending,
+        RepState::Running,
+        RepState::Crashing,
+        RepState::Completed,
+        RepState::Failed,
+        RepState::Paused,
+    ];
+
     /// The state name used in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -42,6 +55,7 @@ impl RepState {
             RepState::Crashing => "crashing",
             RepState::Completed => "completed",
             RepState::Failed => "failed",
+            RepState::Paused => "paused",
         }
     }
 
@@ -53,6 +67,7 @@ impl RepState {
             "crashing" => RepState::Crashing,
             "completed" => RepState::Completed,
             "failed" => RepState::Failed,
+            "paused" => RepState::Paused,
             _ => return None,
         })
     }
@@ -62,9 +77,13 @@ impl RepState {
         matches!(self, RepState::Completed | RepState::Failed)
     }
 
-    /// Pending or running: the job holds its replication id against duplicates.
+    /// Pending, running or paused: the job holds its replication id against duplicates (a
+    /// paused job comes back to the id it had).
     pub(crate) fn is_active(self) -> bool {
-        matches!(self, RepState::Pending | RepState::Running)
+        matches!(
+            self,
+            RepState::Pending | RepState::Running | RepState::Paused
+        )
     }
 }
 
@@ -83,6 +102,10 @@ pub enum HistoryKind {
     Pending,
     /// It crashed (the event carries the reason).
     Crashed,
+    /// An operator paused it (ours: CouchDB has no pause).
+    Paused,
+    /// An operator resumed it (ours).
+    Resumed,
 }
 
 impl HistoryKind {
@@ -94,6 +117,8 @@ impl HistoryKind {
             HistoryKind::Stopped => "stopped",
             HistoryKind::Pending => "pending",
             HistoryKind::Crashed => "crashed",
+            HistoryKind::Paused => "paused",
+            HistoryKind::Resumed => "resumed",
         }
     }
 }

@@ -27,13 +27,7 @@ pub const MIN_GAP: Duration = Duration::from_secs(2);
 const QUEUE_COUNT_LIMIT: usize = 1_000_000;
 
 /// The states a census counts, in the order `/metrics` shows them.
-pub const STATES: [RepState; 5] = [
-    RepState::Pending,
-    RepState::Running,
-    RepState::Crashing,
-    RepState::Completed,
-    RepState::Failed,
-];
+pub const STATES: [RepState; 6] = RepState::ALL;
 
 /// couch_jobs' queue of one job type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +44,7 @@ pub struct QueueDepth {
 #[derive(Debug, Clone, Default)]
 pub struct Census {
     /// Jobs per state, in [`STATES`]' order.
-    pub by_state: [u64; 5],
+    pub by_state: [u64; STATES.len()],
     /// Every job.
     pub total: u64,
     /// This node's running jobs.
