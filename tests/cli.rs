@@ -4,6 +4,7 @@ mod support;
 
 mod cli {
     mod all_dbs_e2e;
+    mod jobs;
     mod replicate;
     mod serve_auth;
     mod serve_cluster;

@@ -12,8 +12,10 @@ use crate::telemetry::logging::LogFormat;
 mod chttpd_auth_section;
 mod config_file;
 mod couchdb_auth_section;
+mod jobs;
 mod limits_section;
 mod lockout_section;
+mod node_client;
 mod prometheus_section;
 mod replicate;
 mod replicator_section;
@@ -53,6 +55,8 @@ enum Command {
     Steps(steps::StepsArgs),
     /// Check that TGT holds every leaf revision of SRC (exit 0 only when it does).
     Verify(verify::VerifyArgs),
+    /// Replication jobs on a node: pause one, resume it.
+    Jobs(jobs::JobsArgs),
 }
 
 /// Runs the `couch-replicator` command line: parses the process arguments, starts a Tokio
@@ -72,6 +76,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Replicate(a) => rt.block_on(replicate::run(a)),
         Command::Steps(a) => rt.block_on(steps::run(a)),
+        Command::Jobs(a) => rt.block_on(jobs::run(a)),
         Command::Verify(a) => return rt.block_on(verify::run(a)),
         Command::Serve(a) => {
             crate::telemetry::logging::init(cli.log_format);

@@ -1,16 +1,15 @@
 //! `couch-replicator steps ...`: submits a steps job file to a node over HTTP and watches it,
-//! shows one job, or lists jobs. Talks to the node's `/_steps` routes.
-//!
-//! Credentials go in the node URL (`http://name:password@127.0.0.1:5984`) or in
-//! `COUCH_REPLICATOR_AUTH=name:password`; they are taken out of the URL before any request
-//! is built, so no message printed here (errors included) can show them.
+//! shows one job, or lists jobs. Talks to the node's `/_steps` routes through
+//! [`super::node_client`] (which says where credentials go).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use reqwest::{Client, Method, StatusCode};
+use reqwest::Method;
 use serde_json::Value;
 use url::Url;
+
+use super::node_client::NodeClient;
 
 /// Steps jobs on a node.
 #[derive(Debug, clap::Args)]
@@ -54,104 +53,17 @@ enum StepsCommand {
     },
 }
 
-/// A node's `/_steps` API, credentials kept apart from the URL.
-struct Node {
-    client: Client,
-    base: Url,
-    auth: Option<(String, String)>,
-}
-
-impl Node {
-    fn new(url: &str) -> Result<Self, String> {
-        let mut base = Url::parse(url).map_err(|e| format!("bad node URL: {e}"))?;
-        if !matches!(base.scheme(), "http" | "https") {
-            return Err("the node URL must be http or https".into());
-        }
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        let mut auth = match (base.username(), base.password()) {
-            ("", None) => None,
-            (u, p) => Some((decode(u), decode(p.unwrap_or("")))),
-        };
-        // Neither call fails for http(s) URLs, which have a host.
-        let _ = base.set_username("");
-        let _ = base.set_password(None);
-        if auth.is_none()
-            && let Ok(pair) = std::env::var("COUCH_REPLICATOR_AUTH")
-        {
-            let Some((u, p)) = pair.split_once(':') else {
-                return Err("COUCH_REPLICATOR_AUTH must be name:password".into());
-            };
-            auth = Some((u.to_string(), p.to_string()));
-        }
-        let client = Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self { client, base, auth })
-    }
-
-    /// `base/_steps[/id]`, the id escaped as one path segment.
-    fn url(&self, id: Option<&str>) -> Url {
-        let mut u = self.base.clone();
-        if let Ok(mut segs) = u.path_segments_mut() {
-            segs.pop_if_empty().push("_steps");
-            if let Some(id) = id {
-                segs.push(id);
-            }
-        }
-        u
-    }
-
-    async fn call(&self, method: Method, url: Url, body: Option<Vec<u8>>) -> Result<Value, String> {
-        let mut req = self.client.request(method, url);
-        if let Some((u, p)) = &self.auth {
-            req = req.basic_auth(u, Some(p));
-        }
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b);
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| format!("request failed: {e}"))?;
-        let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| format!("reading the reply failed: {e}"))?;
-        let value: Value = serde_json::from_str(&text).map_err(|_| {
-            format!("{status}: the node sent no JSON (is this a couch-replicator node?)")
-        })?;
-        if status.is_success() {
-            return Ok(value);
-        }
-        let field = |k: &str| {
-            value
-                .get(k)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        let hint = if status == StatusCode::UNAUTHORIZED {
-            " (give admin credentials in the URL or COUCH_REPLICATOR_AUTH)"
-        } else {
-            ""
-        };
-        Err(format!(
-            "{status} {}: {}{hint}",
-            field("error"),
-            field("reason")
-        ))
+/// `base/_steps[/id]`, the id escaped as one path segment.
+fn steps_url(node: &NodeClient, id: Option<&str>) -> Url {
+    match id {
+        Some(id) => node.endpoint(&["_steps", id]),
+        None => node.endpoint(&["_steps"]),
     }
 }
 
 /// Runs a `steps` subcommand.
 pub async fn run(args: StepsArgs) -> Result<(), String> {
-    let node = Node::new(&args.url)?;
+    let node = NodeClient::new(&args.url)?;
     match args.command {
         StepsCommand::Submit {
             file,
@@ -169,7 +81,9 @@ pub async fn run(args: StepsArgs) -> Result<(), String> {
                     .await
                     .map_err(|e| format!("reading {}: {e}", file.display()))?
             };
-            let created = node.call(Method::POST, node.url(None), Some(body)).await?;
+            let created = node
+                .call(Method::POST, steps_url(&node, None), Some(body))
+                .await?;
             let id = created
                 .get("id")
                 .and_then(Value::as_str)
@@ -182,7 +96,9 @@ pub async fn run(args: StepsArgs) -> Result<(), String> {
             Ok(())
         }
         StepsCommand::Get { id } => {
-            let v = node.call(Method::GET, node.url(Some(&id)), None).await?;
+            let v = node
+                .call(Method::GET, steps_url(&node, Some(&id)), None)
+                .await?;
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             Ok(())
         }
@@ -191,7 +107,7 @@ pub async fn run(args: StepsArgs) -> Result<(), String> {
             limit,
             start_after,
         } => {
-            let mut url = node.url(None);
+            let mut url = steps_url(&node, None);
             {
                 let mut q = url.query_pairs_mut();
                 if let Some(s) = &state {
@@ -238,10 +154,12 @@ fn print_list(v: &Value) {
 }
 
 /// Polls the job, printing each step's changes, until it ends; `Err` when it failed.
-async fn watch_job(node: &Node, id: &str, every: Duration) -> Result<(), String> {
+async fn watch_job(node: &NodeClient, id: &str, every: Duration) -> Result<(), String> {
     let mut shown: Vec<String> = Vec::new();
     loop {
-        let v = node.call(Method::GET, node.url(Some(id)), None).await?;
+        let v = node
+            .call(Method::GET, steps_url(node, Some(id)), None)
+            .await?;
         let steps = v
             .get("steps")
             .and_then(Value::as_array)

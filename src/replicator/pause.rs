@@ -25,7 +25,7 @@ pub(crate) const PAUSED_STIME: i64 = MAX_SCHED_TIME + 1;
 
 /// What a pause or resume transaction found.
 enum Outcome {
-    Done(JobView),
+    Done(Box<JobView>),
     Refused(RepState),
 }
 
@@ -63,7 +63,9 @@ impl Replicator {
                         jobs.resubmit_tx(&tx, REP_JOBS, id, Some(PAUSED_STIME), Some(data))
                             .await?;
                     }
-                    Ok(Outcome::Done(JobView::from_record(&job_id, &record)))
+                    Ok(Outcome::Done(Box::new(JobView::from_record(
+                        &job_id, &record,
+                    ))))
                 }
             })
             .await
@@ -72,7 +74,7 @@ impl Replicator {
             Outcome::Done(view) => {
                 self.wait_local_actor_gone(&view.job_id).await;
                 tracing::info!(job = %view.job_id, "replication job paused");
-                Ok(view)
+                Ok(*view)
             }
             Outcome::Refused(state) => Err(refused(
                 job_id,
@@ -105,7 +107,9 @@ impl Replicator {
                     let data = record.to_data();
                     jobs.resubmit_tx(&tx, REP_JOBS, id, Some(0), Some(data))
                         .await?;
-                    Ok(Outcome::Done(JobView::from_record(&job_id, &record)))
+                    Ok(Outcome::Done(Box::new(JobView::from_record(
+                        &job_id, &record,
+                    ))))
                 }
             })
             .await
@@ -113,7 +117,7 @@ impl Replicator {
         match outcome {
             Outcome::Done(view) => {
                 tracing::info!(job = %view.job_id, "replication job resumed");
-                Ok(view)
+                Ok(*view)
             }
             Outcome::Refused(state) => Err(refused(job_id, state, "only a paused job resumes")),
         }

@@ -96,6 +96,13 @@ async fn a_paused_job_copies_nothing_and_resumes_from_its_checkpoint() {
         );
         let (_, listed) = node.get("/_scheduler/jobs", Some(ADMIN)).await;
         assert_eq!(listed["jobs"][0]["state"], "paused", "{listed}");
+        wait_for(20, "the paused job counted on /metrics", || async {
+            let (_, m) = node.get("/metrics", Some(ADMIN)).await;
+            let m = m.as_str().unwrap_or_default().to_owned();
+            m.contains("couch_replicator_jobs{state=\"paused\"} 1")
+                .then_some(())
+        })
+        .await;
         // Pausing again changes nothing; posting the same replication does not wait on it.
         assert_eq!(node.post(&pause, Some(ADMIN), "{}").await.0, 200);
         let (s, e) = node.post("/_replicate", Some(BOB), &body).await;
