@@ -293,3 +293,60 @@ async fn duplicate_documents_fail_the_second_with_a_reason() {
     )
     .await;
 }
+
+/// A document's `paused` field (ours; CouchDB 3.4.3 accepts such a document and runs it
+/// anyway): `true` pauses its job without replacing it, `false` resumes it, and a document
+/// that says nothing leaves a job paused through the API as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_documents_paused_field_holds_and_releases_its_job() {
+    deadline(90, "a document's paused field", async {
+        let pouch = Pouch::start().await;
+        pouch.put("jobs_replicator", json!({})).await;
+        pouch.put("src", json!({})).await;
+        pouch.put("src/d1", json!({"n": 1})).await;
+        let node = Node::start(Default::default()).await;
+        let rep = node.replicator.clone();
+        let body = json!({"source": pouch.db("src"), "target": pouch.db("tgt"),
+            "create_target": true, "continuous": true, "paused": true});
+        let created = pouch.put("jobs_replicator/p", body.clone()).await;
+        let db = ReplicatorDb::from_url(&pouch.db("jobs_replicator")).unwrap();
+        let dp = DocProcessor::start(rep.clone(), fast(vec![db])).unwrap();
+        let id = "jobs_replicator|p";
+        until("the paused job", async || {
+            (job_state(&rep, id).await? == RepState::Paused).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(job_state(&rep, id).await, Some(RepState::Paused));
+        assert_eq!(
+            pouch.get("tgt").await.0,
+            404,
+            "a paused job created its target"
+        );
+        let before = rep.get(JobId::from(id)).await.unwrap();
+
+        // `false`: the same job runs (the field is no option of the replication).
+        let mut resumed = body.clone();
+        resumed["_rev"] = created["rev"].clone();
+        resumed["paused"] = json!(false);
+        let written = pouch.put("jobs_replicator/p", resumed.clone()).await;
+        until("the resumed job copying", async || {
+            let (s, d) = pouch.get("tgt/d1").await;
+            (s == 200 && d["n"] == 1).then_some(())
+        })
+        .await;
+        let after = rep.get(JobId::from(id)).await.unwrap();
+        assert_eq!(after.rep_id, before.rep_id, "the job was replaced");
+
+        // Paused through the API, then the document edited without the field: it stays.
+        rep.pause(JobId::from(id)).await.unwrap();
+        let mut silent = resumed.clone();
+        silent["_rev"] = written["rev"].clone();
+        silent.as_object_mut().unwrap().remove("paused");
+        pouch.put("jobs_replicator/p", silent).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(job_state(&rep, id).await, Some(RepState::Paused));
+        dp.stop().await;
+    })
+    .await;
+}

@@ -33,11 +33,15 @@ pub use super::writeback::DocStats;
 pub use super::writeback::{Terminal, write_state};
 use crate::replicator::job::id::persistent_job_id;
 use crate::replicator::server_job::spec::{ALL_DBS_FIELD, ServerJobId, ServerSpec};
-use crate::replicator::{JobKind, NewJob, Replicator, ReplicatorError};
+use crate::replicator::{JobKind, NewJob, RepState, Replicator, ReplicatorError};
 use crate::telemetry::Series;
 
 mod writer;
 use writer::Writer;
+
+/// The document field that pauses (`true`) or resumes (`false`) its job. Ours: CouchDB 3.4.3
+/// accepts a document carrying it and runs the replication regardless.
+pub const PAUSED_FIELD: &str = "paused";
 
 /// One `_replicator` database to follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,9 +283,12 @@ impl Follower {
             DocAction::Remove { doc_id } => self.remove(&doc_id).await,
             DocAction::Schedule(d) => {
                 let mut body = doc.clone();
+                let mut hold = None;
                 if let Some(m) = body.as_object_mut() {
                     // Fields older replicators (or `update_docs`) wrote are not options.
                     m.retain(|k, _| !k.starts_with("_replication_"));
+                    // Not part of the replication either: toggling it keeps the job.
+                    hold = m.remove(PAUSED_FIELD).and_then(|v| v.as_bool());
                 }
                 let job = NewJob::from_body(
                     JobKind::Persistent {
@@ -293,7 +300,10 @@ impl Follower {
                 match self.rep.add(job).await {
                     Ok(v) => {
                         tracing::debug!(job = %v.job_id, "replication document scheduled");
-                        true
+                        match hold {
+                            Some(paused) => self.hold(v, paused).await,
+                            None => true,
+                        }
                     }
                     Err(e) => match e.bad_request_reason() {
                         Some(reason) => {
@@ -315,6 +325,28 @@ impl Follower {
                 }
                 self.write_failed(&doc_id, reason.0).await;
                 true
+            }
+        }
+    }
+
+    /// Pauses or resumes a document's job as its `paused` field says (present only; a job
+    /// paused through the API stays paused while the document says nothing). False when
+    /// the store failed (the row is read again).
+    async fn hold(&self, job: crate::replicator::JobView, paused: bool) -> bool {
+        let is_paused = job.state == RepState::Paused;
+        if paused == is_paused || (paused && job.state.is_terminal()) {
+            return true;
+        }
+        let done = if paused {
+            self.rep.pause(job.job_id.clone()).await
+        } else {
+            self.rep.resume(job.job_id.clone()).await
+        };
+        match done {
+            Ok(_) | Err(ReplicatorError::NotPausable { .. } | ReplicatorError::NotFound(_)) => true,
+            Err(e) => {
+                tracing::warn!(job = %job.job_id, error = %e, "could not pause or resume a document's job; will retry");
+                false
             }
         }
     }
