@@ -7,6 +7,7 @@ mod api {
     mod couchdb_pending;
     mod couchdb_shapes;
     mod endpoints;
+    mod lag;
     mod pause;
     mod replicate;
     mod verify;

@@ -3,7 +3,7 @@
 //! entry. Keys, their order and value types are what a real CouchDB 3.4.3 answers for the same
 //! state (the shape tests compare them); URLs carry no credentials, as in CouchDB.
 
-use crate::replication::pipeline::stats::{CouchStats, seq_text};
+use crate::replication::pipeline::stats::{CouchStats, seq_text, unix_now};
 use crate::replication::{RepId, ReplicationStats};
 use crate::replicator::job::view::iso8601;
 use crate::replicator::{HistoryKind, JobView, NodeName, RepState};
@@ -23,6 +23,10 @@ pub struct StatsInfo {
     /// Sequence processed through.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub through_seq: Option<String>,
+    /// Ours (CouchDB has none): seconds the running job has been behind its source feed, 0
+    /// while caught up (`ReplicationStats::lag_seconds`, by this node's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<u64>,
 }
 
 impl StatsInfo {
@@ -32,16 +36,21 @@ impl StatsInfo {
             counters: CouchStats::from(s),
             source_seq: with_seqs.then(|| seq_text(&s.source_seq)),
             through_seq: with_seqs.then(|| seq_text(&s.through_seq)),
+            lag_seconds: None,
         }
     }
 
     /// The `info` CouchDB shows for a job in `state`: the stats of a running job, and of a
     /// pending one that ran before (the scheduler stopped it to run another); none otherwise.
     fn of_scheduled(j: &JobView) -> Option<Self> {
+        let running = j.state == RepState::Running;
         matches!(j.state, RepState::Running | RepState::Pending)
             .then_some(j.stats.as_ref())
             .flatten()
-            .map(|s| Self::new(s, true))
+            .map(|s| Self {
+                lag_seconds: running.then(|| s.lag_seconds(unix_now())),
+                ..Self::new(s, true)
+            })
     }
 }
 

@@ -14,6 +14,9 @@ pub const TOP_K: usize = 5;
 /// Bucket bounds for changes (pending, not yet checkpointed).
 const CHANGE_BOUNDS: [u64; 6] = [0, 10, 100, 1_000, 10_000, 100_000];
 
+/// Bucket bounds for seconds behind the source.
+const LAG_BOUNDS: [u64; 6] = [0, 10, 60, 300, 1_800, 3_600];
+
 /// One running job's numbers. `Id` is the caller's job id type (the replicator's `JobId`);
 /// this leaf only needs its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +27,8 @@ pub struct JobSample<Id = String> {
     pub changes_pending: Option<u64>,
     /// Changes processed but not yet checkpointed (lost work if the job crashed now).
     pub checkpoint_lag: Option<u64>,
+    /// Seconds since the job fell behind its source feed (0 while caught up).
+    pub lag_seconds: Option<u64>,
     /// Documents written by the current run.
     pub docs_written: u64,
 }
@@ -34,12 +39,21 @@ pub fn render<Id: AsRef<str>>(e: &mut Exposition, jobs: &[JobSample<Id>]) {
         e,
         "couch_replicator_job_changes_pending",
         "changes not yet processed, over this node's running jobs",
+        &CHANGE_BOUNDS,
         jobs.iter().map(|j| (j.job_id.as_ref(), j.changes_pending)),
+    );
+    family(
+        e,
+        "couch_replicator_job_lag_seconds",
+        "seconds behind the source (0 when caught up), over this node's running jobs",
+        &LAG_BOUNDS,
+        jobs.iter().map(|j| (j.job_id.as_ref(), j.lag_seconds)),
     );
     family(
         e,
         "couch_replicator_job_checkpoint_lag",
         "changes processed but not yet checkpointed, over this node's running jobs",
+        &CHANGE_BOUNDS,
         jobs.iter().map(|j| (j.job_id.as_ref(), j.checkpoint_lag)),
     );
     let written: Vec<(&str, Option<u64>)> = jobs
@@ -58,6 +72,7 @@ fn family<'a>(
     e: &mut Exposition,
     base: &str,
     help: &str,
+    bounds: &[u64],
     values: impl Iterator<Item = (&'a str, Option<u64>)>,
 ) {
     let values: Vec<(&str, Option<u64>)> = values.collect();
@@ -68,7 +83,7 @@ fn family<'a>(
         "gauge",
         &format!("running jobs with at most `le` {help}"),
     );
-    for b in CHANGE_BOUNDS {
+    for &b in bounds {
         let n = known.iter().filter(|v| **v <= b).count();
         e.sample(&jobs, &[("le", &b.to_string())], n as f64);
     }
@@ -115,6 +130,7 @@ mod tests {
             job_id: id.into(),
             changes_pending: Some(pending),
             checkpoint_lag: None,
+            lag_seconds: Some(pending % 4_000),
             docs_written: pending,
         }
     }
@@ -133,6 +149,9 @@ mod tests {
         assert_eq!(small, large);
         assert!(text.contains("couch_replicator_job_changes_pending_jobs{le=\"100\"} 101\n"));
         assert!(text.contains("couch_replicator_job_changes_pending_max 9999\n"));
+        // Seconds have their own buckets (the values: 0..=3999 twice, then 0..=1999).
+        assert!(text.contains("couch_replicator_job_lag_seconds_jobs{le=\"3600\"} 9202\n"));
+        assert!(text.contains("couch_replicator_job_lag_seconds_max 3999\n"));
         assert!(text.contains(
             "couch_replicator_job_changes_pending_top{rank=\"1\",job_id=\"j9999\"} 9999\n"
         ));

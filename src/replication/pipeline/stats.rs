@@ -88,6 +88,12 @@ pub struct ReplicationStats {
     pub started_on: u64,
     /// Unix seconds of this snapshot.
     pub updated_on: u64,
+    /// Unix seconds since when the run has been behind its source feed (changes seen on it
+    /// and not yet processed); `None` while caught up. Set at the first snapshot that finds
+    /// it behind, so it changes only when the job falls behind or catches up (an idle job's
+    /// snapshots stay equal and wake nobody).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub behind_since: Option<u64>,
     /// CouchDB's one-shot `_replicate` answer (without `ok`), set when the run ends: the
     /// checkpoint document last written, or the source's with `no_changes: true`, or
     /// `{"use_checkpoints": false}`. Not part of the stats shown elsewhere.
@@ -110,6 +116,36 @@ impl ReplicationStats {
             (Some(s), Some(t)) => Some(s.saturating_sub(t)),
             _ => None,
         };
+        if self.is_caught_up() {
+            self.behind_since = None;
+        } else if self.behind_since.is_none() {
+            self.behind_since = Some(self.updated_on);
+        }
+    }
+
+    /// Whether every change the source feed has shown is processed: the through-sequence
+    /// reached the source sequence (by their numbers, which CouchDB's `N-opaque` strings
+    /// lead with; equal values otherwise).
+    pub fn is_caught_up(&self) -> bool {
+        match (seq_number(&self.source_seq), seq_number(&self.through_seq)) {
+            (Some(s), Some(t)) => t >= s,
+            _ => self.source_seq == self.through_seq,
+        }
+    }
+
+    /// How long the run has been behind its source at `now` (Unix seconds): 0 while caught
+    /// up, else the seconds since it fell behind.
+    pub fn lag_seconds(&self, now: u64) -> u64 {
+        self.behind_since.map_or(0, |t| now.saturating_sub(t))
+    }
+}
+
+/// The numeric part of a sequence: a number, or the `N` of CouchDB's `N-opaque` strings.
+pub fn seq_number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.split('-').next().and_then(|n| n.parse().ok()),
+        _ => None,
     }
 }
 
@@ -168,4 +204,50 @@ pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn behind_since_marks_falling_behind_and_clears_on_catching_up() {
+        let c = Counters::default();
+        let mut s = ReplicationStats {
+            source_seq: json!("5-g1AAAA"),
+            through_seq: json!("5-g1BBBB"),
+            ..Default::default()
+        };
+        s.fill(&c);
+        assert!(s.is_caught_up());
+        assert_eq!(
+            (s.behind_since, s.lag_seconds(s.updated_on + 50)),
+            (None, 0)
+        );
+        // The feed shows a change not yet processed: behind from this snapshot on, and a
+        // later snapshot still behind keeps the first time.
+        s.source_seq = json!("7-g1CCCC");
+        s.fill(&c);
+        let fell = s.behind_since.expect("behind");
+        s.behind_since = Some(fell - 30);
+        s.fill(&c);
+        assert_eq!(s.behind_since, Some(fell - 30));
+        assert_eq!(s.lag_seconds(fell + 12), 42);
+        s.through_seq = json!("7-g1DDDD");
+        s.fill(&c);
+        assert_eq!((s.behind_since, s.lag_seconds(fell + 100)), (None, 0));
+        // PouchDB's integers; opaque sequences compare as values.
+        let mut p = ReplicationStats {
+            source_seq: json!(12),
+            through_seq: json!(11),
+            ..Default::default()
+        };
+        p.fill(&c);
+        assert!(!p.is_caught_up() && p.behind_since.is_some());
+        p.source_seq = json!("opaque");
+        p.through_seq = json!("opaque");
+        p.fill(&c);
+        assert!(p.is_caught_up() && p.behind_since.is_none());
+    }
 }

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::jobs::{Jobs, JobsResult};
+use crate::replication::pipeline::stats::{seq_number, unix_now};
 use crate::replicator::job::id::JobId;
 use crate::replicator::job::view::{REP_JOBS, RepState};
 use crate::replicator::node::name::NodeName;
@@ -131,6 +132,7 @@ struct CensusRow {
 #[serde(default)]
 struct CensusStats {
     changes_pending: Option<u64>,
+    behind_since: Option<u64>,
     through_seq: Value,
     checkpointed_source_seq: Value,
     docs_written: u64,
@@ -138,6 +140,8 @@ struct CensusStats {
 
 /// Counts the cluster's jobs and samples this node's running ones (reads every job).
 pub async fn take(jobs: &Jobs, node: &NodeName) -> JobsResult<Census> {
+    // The pipeline stamps `behind_since` by this machine's clock; this node's jobs only.
+    let now = unix_now();
     let mut c = jobs
         .fold_jobs_as::<CensusRow, _, _>(REP_JOBS, Census::default(), |mut c, j| {
             let Some(row) = j.data else {
@@ -149,7 +153,7 @@ pub async fn take(jobs: &Jobs, node: &NodeName) -> JobsResult<Census> {
             }
             if row.state == RepState::Running && row.node.as_ref() == Some(node) {
                 let stats = row.rep_stats.unwrap_or_default();
-                c.mine.push(sample(JobId::from(&j.id), stats));
+                c.mine.push(sample(JobId::from(&j.id), stats, now));
             }
             c
         })
@@ -182,16 +186,7 @@ pub async fn queue_depths(jobs: &Jobs) -> Vec<QueueDepth> {
     out
 }
 
-/// The numeric part of a sequence: a number, or the `N` of CouchDB's `N-opaque` strings.
-fn seq_number(v: &Value) -> Option<u64> {
-    match v {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.split('-').next().and_then(|n| n.parse().ok()),
-        _ => None,
-    }
-}
-
-fn sample(job_id: JobId, n: CensusStats) -> JobSample<JobId> {
+fn sample(job_id: JobId, n: CensusStats, now: u64) -> JobSample<JobId> {
     let lag = match (
         seq_number(&n.through_seq),
         seq_number(&n.checkpointed_source_seq),
@@ -203,6 +198,7 @@ fn sample(job_id: JobId, n: CensusStats) -> JobSample<JobId> {
         job_id,
         changes_pending: n.changes_pending,
         checkpoint_lag: lag,
+        lag_seconds: Some(n.behind_since.map_or(0, |t| now.saturating_sub(t))),
         docs_written: n.docs_written,
     }
 }
@@ -223,6 +219,7 @@ mod tests {
                 checkpointed_source_seq: json!(9),
                 docs_written: 7,
                 changes_pending: Some(3),
+                behind_since: Some(1_000),
                 ..Default::default()
             }),
             job_history: vec![],
@@ -233,10 +230,15 @@ mod tests {
         let row: CensusRow = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(row.state, RepState::Running);
         assert_eq!(row.node, record.node);
-        let s = sample(JobId::from("j"), row.rep_stats.unwrap());
+        let s = sample(JobId::from("j"), row.rep_stats.unwrap(), 1_042);
         assert_eq!(
-            (s.changes_pending, s.checkpoint_lag, s.docs_written),
-            (Some(3), Some(3), 7)
+            (
+                s.changes_pending,
+                s.checkpoint_lag,
+                s.lag_seconds,
+                s.docs_written
+            ),
+            (Some(3), Some(3), Some(42), 7)
         );
         // A pending record that never ran: no node, no stats.
         let bytes = serde_json::to_vec(&RepJobRecord::default().to_data()).unwrap();
