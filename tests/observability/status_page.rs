@@ -122,6 +122,18 @@ async fn the_page_follows_a_job_from_running_to_completed() {
         let (_, st) = node.get(&search, Some(ADMIN)).await;
         assert_eq!(st["jobs"]["matching"], 1, "{st}");
         assert_eq!(st["jobs"]["rows"][0]["job_id"], json!(job.job_id));
+        // Lag: the held job is behind its source (its target holds `_revs_diff`), the
+        // continuous one caught up; `sort=lag` puts the held one first.
+        let by_lag = "/_utils/replicator/status.json?state=running&sort=lag";
+        let first = crate::support::wait_for(30, "the held job first by lag", || async {
+            let (_, st) = node.get(by_lag, Some(ADMIN)).await;
+            let rows = st["jobs"]["rows"].as_array().cloned().unwrap_or_default();
+            let held = rows.first().filter(|r| r["job_id"] == json!(job.job_id)).cloned()?;
+            (held["lag_seconds"].as_u64()? >= 1).then_some(rows)
+        })
+        .await;
+        assert_eq!(first[1]["job_id"], json!(continuous.job_id), "{first:?}");
+        assert_eq!(first[1]["lag_seconds"], 0, "{first:?}");
         let bad = node
             .get("/_utils/replicator/status.json?state=nope", Some(ADMIN))
             .await;
@@ -141,6 +153,11 @@ async fn the_page_follows_a_job_from_running_to_completed() {
             "a running row",
         )
         .await;
+        let lag = format!(
+            "return Number(document.querySelector('tr[data-job-id=\"{}\"] .lag').textContent) >= 1;",
+            job.job_id
+        );
+        wait_for_js(&browser, &lag, &json!(true), "the held row's lag").await;
         browser.screenshot(&shots.path().join("running.png")).await;
 
         // Let the replication finish: the same page shows it completed, all 40 docs written.

@@ -24,6 +24,7 @@
     p.set("limit", form.limit.value);
     if (form.state.value) p.set("state", form.state.value);
     if (form.q.value.trim()) p.set("q", form.q.value.trim());
+    if (form.sort.value) p.set("sort", form.sort.value);
     return p.toString();
   }
 
@@ -43,7 +44,8 @@
     const r = rate(prev, [now, 0], j.docs_written);
     lastDocs.set(j.job_id, [now, j.docs_written]);
     tr.append(el("td", r === null ? "" : r.toFixed(1), "num rate"),
-      el("td", j.changes_pending, "num"), el("td", j.error_count, "num"));
+      el("td", j.changes_pending, "num"), el("td", j.lag_seconds, "num lag"),
+      el("td", j.error_count, "num"));
     let reason = j.reason || "";
     if (j.retry_in_s !== null && j.retry_in_s !== undefined) reason += " (retry in " + j.retry_in_s + " s)";
     tr.append(el("td", reason, "reason"));

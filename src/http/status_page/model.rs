@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::http::AppState;
 use crate::http::error::{HttpError, HttpResult};
-use crate::replication::RepId;
+use crate::replication::pipeline::stats::unix_now;
+use crate::replication::{RepId, ReplicationStats};
 use crate::replicator::scheduler::census;
 use crate::replicator::{JobId, JobView, NodeName, RepState};
 
@@ -31,6 +32,8 @@ pub struct PageQuery {
     pub state: Option<String>,
     /// Only jobs whose id, replication id, source or target contains this text.
     pub q: Option<String>,
+    /// `lag`: the jobs furthest behind their source first (else the store's order).
+    pub sort: Option<String>,
 }
 
 /// Jobs per state.
@@ -97,6 +100,8 @@ pub struct JobRow {
     pub docs_written: u64,
     /// Changes on the source not yet processed, when known.
     pub changes_pending: Option<u64>,
+    /// Seconds a running job has been behind its source (0 when caught up).
+    pub lag_seconds: Option<u64>,
     /// Consecutive errors (reset when it runs healthily).
     pub error_count: u64,
     /// Why it is crashing or failed.
@@ -169,6 +174,12 @@ fn reason_of(j: &JobView) -> Option<String> {
     }
 }
 
+/// A running job's lag in seconds (by this node's clock, as `_scheduler/jobs` shows it).
+fn lag_of(j: &JobView) -> Option<u64> {
+    let lag = |s: &ReplicationStats| s.lag_seconds(unix_now());
+    (j.state == RepState::Running).then(|| j.stats.as_ref().map_or(0, lag))
+}
+
 fn row(j: &JobView, now_s: i64) -> JobRow {
     let n = j.stats.clone().unwrap_or_default();
     JobRow {
@@ -181,6 +192,7 @@ fn row(j: &JobView, now_s: i64) -> JobRow {
         continuous: j.continuous,
         docs_written: n.docs_written,
         changes_pending: n.changes_pending,
+        lag_seconds: lag_of(j),
         error_count: u64::from(j.error_count),
         reason: reason_of(j),
         retry_in_s: match (j.state, j.retry_at) {
@@ -226,7 +238,11 @@ pub async fn status(st: &AppState, q: &PageQuery) -> HttpResult<Status> {
     let jobs = st.status_jobs().jobs(rep).await?;
     let now_ms = rep.jobs().clock().now_ms();
     let now_s = now_ms / 1000;
-    let matching: Vec<&JobView> = jobs.iter().filter(|j| matches(j, state, text)).collect();
+    let mut matching: Vec<&JobView> = jobs.iter().filter(|j| matches(j, state, text)).collect();
+    if q.sort.as_deref() == Some("lag") {
+        // Furthest behind first; jobs that are not running (no lag) last.
+        matching.sort_by_cached_key(|j| std::cmp::Reverse(lag_of(j)));
+    }
     let rows = matching
         .iter()
         .skip(skip)

@@ -33,6 +33,7 @@ fn opt(v: Option<&str>) -> String {
 /// One `<tr>` (the same cells `app.js` renders).
 fn job_row(r: &JobRow) -> String {
     let pending = r.changes_pending.map_or(String::new(), |n| n.to_string());
+    let lag = r.lag_seconds.map_or(String::new(), |n| n.to_string());
     let backoff = r
         .retry_in_s
         .map_or(String::new(), |s| format!("retry in {s} s"));
@@ -40,7 +41,7 @@ fn job_row(r: &JobRow) -> String {
         "<tr data-job-id=\"{id}\"><td class=\"id\" title=\"{rep}\">{id}</td>\
          <td class=\"state state-{st}\">{st}</td><td>{src}</td><td>{tgt}</td>\
          <td>{node}</td><td class=\"num docs\">{docs}</td><td class=\"num rate\"></td>\
-         <td class=\"num\">{pending}</td><td class=\"num\">{errors}</td>\
+         <td class=\"num\">{pending}</td><td class=\"num lag\">{lag}</td><td class=\"num\">{errors}</td>\
          <td class=\"reason\">{reason} {backoff}</td></tr>",
         id = escape(r.job_id.as_str()),
         rep = opt(r.rep_id.as_ref().map(RepId::full).as_deref()),
