@@ -4,6 +4,7 @@ mod support;
 
 mod reliability {
     mod connection_limit;
+    mod cut_feeds;
     mod cutoff;
     mod faults;
     mod hostile_endpoints;

@@ -7,7 +7,8 @@
 //! job reads once more. After that the feed resumes from the last sequence it saw, so nothing
 //! between two connections is missed. When a request fails (the database was deleted, the
 //! server is down) it reports a break, so the waiting jobs check their source themselves, and
-//! retries with a doubling wait from "now" again. It never ends by itself: the watch aborts
+//! retries from "now" again, with a wait that doubles while requests keep failing at once and
+//! starts over after a feed that ran (cut by a proxy, say). It never ends by itself: the watch aborts
 //! it when the last job lets go.
 
 use std::sync::Arc;
@@ -42,6 +43,12 @@ async fn follow(client: Arc<HttpClient>, heartbeat: Duration, sink: FeedSink) {
             Ok(()) => wait.wait().await,
             Err(e) => {
                 tracing::debug!(error = %e, endpoint = %client.endpoint(), "change watch interrupted");
+                // A feed that ran a while and was cut (a proxy's idle or age limit) starts
+                // the backoff over: kept doubling across such cuts, the wait reached 16 s
+                // after six cuts 2 s apart, and the jobs' documents waited with it.
+                if began.elapsed() >= Duration::from_secs(1) {
+                    wait.reset();
+                }
                 since = None;
                 sink.broke();
                 wait.wait().await;
