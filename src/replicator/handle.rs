@@ -211,7 +211,14 @@ impl Replicator {
         };
         let jobs = self.ctx.jobs();
         let now = self.ctx.now_secs();
-        let record = new_record(job.kind(), job.body(), &spec, self.ctx.server_uuid(), now);
+        let mut record = new_record(job.kind(), job.body(), &spec, self.ctx.server_uuid(), now);
+        // Added paused: past any accept from its first transaction (see `pause.rs`).
+        let stime = if job.is_paused() {
+            record.set_state(RepState::Paused, None, now);
+            super::pause::PAUSED_STIME
+        } else {
+            0
+        };
         let data = record.to_data();
         let ctx = &self.ctx;
         let owner = match job.kind() {
@@ -241,7 +248,7 @@ impl Replicator {
                     // Scheduled at 0, couch_jobs' own default: due at once on every node,
                     // whatever its clock says (a node 90 s ahead scheduled new jobs 90 s
                     // into the others' future).
-                    jobs.add_tx(&tx, REP_JOBS, job_id.as_str(), data.clone(), 0)
+                    jobs.add_tx(&tx, REP_JOBS, job_id.as_str(), data.clone(), stime)
                         .await?;
                     if let Some(user) = owner {
                         owners::record_tx(ctx, &tx, user, &job_id);

@@ -40,6 +40,8 @@ pub struct NewJob {
     kind: JobKind,
     /// The replication document / `POST /_replicate` body (`source`, `target`, options).
     rep: Value,
+    /// Added paused (see `Replicator::pause`): it runs once resumed.
+    paused: bool,
 }
 
 /// Shows the kind and the options' names only: the endpoints may carry credentials.
@@ -85,7 +87,23 @@ impl NewJob {
     /// A job from a replication document or request body as it came: the HTTP and
     /// `_replicator` edges.
     pub fn from_body(kind: JobKind, rep: Value) -> Self {
-        Self { kind, rep }
+        Self {
+            kind,
+            rep,
+            paused: false,
+        }
+    }
+
+    /// Adds the job paused, in the same transaction (a document that says `"paused": true`
+    /// from the start never runs, not even for a moment). An existing job is left as it is.
+    pub fn paused(mut self) -> Self {
+        self.paused = true;
+        self
+    }
+
+    /// Whether it is added paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// Persistent or transient (and whose).

@@ -290,13 +290,16 @@ impl Follower {
                     // Not part of the replication either: toggling it keeps the job.
                     hold = m.remove(PAUSED_FIELD).and_then(|v| v.as_bool());
                 }
-                let job = NewJob::from_body(
+                let mut job = NewJob::from_body(
                     JobKind::Persistent {
                         db_name: self.name.clone(),
                         doc_id: d.doc_id.clone(),
                     },
                     body,
                 );
+                if hold == Some(true) {
+                    job = job.paused();
+                }
                 match self.rep.add(job).await {
                     Ok(v) => {
                         tracing::debug!(job = %v.job_id, "replication document scheduled");
