@@ -7,18 +7,13 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use super::node_client::NodeClient;
+use super::node_client::{NodeClient, NodeUrl};
 
 /// Replication jobs on a node.
 #[derive(Debug, clap::Args)]
 pub struct JobsArgs {
-    /// The node's base URL; may carry Basic credentials as `http://name:password@host:port`.
-    #[arg(
-        long,
-        env = "COUCH_REPLICATOR_URL",
-        default_value = "http://127.0.0.1:5984"
-    )]
-    url: String,
+    #[command(flatten)]
+    node: NodeUrl,
     #[command(subcommand)]
     command: JobsCommand,
 }
@@ -33,7 +28,7 @@ enum JobsCommand {
 
 /// Runs a `jobs` subcommand.
 pub async fn run(args: JobsArgs) -> Result<(), String> {
-    let node = NodeClient::new(&args.url)?;
+    let node = NodeClient::new(&args.node.url)?;
     let (id, action) = match &args.command {
         JobsCommand::Pause { id } => (id, "_pause"),
         JobsCommand::Resume { id } => (id, "_resume"),

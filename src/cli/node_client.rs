@@ -11,6 +11,18 @@ use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 use url::Url;
 
+/// The `--url` of the commands that talk to a node.
+#[derive(Debug, clap::Args)]
+pub(super) struct NodeUrl {
+    /// The node's base URL; may carry Basic credentials as `http://name:password@host:port`.
+    #[arg(
+        long,
+        env = "COUCH_REPLICATOR_URL",
+        default_value = "http://127.0.0.1:5984"
+    )]
+    pub(super) url: String,
+}
+
 /// A node's HTTP API, credentials kept apart from the URL.
 pub(super) struct NodeClient {
     client: Client,

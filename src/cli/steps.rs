@@ -9,18 +9,13 @@ use reqwest::Method;
 use serde_json::Value;
 use url::Url;
 
-use super::node_client::NodeClient;
+use super::node_client::{NodeClient, NodeUrl};
 
 /// Steps jobs on a node.
 #[derive(Debug, clap::Args)]
 pub struct StepsArgs {
-    /// The node's base URL; may carry Basic credentials as `http://name:password@host:port`.
-    #[arg(
-        long,
-        env = "COUCH_REPLICATOR_URL",
-        default_value = "http://127.0.0.1:5984"
-    )]
-    url: String,
+    #[command(flatten)]
+    node: NodeUrl,
     #[command(subcommand)]
     command: StepsCommand,
 }
@@ -63,7 +58,7 @@ fn steps_url(node: &NodeClient, id: Option<&str>) -> Url {
 
 /// Runs a `steps` subcommand.
 pub async fn run(args: StepsArgs) -> Result<(), String> {
-    let node = NodeClient::new(&args.url)?;
+    let node = NodeClient::new(&args.node.url)?;
     match args.command {
         StepsCommand::Submit {
             file,

@@ -16,13 +16,7 @@ use super::auth::Caller;
 use super::error::{HttpError, HttpResult};
 use super::replicate::{find_job, require_json};
 use super::scheduler::visible;
-
-/// Which of the two a request asks.
-#[derive(Clone, Copy)]
-enum Hold {
-    Pause,
-    Resume,
-}
+use crate::replicator::pause::Hold;
 
 /// `POST /_scheduler/jobs/{id}/_pause`.
 pub async fn pause(
@@ -59,10 +53,7 @@ async fn hold(
     if !visible(&caller, &job) {
         return Err(HttpError::not_found(format!("no replication job {id}")));
     }
-    let view = match what {
-        Hold::Pause => rep.pause(job.job_id).await?,
-        Hold::Resume => rep.resume(job.job_id).await?,
-    };
+    let view = rep.hold(job.job_id.into(), what).await?;
     Ok(Json(
         json!({"ok": true, "id": view.job_id, "state": view.state.as_str()}),
     ))

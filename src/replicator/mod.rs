@@ -21,7 +21,7 @@ pub mod handle;
 pub mod job;
 pub mod new_job;
 pub mod node;
-mod pause;
+pub(crate) mod pause;
 pub mod replicator_db;
 pub mod scheduler;
 pub mod server_job;

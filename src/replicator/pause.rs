@@ -14,7 +14,7 @@
 use super::Replicator;
 use super::error::{ReplicatorError, ReplicatorResult};
 use super::handle::not_found;
-use super::job::id::{JobId, JobRef};
+use super::job::id::JobRef;
 use super::job::record::{HistoryKind, RepJobRecord};
 use super::job::view::{JobView, REP_JOBS, RepState};
 use crate::jobs::{JobState, JobsError, MAX_SCHED_TIME};
@@ -22,6 +22,15 @@ use crate::jobs::{JobState, JobsError, MAX_SCHED_TIME};
 /// Where a paused job waits in the queue: past the latest time any accept takes (couch_jobs'
 /// default `max_sched_time` included).
 pub(crate) const PAUSED_STIME: i64 = MAX_SCHED_TIME + 1;
+
+/// Which of the two is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Hold the job ([`Replicator::pause`]).
+    Pause,
+    /// Release it ([`Replicator::resume`]).
+    Resume,
+}
 
 /// What a pause or resume transaction found.
 enum Outcome {
@@ -33,7 +42,16 @@ impl Replicator {
     /// Holds a pending, running or crashing job (see the module doc); a paused job stays
     /// paused. `NotPausable` for a completed or failed one.
     pub async fn pause(&self, id: impl Into<JobRef>) -> ReplicatorResult<JobView> {
-        let id = id.into();
+        self.hold(id.into(), Hold::Pause).await
+    }
+
+    /// Makes a paused job pending now. `NotPausable` for a job that is not paused.
+    pub async fn resume(&self, id: impl Into<JobRef>) -> ReplicatorResult<JobView> {
+        self.hold(id.into(), Hold::Resume).await
+    }
+
+    /// [`Replicator::pause`] or [`Replicator::resume`].
+    pub(crate) async fn hold(&self, id: JobRef, what: Hold) -> ReplicatorResult<JobView> {
         let job_id = self.resolve(&id).await?;
         let now = self.ctx.now_secs();
         let max_history = self.ctx.settings().max_history;
@@ -44,23 +62,37 @@ impl Replicator {
                 let job_id = job_id.clone();
                 async move {
                     let id = job_id.as_str();
-                    let mut record =
-                        RepJobRecord::from_data(&jobs.get_job_data_tx(&tx, REP_JOBS, id).await?)?;
-                    let state = jobs.get_job_state_tx(&tx, REP_JOBS, id).await?;
-                    if state == JobState::Finished || record.state.is_terminal() {
-                        return Ok::<_, JobsError>(Outcome::Refused(record.state));
-                    }
-                    if record.state != RepState::Paused {
-                        if state == JobState::Running {
-                            jobs.requeue_running_tx(&tx, REP_JOBS, id).await?;
+                    let data = jobs.get_job_data_tx(&tx, REP_JOBS, id).await?;
+                    let mut record = RepJobRecord::from_data(&data)?;
+                    let (stime, kind) = match what {
+                        Hold::Pause => {
+                            let state = jobs.get_job_state_tx(&tx, REP_JOBS, id).await?;
+                            if state == JobState::Finished || record.state.is_terminal() {
+                                return Ok::<_, JobsError>(Outcome::Refused(record.state));
+                            }
+                            if state == JobState::Running {
+                                jobs.requeue_running_tx(&tx, REP_JOBS, id).await?;
+                            }
+                            record.pid = None;
+                            record.node = None;
+                            record.retry_at = None;
+                            (PAUSED_STIME, HistoryKind::Paused)
                         }
-                        record.pid = None;
-                        record.node = None;
-                        record.retry_at = None;
-                        record.set_state(RepState::Paused, None, now);
-                        record.push_history(HistoryKind::Paused, now, None, max_history);
+                        Hold::Resume if record.state != RepState::Paused => {
+                            return Ok(Outcome::Refused(record.state));
+                        }
+                        Hold::Resume => (0, HistoryKind::Resumed),
+                    };
+                    // Pausing a paused job changes nothing.
+                    if record.state != RepState::Paused || what == Hold::Resume {
+                        let state = match what {
+                            Hold::Pause => RepState::Paused,
+                            Hold::Resume => RepState::Pending,
+                        };
+                        record.set_state(state, None, now);
+                        record.push_history(kind, now, None, max_history);
                         let data = record.to_data();
-                        jobs.resubmit_tx(&tx, REP_JOBS, id, Some(PAUSED_STIME), Some(data))
+                        jobs.resubmit_tx(&tx, REP_JOBS, id, Some(stime), Some(data))
                             .await?;
                     }
                     Ok(Outcome::Done(Box::new(JobView::from_record(
@@ -70,60 +102,24 @@ impl Replicator {
             })
             .await
             .map_err(|e| not_found(e, &id))?;
-        match outcome {
-            Outcome::Done(view) => {
-                self.wait_local_actor_gone(&view.job_id).await;
-                tracing::info!(job = %view.job_id, "replication job paused");
-                Ok(*view)
+        let view = match outcome {
+            Outcome::Done(view) => *view,
+            Outcome::Refused(state) => {
+                let wanted = match what {
+                    Hold::Pause => "only a pending, running or crashing job pauses",
+                    Hold::Resume => "only a paused job resumes",
+                };
+                return Err(ReplicatorError::NotPausable {
+                    job: job_id,
+                    state,
+                    wanted,
+                });
             }
-            Outcome::Refused(state) => Err(refused(
-                job_id,
-                state,
-                "only a pending, running or crashing job pauses",
-            )),
+        };
+        if what == Hold::Pause {
+            self.wait_local_actor_gone(&view.job_id).await;
         }
+        tracing::info!(job = %view.job_id, action = ?what, "replication job held or released");
+        Ok(view)
     }
-
-    /// Makes a paused job pending now. `NotPausable` for a job that is not paused.
-    pub async fn resume(&self, id: impl Into<JobRef>) -> ReplicatorResult<JobView> {
-        let id = id.into();
-        let job_id = self.resolve(&id).await?;
-        let now = self.ctx.now_secs();
-        let max_history = self.ctx.settings().max_history;
-        let jobs = self.ctx.jobs();
-        let outcome = jobs
-            .db()
-            .run(|tx| {
-                let job_id = job_id.clone();
-                async move {
-                    let id = job_id.as_str();
-                    let mut record =
-                        RepJobRecord::from_data(&jobs.get_job_data_tx(&tx, REP_JOBS, id).await?)?;
-                    if record.state != RepState::Paused {
-                        return Ok::<_, JobsError>(Outcome::Refused(record.state));
-                    }
-                    record.set_state(RepState::Pending, None, now);
-                    record.push_history(HistoryKind::Resumed, now, None, max_history);
-                    let data = record.to_data();
-                    jobs.resubmit_tx(&tx, REP_JOBS, id, Some(0), Some(data))
-                        .await?;
-                    Ok(Outcome::Done(Box::new(JobView::from_record(
-                        &job_id, &record,
-                    ))))
-                }
-            })
-            .await
-            .map_err(|e| not_found(e, &id))?;
-        match outcome {
-            Outcome::Done(view) => {
-                tracing::info!(job = %view.job_id, "replication job resumed");
-                Ok(*view)
-            }
-            Outcome::Refused(state) => Err(refused(job_id, state, "only a paused job resumes")),
-        }
-    }
-}
-
-fn refused(job: JobId, state: RepState, wanted: &'static str) -> ReplicatorError {
-    ReplicatorError::NotPausable { job, state, wanted }
 }
